@@ -1,0 +1,74 @@
+"""Exceptions of the public API.
+
+The library raises; only the CLI turns these into messages and exit codes. Every exception
+carries what a user needs to act: the step or key that failed and, for known host conditions,
+a hint.
+"""
+
+from __future__ import annotations
+
+
+class NsboxError(Exception):
+    """Base class of every error nsbox raises."""
+
+    hint: str | None = None
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text}\n  hint: {self.hint}" if self.hint else text
+
+
+class PolicyError(NsboxError):
+    """A profile or an option is invalid. Names the file, the key and (when known) the line."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        file: str | None = None,
+        line: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.key = key
+        self.file = file
+        self.line = line
+        self.message = message
+        self.hint = hint
+        where = ""
+        if file:
+            where = f"{file}:{line}: " if line else f"{file}: "
+        prefix = f"{key}: " if key else ""
+        super().__init__(f"{where}{prefix}{message}")
+
+
+class HostError(NsboxError):
+    """The host cannot provide a feature the policy requires (user namespaces, cgroups, ...)."""
+
+    def __init__(self, message: str, *, feature: str, hint: str | None = None) -> None:
+        self.feature = feature
+        self.hint = hint
+        super().__init__(message)
+
+
+class SetupError(NsboxError):
+    """A named setup step of the sandbox failed; the command did not start.
+
+    ``step`` is the name of the failed step (e.g. ``"bind /data"``, ``"exec"``), ``errno`` the
+    error number the kernel gave (0 when none), ``message`` the reason.
+    """
+
+    def __init__(self, step: str, errno: int, message: str, hint: str | None = None) -> None:
+        self.step = step
+        self.errno = errno
+        self.message = message
+        self.hint = hint
+        super().__init__(f"{step}: {message}")
+
+
+class CommandNotFound(SetupError):
+    """The command does not exist (or is not executable) inside the sandbox."""
+
+
+class LaunchError(NsboxError):
+    """The launcher itself failed (the helper process died, a pipe broke)."""

@@ -1,0 +1,187 @@
+"""The policy: an immutable description of one sandbox.
+
+A Policy is what a profile (TOML) and the caller's overrides produce; the launch turns it into a
+Plan. The field defaults here are the schema defaults documented in docs/profiles.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+# --- filesystem: mounts are data, applied in order -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bind:
+    """Bind a host path into the sandbox; read-only unless ``writable``.
+
+    A source that is a symlink on the host is reproduced as the same symlink (so the merged-usr
+    links /bin -> usr/bin come out right on every host).
+    """
+
+    source: str
+    target: str
+    writable: bool = False
+    optional: bool = False
+    kind: Literal["bind"] = "bind"
+
+
+@dataclass(frozen=True)
+class Tmpfs:
+    """A size-capped tmpfs."""
+
+    target: str
+    size: int = 16 * MiB
+    mode: int = 0o755
+    kind: Literal["tmpfs"] = "tmpfs"
+
+
+@dataclass(frozen=True)
+class File:
+    """A file with the given content, created read-only inside the sandbox."""
+
+    target: str
+    content: str
+    mode: int = 0o644
+    kind: Literal["file"] = "file"
+
+
+@dataclass(frozen=True)
+class Symlink:
+    target: str
+    points_to: str
+    kind: Literal["symlink"] = "symlink"
+
+
+@dataclass(frozen=True)
+class Dir:
+    target: str
+    mode: int = 0o755
+    kind: Literal["dir"] = "dir"
+
+
+Mount = Union[Bind, Tmpfs, File, Symlink, Dir]
+
+# What programs on the host need to run: /usr and the merged-usr links, and the dynamic
+# linker's cache. Nothing else of the host's /etc.
+DEFAULT_MOUNTS: tuple[Mount, ...] = (
+    Bind("/usr", "/usr"),
+    Bind("/bin", "/bin", optional=True),
+    Bind("/sbin", "/sbin", optional=True),
+    Bind("/lib", "/lib", optional=True),
+    Bind("/lib64", "/lib64", optional=True),
+    Bind("/lib32", "/lib32", optional=True),
+    Bind("/etc/ld.so.cache", "/etc/ld.so.cache", optional=True),
+    Bind("/etc/alternatives", "/etc/alternatives", optional=True),
+)
+
+
+# --- limits ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run limits. ``None`` means "no limit of this kind"."""
+
+    wall_time: float | None = 60.0  # seconds
+    output: int = 1 * MiB  # bytes of stdout + stderr kept
+    memory: int | None = 512 * MiB
+    pids: int | None = 256
+    cpus: float | None = None  # share of cores, e.g. 0.5
+    cpu_time: float | None = None  # seconds of CPU
+    open_files: int = 1024
+    file_size: int | None = None  # bytes; RLIMIT_FSIZE
+    tmp_size: int = 64 * MiB
+    workspace_size: int = 256 * MiB
+    shm_size: int = 16 * MiB
+    require_cgroup: bool = False  # fail instead of falling back to rlimits
+
+
+# --- network -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Network:
+    """``none``: a new network namespace, nothing up. ``loopback``: the same with lo up.
+    ``allow``: loopback plus a proxy to the allow-listed hosts (an empty list means ``none``)."""
+
+    mode: Literal["none", "loopback", "allow"] = "none"
+    allow: tuple[str, ...] = ()
+
+
+# --- seccomp -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SeccompArg:
+    """A condition on one syscall argument: ``arg[index] <op> value`` (op as in libseccomp:
+    eq, ne, lt, le, gt, ge, masked_eq; ``mask`` only for masked_eq)."""
+
+    index: int
+    op: str
+    value: int
+    mask: int = 0
+
+
+@dataclass(frozen=True)
+class SeccompRule:
+    """``action`` is ``allow``, ``kill`` or ``errno:NAME`` (e.g. ``errno:EPERM``)."""
+
+    syscall: str
+    action: str
+    args: tuple[SeccompArg, ...] = ()
+
+
+@dataclass(frozen=True)
+class Seccomp:
+    enabled: bool = True
+    default_action: str = "allow"  # for syscalls neither the built-in policy nor rules name
+    rules: tuple[SeccompRule, ...] = ()
+    log_denied: bool = False  # learning mode: report denied syscalls, still deny them
+
+
+# --- the whole policy --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str = "default"
+    mounts: tuple[Mount, ...] = DEFAULT_MOUNTS
+    env: tuple[tuple[str, str], ...] = ()
+    env_passthrough: tuple[str, ...] = ()
+    path: str = "/usr/local/bin:/usr/bin:/bin"
+    lang: str = "C.UTF-8"
+    uid: int = 1000  # inside the sandbox
+    gid: int = 1000
+    user: str = "sandbox"
+    hostname: str = "nsbox"
+    # When the launcher is root, the sandbox user maps to this unprivileged host uid/gid.
+    host_uid: int = 65534
+    host_gid: int = 65534
+    workspace: str | None = None  # host directory bound read-write at /workspace; None: tmpfs
+    limits: Limits = field(default_factory=Limits)
+    network: Network = field(default_factory=Network)
+    seccomp: Seccomp = field(default_factory=Seccomp)
+
+    def replace(self, **changes: Any) -> Policy:
+        return dataclasses.replace(self, **changes)
+
+    def with_limits(self, **changes: Any) -> Policy:
+        return dataclasses.replace(self, limits=dataclasses.replace(self.limits, **changes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def digest(self) -> str:
+        """A stable hash of the policy (for caches and the audit record)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
