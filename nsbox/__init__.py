@@ -8,6 +8,7 @@ from nsbox.errors import (
     PolicyError,
     SetupError,
 )
+from nsbox.launcher import run
 from nsbox.policy import Bind, Dir, File, Limits, Network, Policy, Seccomp, Symlink, Tmpfs
 from nsbox.result import Result, Status
 
@@ -16,5 +17,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Bind", "CommandNotFound", "Dir", "File", "HostError", "LaunchError", "Limits", "Network",
     "NsboxError", "Policy", "PolicyError", "Result", "Seccomp", "SetupError", "Status", "Symlink",
-    "Tmpfs", "__version__",
+    "Tmpfs", "__version__", "run",
 ]

@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -69,7 +69,7 @@ class Dir:
     kind: Literal["dir"] = "dir"
 
 
-Mount = Union[Bind, Tmpfs, File, Symlink, Dir]
+Mount = Bind | Tmpfs | File | Symlink | Dir
 
 # What programs on the host need to run: /usr and the merged-usr links, and the dynamic
 # linker's cache. Nothing else of the host's /etc.

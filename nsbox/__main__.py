@@ -1,0 +1,3 @@
+from nsbox.cli import main
+
+main()

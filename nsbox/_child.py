@@ -1,0 +1,285 @@
+"""The sandbox side of a launch: what runs between clone and exec.
+
+It runs in the freshly cloned child of the launch helper, already inside new user, mount, pid,
+network, ipc, uts and cgroup namespaces. ``main`` lists the steps in order; each step is a small
+function. A failing step writes ``{step, errno, message}`` to the error pipe and the child exits;
+the pipe is close-on-exec, so end-of-file without a message means the exec happened.
+
+Nothing here starts a thread or imports a module the helper has not already imported.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import resource
+import signal
+import socket
+import struct
+from typing import Any, NoReturn
+
+from nsbox import _libc
+
+# The staging tmpfs is mounted over /tmp (privately, in the new mount namespace) and becomes the
+# root; the host's root stays reachable under /oldroot until the final pivot, and the sandbox's
+# root is built under /newroot.
+STAGING = "/tmp"
+OLDROOT = "/oldroot"
+NEWROOT = "/newroot"
+CLOSE_RANGE_CLOEXEC = 4
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
+
+class Context:
+    def __init__(self, plan: dict[str, Any], sync_fd: int, err_fd: int,
+                 source_fds: dict[int, int], cap_last: int) -> None:
+        self.plan = plan
+        self.sync_fd = sync_fd
+        self.err_fd = err_fd
+        self.source_fds = source_fds  # mount index -> descriptor of the bind source
+        self.cap_last = cap_last
+        self.step = "start"
+
+
+def main(ctx: Context) -> NoReturn:
+    try:
+        ctx.step = "wait for id maps"
+        wait_for_maps(ctx)
+        ctx.step = "set identity"
+        set_identity(ctx)
+        ctx.step = "die with the launcher"
+        die_with_launcher(ctx)
+        ctx.step = "make mounts private"
+        _libc.mount(None, "/", None, _libc.MS_REC | _libc.MS_PRIVATE)
+        ctx.step = "mount tmpfs root"
+        stage()
+        for index, op in enumerate(ctx.plan["mounts"]):
+            ctx.step = f"{op['op']} {op['target']}"
+            apply_mount(ctx, index, op)
+        ctx.step = "pivot_root"
+        enter_root()
+        ctx.step = "remount root read-only"
+        _libc.mount_setattr("/", _libc.MOUNT_ATTR_RDONLY, recursive=False)
+        ctx.step = "hostname"
+        _libc.sethostname(ctx.plan["hostname"])
+        ctx.step = "network"
+        setup_network(ctx.plan["net"])
+        ctx.step = "rlimits"
+        set_rlimits(ctx.plan["rlimits"])
+        ctx.step = "new session"
+        os.setsid()
+        ctx.step = "working directory"
+        os.chdir(ctx.plan["cwd"])
+        ctx.step = "close file descriptors"
+        # Everything but 0, 1, 2 closes at exec; the error pipe stays usable until then.
+        _libc.close_range(3, 0xFFFFFFFF, CLOSE_RANGE_CLOEXEC)
+        reset_signals()
+        ctx.step = "drop capabilities"
+        _libc.drop_all_capabilities(ctx.cap_last)
+        ctx.step = "no_new_privs"
+        _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
+        ctx.step = "seccomp"
+        if ctx.plan["seccomp_bpf"]:
+            _libc.seccomp_set_filter(bytes.fromhex(ctx.plan["seccomp_bpf"]))
+        ctx.step = "exec"
+        execute(ctx.plan["argv"], dict(ctx.plan["env"]))
+    except OSError as exc:
+        fail(ctx, exc.errno or 0, exc.strerror or str(exc))
+    except Exception as exc:  # a bug in a step must still reach the user as a named failure
+        fail(ctx, 0, f"{type(exc).__name__}: {exc}")
+
+
+def fail(ctx: Context, errno: int, message: str) -> NoReturn:
+    report = json.dumps({"step": ctx.step, "errno": errno, "message": message}).encode()
+    try:
+        os.write(ctx.err_fd, report)
+    finally:
+        os._exit(127)
+
+
+def wait_for_maps(ctx: Context) -> None:
+    """The helper writes uid_map/gid_map, then one byte; EOF means the helper is gone."""
+    if os.read(ctx.sync_fd, 1) != b"1":
+        raise OSError(0, "the launch helper went away before the sandbox was set up")
+
+
+def set_identity(ctx: Context) -> None:
+    # The capabilities of the new user namespace survive: the kernel only clears them when
+    # leaving uid 0 of that namespace, and 0 is not mapped in it (capabilities(7)).
+    gid, uid = ctx.plan["gid"], ctx.plan["uid"]
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    os.umask(0o022)
+
+
+def die_with_launcher(ctx: Context) -> None:
+    # Set after the uid change, which clears the parent-death signal (prctl(2)). The helper
+    # holds the sync pipe open while it lives: a hang-up there means it died before this line.
+    _libc.prctl(_libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+    import select
+
+    poller = select.poll()
+    poller.register(ctx.sync_fd, select.POLLIN)
+    for _fd, events in poller.poll(0):
+        if events & (select.POLLHUP | select.POLLERR):
+            raise OSError(0, "the launch helper went away before the sandbox was set up")
+
+
+def inside(path: str) -> str:
+    """The host-side path of a target in the new root, refusing symlinks that lead out."""
+    full = NEWROOT + path
+    parent = os.path.realpath(os.path.dirname(full))
+    if parent != NEWROOT and not parent.startswith(NEWROOT + "/"):
+        raise OSError(1, f"target {path} resolves outside the sandbox root")
+    return os.path.join(parent, os.path.basename(full))
+
+
+def stage() -> None:
+    mount_tmpfs(STAGING, 1024 * 1024, 0o755)
+    os.mkdir(STAGING + OLDROOT)
+    os.mkdir(STAGING + NEWROOT)
+    _libc.pivot_root(STAGING, STAGING + OLDROOT)
+    os.chdir("/")
+    mount_tmpfs(NEWROOT, 4 * 1024 * 1024, 0o755)
+
+
+def mount_tmpfs(target: str, size: int, mode: int) -> None:
+    _libc.mount("tmpfs", target, "tmpfs", _libc.MS_NOSUID | _libc.MS_NODEV,
+                f"size={size},mode={mode:o}")
+
+
+def _make_mountpoint(path: str, is_dir: bool) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if is_dir:
+        os.makedirs(path, exist_ok=True)
+    elif not os.path.exists(path):
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def apply_mount(ctx: Context, index: int, op: dict[str, Any]) -> None:
+    kind = op["op"]
+    path = inside(op["target"])
+    if kind == "bind":
+        bind(path, op, ctx.source_fds.get(index))
+    elif kind == "tmpfs":
+        os.makedirs(path, exist_ok=True)
+        mount_tmpfs(path, op["size"], op["mode"])
+    elif kind == "file":
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW, op["mode"])
+        try:
+            os.write(fd, op["content"].encode())
+        finally:
+            os.close(fd)
+        os.chmod(path, op["mode"])
+    elif kind == "symlink":
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.symlink(op["points_to"], path)
+    elif kind == "dir":
+        os.makedirs(path, mode=op["mode"], exist_ok=True)
+    elif kind == "dev":
+        mount_dev(path, op["devices"], op["shm_size"])
+    elif kind == "proc":
+        mount_proc(path)
+    else:
+        raise OSError(22, f"unknown mount operation {kind!r}")
+
+
+def bind(path: str, op: dict[str, Any], tree_fd: int | None) -> None:
+    _make_mountpoint(path, op["is_dir"])
+    if tree_fd is not None:
+        # A detached copy made by the helper when it runs as root (idmapped when writable):
+        # the sandbox's unprivileged uid need not be able to reach the source itself.
+        _libc.move_mount_fd(tree_fd, path)
+    else:
+        # Unprivileged: the source is reached with the caller's own permissions.
+        _libc.mount(OLDROOT + op["source"], path, None, _libc.MS_BIND | _libc.MS_REC)
+    attrs = _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NODEV
+    if not op["writable"]:
+        attrs |= _libc.MOUNT_ATTR_RDONLY
+    _libc.mount_setattr(path, attrs, recursive=True)
+
+
+def mount_dev(path: str, devices: list[str], shm_size: int) -> None:
+    os.makedirs(path, exist_ok=True)
+    _libc.mount("tmpfs", path, "tmpfs", _libc.MS_NOSUID | _libc.MS_NOEXEC, "size=64k,mode=755")
+    for name in devices:
+        node = os.path.join(path, name)
+        _make_mountpoint(node, is_dir=False)
+        _libc.mount(f"{OLDROOT}/dev/{name}", node, None, _libc.MS_BIND)
+        _libc.mount_setattr(node, _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NOEXEC,
+                            recursive=False)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, os.path.join(path, name))
+    shm = os.path.join(path, "shm")
+    os.mkdir(shm)
+    mount_tmpfs(shm, shm_size, 0o1777)
+    _libc.mount_setattr(path, _libc.MOUNT_ATTR_RDONLY, recursive=False)
+
+
+def mount_proc(path: str) -> None:
+    # Mounted before pivot_root: once the host's /proc is detached, the kernel refuses a new
+    # proc mount in a user namespace (mount_too_revealing in fs/namespace.c).
+    os.makedirs(path, exist_ok=True)
+    _libc.mount("proc", path, "proc", _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC)
+    # Kernel knobs stay read-only even where the namespace would allow a write.
+    for sub in ("sys", "sysrq-trigger", "irq", "bus"):
+        sub_path = os.path.join(path, sub)
+        if os.path.exists(sub_path):
+            _libc.mount(sub_path, sub_path, None, _libc.MS_BIND | _libc.MS_REC)
+            _libc.mount_setattr(sub_path, _libc.MOUNT_ATTR_RDONLY, recursive=True)
+
+
+def enter_root() -> None:
+    # pivot_root(".", ".") stacks the staging root (with the host's root below /oldroot) on
+    # the new one; detaching it leaves only the new root (pivot_root(2), NOTES).
+    os.chdir(NEWROOT)
+    _libc.pivot_root(".", ".")
+    _libc.umount2(".", _libc.MNT_DETACH)
+    os.chdir("/")
+
+
+def setup_network(net: dict[str, Any]) -> None:
+    if net.get("mode", "none") == "none":
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        ifreq = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def set_rlimits(rlimits: list[list[int]]) -> None:
+    # No core dumps: a dump would write the sandbox's memory where the host decides.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for res, soft, hard in rlimits:
+        resource.setrlimit(res, (soft, hard))
+
+
+def reset_signals() -> None:
+    # Python ignores SIGPIPE and SIGXFSZ, the helper SIGINT; ignored signals stay ignored
+    # across exec (signal(7)).
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def execute(argv: list[str], env: dict[str, str]) -> NoReturn:
+    name = argv[0]
+    if "/" in name:
+        os.execve(name, argv, env)
+    denied: OSError | None = None
+    for directory in env.get("PATH", "/usr/bin:/bin").split(":"):
+        candidate = os.path.join(directory or ".", name)
+        try:
+            os.execve(candidate, argv, env)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except PermissionError as exc:
+            denied = exc
+    if denied is not None:
+        raise denied
+    raise FileNotFoundError(2, f"command not found inside the sandbox: {name}")

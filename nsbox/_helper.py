@@ -1,0 +1,360 @@
+"""The launch helper: a small, thread-free process that clones and supervises sandboxes.
+
+The host process starts it once (``python3 -I -S``) and keeps a control socket to it. Cloning
+from here instead of from the host process is what makes launches fast (a small process has few
+page tables to copy) and safe (the host may have threads; this process never does).
+
+Protocol (SOCK_SEQPACKET, one JSON object per message):
+
+  host -> helper, control socket:  {"plan": {...}}  with SCM_RIGHTS
+                                   [launch socket, stdin, stdout, stderr]
+  helper -> host, launch socket:   {"event": "pid", "pid": N}         the sandbox's pid 1
+                                   {"event": "exit", ...}             the outcome; then close
+  host -> helper, launch socket:   {"cmd": "kill", "reason": R}       e.g. output limit
+                                   end-of-file                        the caller is gone: kill
+
+  helper <-> sandbox child:        sync pipe: the helper writes the id maps, then one byte;
+                                   error pipe (close-on-exec): {step, errno, message} on
+                                   failure, end-of-file when the exec happened.
+
+End-of-file on the control socket means the host process is gone: every sandbox is killed and
+the helper exits. Each sandbox gets PR_SET_PDEATHSIG, so it also dies with the helper.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from nsbox import _child, _libc
+
+NAMESPACES = (
+    _libc.CLONE_NEWUSER | _libc.CLONE_NEWNS | _libc.CLONE_NEWPID | _libc.CLONE_NEWNET
+    | _libc.CLONE_NEWIPC | _libc.CLONE_NEWUTS | _libc.CLONE_NEWCGROUP
+)
+MAX_MESSAGE = 4 * 1024 * 1024
+MAX_FDS = 8
+
+
+class StepFailed(Exception):
+    """A host-side step of the launch failed before the sandbox existed."""
+
+    def __init__(self, step: str, errno: int, message: str) -> None:
+        super().__init__(message)
+        self.step, self.errno, self.message = step, errno, message
+
+
+class Launch:
+    """One sandbox, from clone to reap."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pid = 0
+        self.pidfd = -1
+        self.err_fd = -1
+        self.sync_fd = -1
+        self.err_data = b""
+        self.started = 0.0
+        self.deadline: float | None = None
+        self.timed_out = False
+        self.kill_reason: str | None = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            self.sock.send(json.dumps(message).encode())
+        except OSError:
+            pass  # the caller went away; the sandbox is killed all the same
+
+    def kill(self, reason: str) -> None:
+        if self.pid and self.kill_reason is None:
+            self.kill_reason = reason
+            # SIGKILL to the pid namespace's init kills every process in it (pid_namespaces(7)).
+            os.kill(self.pid, signal.SIGKILL)
+
+
+class Helper:
+    def __init__(self, control: socket.socket) -> None:
+        self.control = control
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(control, selectors.EVENT_READ, self.on_control)
+        self.launches: set[Launch] = set()
+        # Root of the initial user namespace only: root inside some user namespace is an
+        # unprivileged user on the host and is treated as one.
+        self.is_root = os.geteuid() == 0 and in_initial_userns()
+        self.cap_last = _libc.last_cap()
+        self.idmap_userns: dict[tuple[int, int, int, int], int] = {}
+        if self.is_root:
+            # No supplementary group of root's may reach a sandbox. Where setgroups is denied
+            # (inside a user namespace that wrote "deny"), the groups are fixed already.
+            try:
+                os.setgroups([])
+            except PermissionError:
+                pass
+
+    # --- event loop ----------------------------------------------------------------------
+
+    def loop(self) -> None:
+        while True:
+            for key, _mask in self.selector.select(self.next_timeout()):
+                key.data(key.fileobj)
+            now = time.monotonic()
+            for launch in list(self.launches):
+                if launch.deadline is not None and now >= launch.deadline:
+                    launch.timed_out = True
+                    launch.kill("timeout")
+                    launch.deadline = None
+
+    def next_timeout(self) -> float | None:
+        deadlines = [x.deadline for x in self.launches if x.deadline is not None]
+        if not deadlines:
+            return None
+        return max(0.0, min(deadlines) - time.monotonic())
+
+    def on_control(self, sock: socket.socket) -> None:
+        fds = array.array("i")
+        msg, ancdata, _flags, _addr = sock.recvmsg(
+            MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * fds.itemsize), socket.MSG_CMSG_CLOEXEC
+        )
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+        if not msg:
+            self.shutdown()
+        launch_sock = socket.socket(fileno=fds[0])
+        launch = Launch(launch_sock)
+        try:
+            self.start(launch, json.loads(msg)["plan"], list(fds[1:4]))
+        except StepFailed as exc:
+            launch.send({"event": "exit", "setup_error": {
+                "step": exc.step, "errno": exc.errno, "message": exc.message}})
+            launch_sock.close()
+        finally:
+            for fd in fds[1:]:
+                os.close(fd)
+
+    def shutdown(self) -> None:
+        for launch in self.launches:
+            launch.kill("launcher gone")
+        for launch in list(self.launches):
+            os.waitpid(launch.pid, 0)
+        sys.exit(0)
+
+    # --- one launch ----------------------------------------------------------------------
+
+    def start(self, launch: Launch, plan: dict[str, Any], stdio: list[int]) -> None:
+        source_fds = self.open_sources(plan)
+        sync_r, sync_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        launch.started = time.monotonic()
+        try:
+            pid = _libc.raw_clone(NAMESPACES | signal.SIGCHLD)
+        except OSError as exc:
+            for fd in (sync_r, sync_w, err_r, err_w, *source_fds.values()):
+                os.close(fd)
+            raise StepFailed("create namespaces", exc.errno or 0, str(exc)) from None
+        if pid == 0:
+            self.become_child(plan, stdio, sync_r, err_w, source_fds, (sync_w, err_r))
+        for fd in (sync_r, err_w, *source_fds.values()):
+            os.close(fd)
+        launch.pid, launch.sync_fd, launch.err_fd = pid, sync_w, err_r
+        launch.pidfd = os.pidfd_open(pid)
+        self.launches.add(launch)
+        self.selector.register(launch.pidfd, selectors.EVENT_READ, lambda _f: self.reap(launch))
+        self.selector.register(err_r, selectors.EVENT_READ, lambda _f: self.read_error(launch))
+        self.selector.register(launch.sock, selectors.EVENT_READ,
+                               lambda _f: self.on_request(launch))
+        try:
+            self.write_id_maps(pid, plan)
+        except OSError as exc:
+            launch.err_data = json.dumps({"step": "write id maps", "errno": exc.errno or 0,
+                                          "message": str(exc)}).encode()
+            launch.kill("setup failed")
+            return
+        os.write(sync_w, b"1")
+        if plan["wall_time"] is not None:
+            launch.deadline = launch.started + plan["wall_time"]
+        launch.send({"event": "pid", "pid": pid})
+
+    def become_child(self, plan: dict[str, Any], stdio: list[int], sync_r: int, err_w: int,
+                     source_fds: dict[int, int], parent_fds: tuple[int, int]) -> None:
+        try:
+            for fd in parent_fds:
+                os.close(fd)
+            for target, fd in enumerate(stdio):
+                os.dup2(fd, target)
+            ctx = _child.Context(plan, sync_r, err_w, source_fds, self.cap_last)
+            _child.main(ctx)
+        finally:
+            os._exit(127)
+
+    def open_sources(self, plan: dict[str, Any]) -> dict[int, int]:
+        """As root, copy every bind source here, as detached mounts the child moves in.
+
+        The sandbox's user is an unprivileged host uid that may not reach the source itself.
+        An unprivileged launcher needs none of this: the child has the caller's permissions.
+        """
+        fds: dict[int, int] = {}
+        if not self.is_root:
+            return fds
+        try:
+            for index, op in enumerate(plan["mounts"]):
+                if op["op"] != "bind":
+                    continue
+                if op["writable"]:
+                    fds[index] = self.idmapped_tree(op["source"], plan)
+                else:
+                    fds[index] = _libc.open_tree(
+                        op["source"],
+                        _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE)
+        except OSError as exc:
+            for fd in fds.values():
+                os.close(fd)
+            raise StepFailed(f"bind {op['target']}", exc.errno or 0, str(exc)) from None
+        return fds
+
+    def idmapped_tree(self, source: str, plan: dict[str, Any]) -> int:
+        """A detached copy of ``source`` whose owner appears as the sandbox's host uid.
+
+        As root, the sandbox runs as an unprivileged host uid; an idmapped mount lets it write
+        to a host directory without changing anything on disk, and files it creates there are
+        owned by the directory's owner (mount_setattr(2), MOUNT_ATTR_IDMAP).
+        """
+        st = os.stat(source)
+        userns = self.userns_for(st.st_uid, st.st_gid, plan["host_uid"], plan["host_gid"])
+        fd = _libc.open_tree(source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC
+                             | _libc.AT_RECURSIVE)
+        try:
+            _libc.mount_setattr("", _libc.MOUNT_ATTR_IDMAP, recursive=True, userns_fd=userns,
+                                dirfd=fd, empty_path=True)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def userns_for(self, disk_uid: int, disk_gid: int, host_uid: int, host_gid: int) -> int:
+        key = (disk_uid, disk_gid, host_uid, host_gid)
+        if key not in self.idmap_userns:
+            ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+            hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.close(hold_w)
+                    _libc.unshare(_libc.CLONE_NEWUSER)
+                    os.write(ready_w, b"1")
+                    os.read(hold_r, 1)
+                finally:
+                    os._exit(0)
+            os.close(ready_w)
+            os.close(hold_r)
+            try:
+                if os.read(ready_r, 1) != b"1":
+                    raise OSError(0, "could not create the user namespace for an idmapped mount")
+                with open(f"/proc/{pid}/uid_map", "w") as f:
+                    f.write(f"{disk_uid} {host_uid} 1\n")
+                with open(f"/proc/{pid}/gid_map", "w") as f:
+                    f.write(f"{disk_gid} {host_gid} 1\n")
+                self.idmap_userns[key] = os.open(f"/proc/{pid}/ns/user",
+                                                 os.O_RDONLY | os.O_CLOEXEC)
+            finally:
+                os.close(ready_r)
+                os.close(hold_w)
+                os.waitpid(pid, 0)
+        return self.idmap_userns[key]
+
+    def write_id_maps(self, pid: int, plan: dict[str, Any]) -> None:
+        if self.is_root:
+            host_uid, host_gid = plan["host_uid"], plan["host_gid"]
+        else:
+            host_uid, host_gid = os.geteuid(), os.getegid()
+            # Unprivileged writers must give up setgroups first (user_namespaces(7)).
+            with open(f"/proc/{pid}/setgroups", "w") as f:
+                f.write("deny")
+        with open(f"/proc/{pid}/uid_map", "w") as f:
+            f.write(f"{plan['uid']} {host_uid} 1\n")
+        with open(f"/proc/{pid}/gid_map", "w") as f:
+            f.write(f"{plan['gid']} {host_gid} 1\n")
+
+    def read_error(self, launch: Launch) -> None:
+        data = os.read(launch.err_fd, 65536)
+        if data:
+            launch.err_data += data
+            return
+        self.selector.unregister(launch.err_fd)
+        os.close(launch.err_fd)
+        launch.err_fd = -1
+
+    def on_request(self, launch: Launch) -> None:
+        try:
+            data = launch.sock.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            self.selector.unregister(launch.sock)
+            launch.kill("caller gone")
+            return
+        request = json.loads(data)
+        if request.get("cmd") == "kill":
+            launch.kill(str(request.get("reason", "killed")))
+
+    def reap(self, launch: Launch) -> None:
+        _pid, status, rusage = os.wait4(launch.pid, 0)
+        wall = time.monotonic() - launch.started
+        if launch.err_fd >= 0:
+            self.selector.unregister(launch.err_fd)
+            os.set_blocking(launch.err_fd, False)
+            try:
+                while chunk := os.read(launch.err_fd, 65536):
+                    launch.err_data += chunk
+            except BlockingIOError:
+                pass
+            os.close(launch.err_fd)
+        setup_error = json.loads(launch.err_data) if launch.err_data else None
+        launch.send({
+            "event": "exit",
+            "wait_status": status,
+            "wall_time": wall,
+            "cpu_user": rusage.ru_utime,
+            "cpu_system": rusage.ru_stime,
+            "maxrss_kib": rusage.ru_maxrss,
+            "timed_out": launch.timed_out,
+            "kill_reason": launch.kill_reason,
+            "setup_error": setup_error,
+        })
+        self.selector.unregister(launch.pidfd)
+        os.close(launch.pidfd)
+        os.close(launch.sync_fd)
+        try:
+            self.selector.unregister(launch.sock)
+        except (KeyError, ValueError):
+            pass
+        launch.sock.close()
+        self.launches.discard(launch)
+
+
+def in_initial_userns() -> bool:
+    with open("/proc/self/uid_map") as f:
+        return f.read().split() == ["0", "0", "4294967295"]
+
+
+def main() -> None:
+    fd = int(sys.argv[1])
+    # Descriptors the host process leaked without close-on-exec end here, not in a sandbox.
+    _libc.close_range(fd + 1)
+    control = socket.socket(fileno=fd)
+    os.set_inheritable(control.fileno(), False)
+    # The helper must not be stopped by the terminal's ^C meant for the host program: the host
+    # decides when sandboxes end.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    Helper(control).loop()
+
+
+if __name__ == "__main__":
+    main()

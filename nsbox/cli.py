@@ -1,0 +1,151 @@
+"""The nsbox command line. Only this module prints and picks exit codes.
+
+Exit codes of ``nsbox run``: the command's own status, 128+N when it was killed by signal N, and
+for what nsbox decided:
+
+  123  the output limit was reached (OL)
+  124  the wall-clock or CPU time limit was reached (TO)
+  125  the sandbox could not be set up, or nsbox itself failed (XX)
+  126  the command is not executable inside the sandbox
+  127  the command was not found inside the sandbox
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+import nsbox
+from nsbox.errors import CommandNotFound, NsboxError, SetupError
+from nsbox.policy import Bind, Policy
+from nsbox.result import Result, Status
+from nsbox.units import parse_duration, parse_size
+
+EXIT_OUTPUT_LIMIT = 123
+EXIT_TIMEOUT = 124
+EXIT_SETUP = 125
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+
+
+def _fail(error: NsboxError) -> None:
+    """Print ``nsbox: <step>: <reason>`` (and the hint) and exit with the matching code."""
+    click.echo(f"nsbox: {error}", err=True)
+    if isinstance(error, CommandNotFound):
+        sys.exit(EXIT_NOT_FOUND)
+    if isinstance(error, SetupError) and error.step == "exec":
+        sys.exit(EXIT_NOT_EXECUTABLE)
+    sys.exit(EXIT_SETUP)
+
+
+def _exit_code(result: Result) -> int:
+    if result.status is Status.TO:
+        return EXIT_TIMEOUT
+    if result.status is Status.OL:
+        return EXIT_OUTPUT_LIMIT
+    if result.signal is not None:
+        return 128 + result.signal
+    return result.exit_code or 0
+
+
+def _split_bind(spec: str, writable: bool) -> Bind:
+    source, _, target = spec.partition(":")
+    if not source:
+        raise click.BadParameter(f"{spec!r}: expected SRC[:DST]")
+    return Bind(os.path.abspath(source), target or os.path.abspath(source), writable=writable)
+
+
+def _size(_ctx: Any, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+def _duration(_ctx: Any, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+    if seconds <= 0:
+        raise click.BadParameter("must be more than 0", param=param)
+    return seconds
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(nsbox.__version__, prog_name="nsbox")
+def main() -> None:
+    """nsbox: run untrusted code in a Linux sandbox built from kernel namespaces."""
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.option("-t", "--time", "wall_time", callback=_duration, metavar="SECONDS",
+              help="Wall-clock limit; the whole sandbox is killed at the deadline.")
+@click.option("--output-limit", callback=_size, metavar="BYTES",
+              help="Cap on stdout+stderr; the sandbox is stopped past it (status OL).")
+@click.option("-w", "--workspace", type=click.Path(file_okay=False),
+              help="Host directory bound read-write at /workspace (default: a fresh tmpfs).")
+@click.option("--ro-bind", multiple=True, metavar="SRC[:DST]", help="Bind a host path read-only.")
+@click.option("--bind", "rw_bind", multiple=True, metavar="SRC[:DST]",
+              help="Bind a host path read-write.")
+@click.option("-e", "--env", multiple=True, metavar="KEY=VAL",
+              help="Set a variable inside (the caller's environment never passes by itself).")
+@click.option("--pass-env", multiple=True, metavar="NAME",
+              help="Pass the caller's variable NAME through.")
+@click.option("--cwd", metavar="DIR", help="Working directory inside (default /workspace).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Capture the output and print the result as one JSON object.")
+@click.argument("command", nargs=-1, required=True)
+def run(wall_time: float | None, output_limit: int | None, workspace: str | None,
+        ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
+        pass_env: tuple[str, ...], cwd: str | None, as_json: bool,
+        command: tuple[str, ...]) -> None:
+    """Run COMMAND in a new sandbox.
+
+    \b
+    Example:
+      nsbox run --time 10 -- python3 -c 'print("hello from the sandbox")'
+    """
+    policy = Policy()
+    extra = tuple(_split_bind(s, False) for s in ro_bind)
+    extra += tuple(_split_bind(s, True) for s in rw_bind)
+    env_set: dict[str, str] = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not key or not sep:
+            raise click.BadParameter(f"{item!r}: expected KEY=VAL", param_hint="--env")
+        env_set[key] = value
+    policy = policy.replace(
+        mounts=policy.mounts + extra,
+        env_passthrough=policy.env_passthrough + pass_env,
+    )
+    try:
+        result = nsbox.run(
+            list(command), policy, stdin=None if as_json else 0, timeout=wall_time,
+            output_limit=output_limit, env=env_set, workspace=workspace, cwd=cwd,
+            passthrough=not as_json,
+        )
+    except NsboxError as error:
+        if as_json:
+            click.echo(json.dumps({"status": Status.XX.value, "error": str(error)}))
+        _fail(error)
+        return
+    if as_json:
+        click.echo(json.dumps(result.to_dict(with_output=True)))
+    elif result.status in (Status.TO, Status.OL):
+        click.echo(f"nsbox: {result.status.value}: "
+                   + ("wall-clock limit reached" if result.status is Status.TO
+                      else "output limit reached"), err=True)
+    sys.exit(_exit_code(result))
+
+
+if __name__ == "__main__":
+    main()

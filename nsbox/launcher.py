@@ -1,0 +1,301 @@
+"""The host side of a launch: the public ``run`` and the connection to the launch helper.
+
+``run`` builds the plan, hands it with the standard streams to the helper (nsbox/_helper.py
+documents the protocol), collects output up to the cap in the calling thread, and turns the
+helper's report into a Result. It is safe to call from many threads at once: every launch has
+its own socket to the helper and its own pipes; only sending the request takes a lock.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import json
+import os
+import selectors
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from nsbox import plan as planmod
+from nsbox.errors import CommandNotFound, LaunchError, SetupError
+from nsbox.policy import Policy
+from nsbox.result import Result, Status
+
+_READ_CHUNK = 65536
+
+
+class _HelperClient:
+    """One launch helper per host process, started on first use, restarted if it died."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._pid = 0
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        # A forked child must not share its parent's helper: it would keep it alive.
+        if self._sock is not None:
+            self._sock.close()
+        self._sock, self._pid = None, 0
+        self._lock = threading.Lock()
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        boot = (f"import sys; sys.path.insert(0, {package_root!r}); "
+                "from nsbox._helper import main; main()")
+        python = sys.executable or "/usr/bin/python3"
+        try:
+            self._pid = os.posix_spawn(
+                python, [python, "-I", "-S", "-c", boot, "3"], {"PATH": "/usr/bin:/bin"},
+                file_actions=[(os.POSIX_SPAWN_DUP2, theirs.fileno(), 3)],
+                setsid=True,
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start the launch helper with {python}: {exc}") from None
+        finally:
+            theirs.close()
+        return ours
+
+    def _alive(self) -> bool:
+        if not self._pid:
+            return False
+        try:
+            pid, _status = os.waitpid(self._pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return pid == 0
+
+    def submit(self, wire_plan: dict[str, Any], fds: list[int]) -> None:
+        message = json.dumps({"plan": wire_plan}).encode()
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        with self._lock:
+            if self._sock is None or not self._alive():
+                if self._sock is not None:
+                    self._sock.close()
+                self._sock = self._start()
+            try:
+                self._sock.sendmsg([message], rights)
+            except OSError as exc:
+                self._sock.close()
+                self._sock = None
+                raise LaunchError(f"the launch helper is gone: {exc}") from None
+
+
+_helper = _HelperClient()
+
+
+@dataclass
+class _Stream:
+    fd: int
+    sink: int | None  # pass through to this fd as it arrives (CLI); None: keep in memory
+    kept: bytearray = field(default_factory=bytearray)
+    total: int = 0
+    truncated: bool = False
+
+
+def _stdin_fd(stdin: bytes | int | None) -> tuple[int, bool]:
+    """A descriptor for the sandbox's stdin, and whether we opened it."""
+    if isinstance(stdin, int):
+        return stdin, False
+    if stdin is None:
+        return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), True
+    fd = os.memfd_create("nsbox-stdin", os.MFD_CLOEXEC)
+    os.write(fd, stdin)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd, True
+
+
+def run(
+    argv: list[str],
+    policy: Policy | None = None,
+    *,
+    stdin: bytes | int | None = None,
+    timeout: float | None = None,
+    output_limit: int | None = None,
+    env: dict[str, str] | None = None,
+    workspace: str | None = None,
+    cwd: str | None = None,
+    passthrough: bool = False,
+) -> Result:
+    """Run ``argv`` in a new sandbox and return its Result.
+
+    ``stdin`` is bytes to feed, a descriptor to pass, or None for /dev/null. With
+    ``passthrough`` the output goes to this process's stdout/stderr as it arrives (still
+    capped) instead of into the Result. Raises SetupError when the sandbox cannot be built
+    (CommandNotFound when the command does not exist inside it).
+    """
+    policy = policy or Policy()
+    if workspace is not None:
+        policy = policy.replace(workspace=workspace)
+    plan = planmod.build(policy, list(argv), env=env, cwd=cwd, wall_time=timeout)
+    wire = plan.to_wire()
+    wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
+    cap = output_limit if output_limit is not None else policy.limits.output
+    return _launch(wire, stdin, cap, passthrough)
+
+
+def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int,
+            passthrough: bool) -> Result:
+    started = time.monotonic()
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    in_fd, close_in = _stdin_fd(stdin)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        _helper.submit(wire, [theirs.fileno(), in_fd, out_w, err_w])
+    except BaseException:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+        for fd in (out_w, err_w):
+            os.close(fd)
+        if close_in:
+            os.close(in_fd)
+    streams = [_Stream(out_r, 1 if passthrough else None),
+               _Stream(err_r, 2 if passthrough else None)]
+    with ours:
+        report, pid = _supervise(ours, streams, cap)
+    return _result(report, pid, streams, cap, time.monotonic() - started)
+
+
+def _supervise(sock: socket.socket, streams: list[_Stream],
+               cap: int) -> tuple[dict[str, Any], int]:
+    selector = selectors.DefaultSelector()
+    for stream in streams:
+        selector.register(stream.fd, selectors.EVENT_READ, stream)
+    selector.register(sock, selectors.EVENT_READ, None)
+    report: dict[str, Any] | None = None
+    pid = 0
+    kept = 0
+    drain_until: float | None = None
+    try:
+        while selector.get_map():
+            timeout = None if drain_until is None else max(0.0, drain_until - time.monotonic())
+            events = selector.select(timeout)
+            if not events and drain_until is not None:
+                break  # the sandbox is gone; whoever still holds a pipe is not ours to wait for
+            for key, _mask in events:
+                if key.data is None:
+                    data = sock.recv(65536)
+                    if not data:
+                        selector.unregister(sock)
+                        if report is None:
+                            raise LaunchError("the launch helper died during the run")
+                        continue
+                    message = json.loads(data)
+                    if message["event"] == "pid":
+                        pid = message["pid"]
+                    elif message["event"] == "exit":
+                        report = message
+                        drain_until = time.monotonic() + 2.0
+                    continue
+                stream: _Stream = key.data
+                chunk = os.read(stream.fd, _READ_CHUNK)
+                if not chunk:
+                    selector.unregister(stream.fd)
+                    continue
+                stream.total += len(chunk)
+                room = max(0, cap - kept)
+                if len(chunk) > room:
+                    chunk = chunk[:room]
+                    if not stream.truncated:
+                        stream.truncated = True
+                        _send_kill(sock, "output")
+                kept += len(chunk)
+                if stream.sink is not None:
+                    _write_all(stream.sink, chunk)
+                else:
+                    stream.kept += chunk
+    finally:
+        selector.close()
+        for stream in streams:
+            os.close(stream.fd)
+    if report is None:
+        raise LaunchError("the launch helper ended the run without a report")
+    return report, pid
+
+
+def _send_kill(sock: socket.socket, reason: str) -> None:
+    try:
+        sock.send(json.dumps({"cmd": "kill", "reason": reason}).encode())
+    except OSError:
+        pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BrokenPipeError:
+            return
+
+
+_HINTS = {
+    ("create namespaces", errno.EPERM): "this host does not allow unprivileged user "
+    "namespaces; run `nsbox doctor` for the setting to change (kernel.unprivileged_userns_clone, "
+    "user.max_user_namespaces, or AppArmor's apparmor_restrict_unprivileged_userns)",
+    ("create namespaces", errno.ENOSPC): "the user namespace limit is reached "
+    "(user.max_user_namespaces); `nsbox doctor` shows the setting",
+    ("pivot_root", errno.EINVAL): "pivot_root is refused: nsbox may be running in a container "
+    "or chroot whose root is not a mount point",
+    ("exec", errno.EACCES): "the file is not executable inside the sandbox",
+}
+
+
+def _setup_error(info: dict[str, Any]) -> SetupError:
+    step, err, message = info["step"], int(info.get("errno") or 0), info["message"]
+    hint = _HINTS.get((step, err))
+    if step == "exec" and err == errno.ENOENT:
+        return CommandNotFound(step, err, message, hint=(
+            "the sandbox sees only /usr and the profile's binds; use an absolute path, or "
+            "bind the program's directory with --ro-bind"))
+    if step.startswith("bind ") and err in (errno.ENOENT, errno.EACCES):
+        hint = "check that the bind source exists and that you can read it"
+    if step.startswith("bind ") and "mount_setattr" in message:
+        hint = ("as root, a writable bind needs a filesystem with idmapped mounts (ext4, xfs, "
+                "btrfs, tmpfs); or run nsbox as a regular user")
+    return SetupError(step, err, message, hint=hint)
+
+
+def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
+            wall: float) -> Result:
+    if report.get("setup_error"):
+        raise _setup_error(report["setup_error"])
+    code = os.waitstatus_to_exitcode(report["wait_status"])
+    out, err = streams
+    result = Result(
+        status=Status.OK,
+        exit_code=code if code >= 0 else None,
+        signal=-code if code < 0 else None,
+        wall_time=report["wall_time"],
+        cpu_user=report["cpu_user"],
+        cpu_system=report["cpu_system"],
+        peak_memory=report["maxrss_kib"] * 1024,
+        stdout=bytes(out.kept),
+        stderr=bytes(err.kept),
+        stdout_bytes=out.total,
+        stderr_bytes=err.total,
+        stdout_truncated=out.truncated,
+        stderr_truncated=err.truncated,
+        timed_out=report["timed_out"],
+    )
+    result.extra["pid"] = pid
+    if report["timed_out"]:
+        result.status = Status.TO
+    elif report["kill_reason"] == "output":
+        result.status = Status.OL
+    elif result.signal is not None:
+        result.status = Status.SG
+    elif code != 0:
+        result.status = Status.RE
+    return result

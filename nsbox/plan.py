@@ -1,0 +1,174 @@
+"""Policy -> Plan: the ordered, typed setup operations of one launch.
+
+The plan is plain data (JSON-able) because it crosses into the launch helper. Host paths are
+resolved here, once, by the host side; the sandbox side never resolves a host path itself: the
+helper opens every bind source and the child mounts it through the open descriptor.
+
+Mount order is part of the contract: the structure first (tmpfs root), then the policy's mounts
+in the order given, then /etc's synthetic files, /dev, /proc, /tmp and /workspace, so that the
+policy cannot hide or replace those.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+from nsbox.errors import PolicyError, SetupError
+from nsbox.policy import Bind, Dir, File, Mount, Policy, Symlink, Tmpfs
+
+WORKSPACE = "/workspace"
+PROXY_PORT = 3128
+# Devices a program expects; no tty, no console, nothing that reaches hardware.
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+@dataclass
+class Plan:
+    """Everything the helper and the sandbox child need, as plain data."""
+
+    argv: list[str]
+    env: list[tuple[str, str]]
+    cwd: str
+    uid: int
+    gid: int
+    user: str
+    hostname: str
+    mounts: list[dict[str, Any]]
+    wall_time: float | None
+    rlimits: list[tuple[int, int, int]] = field(default_factory=list)
+    seccomp_bpf: str | None = None  # hex of the compiled BPF program
+    net: dict[str, Any] = field(default_factory=dict)
+    cgroup: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "argv": self.argv, "env": self.env, "cwd": self.cwd, "uid": self.uid,
+            "gid": self.gid, "user": self.user, "hostname": self.hostname,
+            "mounts": self.mounts, "wall_time": self.wall_time, "rlimits": self.rlimits,
+            "seccomp_bpf": self.seccomp_bpf, "net": self.net, "cgroup": self.cgroup,
+        }
+
+
+def check_target(target: str, key: str = "target") -> str:
+    """A mount target must be an absolute, normalized path inside the sandbox root."""
+    if not target.startswith("/"):
+        raise PolicyError(f"mount target {target!r} is not an absolute path", key=key)
+    parts = target.split("/")
+    if ".." in parts:
+        raise PolicyError(f"mount target {target!r} leaves the sandbox root", key=key)
+    norm = posixpath.normpath(target)
+    if norm == "/":
+        raise PolicyError("a mount cannot replace the sandbox root", key=key)
+    return norm
+
+
+def _bind_ops(mount: Bind) -> list[dict[str, Any]]:
+    target = check_target(mount.target)
+    source = os.path.abspath(mount.source)
+    if os.path.islink(source) and not mount.writable and mount.source == mount.target:
+        # Reproduce the host's link (e.g. the merged-usr /bin -> usr/bin) instead of binding
+        # what it points to twice.
+        return [{"op": "symlink", "target": target, "points_to": os.readlink(source)}]
+    real = os.path.realpath(source)
+    if not os.path.exists(real):
+        if mount.optional:
+            return []
+        raise SetupError(
+            f"bind {target}", 2, f"source {mount.source} does not exist on the host",
+            hint="check the path, or mark the mount optional in the profile",
+        )
+    return [{
+        "op": "bind", "source": real, "target": target, "writable": mount.writable,
+        "is_dir": os.path.isdir(real),
+    }]
+
+
+def _mount_ops(mount: Mount) -> list[dict[str, Any]]:
+    if isinstance(mount, Bind):
+        return _bind_ops(mount)
+    target = check_target(mount.target)
+    if isinstance(mount, Tmpfs):
+        return [{"op": "tmpfs", "target": target, "size": mount.size, "mode": mount.mode}]
+    if isinstance(mount, File):
+        return [{"op": "file", "target": target, "content": mount.content, "mode": mount.mode}]
+    if isinstance(mount, Symlink):
+        return [{"op": "symlink", "target": target, "points_to": mount.points_to}]
+    if isinstance(mount, Dir):
+        return [{"op": "dir", "target": target, "mode": mount.mode}]
+    raise PolicyError(f"unknown mount kind {type(mount).__name__}", key="mounts")
+
+
+def _passwd(policy: Policy) -> str:
+    return (
+        f"{policy.user}:x:{policy.uid}:{policy.gid}:{policy.user}:{WORKSPACE}:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+
+
+def _group(policy: Policy) -> str:
+    return f"{policy.user}:x:{policy.gid}:\nnogroup:x:65534:\n"
+
+
+def _environment(policy: Policy, extra_env: dict[str, str] | None) -> list[tuple[str, str]]:
+    """The caller's environment never passes, except the names the policy lists."""
+    env: dict[str, str] = {"PATH": policy.path, "HOME": WORKSPACE, "LANG": policy.lang}
+    for name in policy.env_passthrough:
+        if name in os.environ:
+            env[name] = os.environ[name]
+    env.update(dict(policy.env))
+    env.update(extra_env or {})
+    return sorted(env.items())
+
+
+def build(
+    policy: Policy,
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    wall_time: float | None = None,
+) -> Plan:
+    if not argv or not argv[0]:
+        raise PolicyError("no command given", key="argv")
+    mounts: list[dict[str, Any]] = []
+    for mount in policy.mounts:
+        mounts.extend(_mount_ops(mount))
+    mounts += [
+        {"op": "file", "target": "/etc/passwd", "content": _passwd(policy), "mode": 0o644},
+        {"op": "file", "target": "/etc/group", "content": _group(policy), "mode": 0o644},
+        {"op": "file", "target": "/etc/hostname", "content": policy.hostname + "\n",
+         "mode": 0o644},
+        {"op": "file", "target": "/etc/hosts",
+         "content": f"127.0.0.1 localhost {policy.hostname}\n::1 localhost\n", "mode": 0o644},
+        {"op": "dev", "target": "/dev", "devices": list(DEVICES),
+         "shm_size": policy.limits.shm_size},
+        {"op": "proc", "target": "/proc"},
+        {"op": "tmpfs", "target": "/tmp", "size": policy.limits.tmp_size, "mode": 0o1777},
+    ]
+    if policy.workspace is None:
+        mounts.append({"op": "tmpfs", "target": WORKSPACE, "size": policy.limits.workspace_size,
+                       "mode": 0o755, "owned": True})
+    else:
+        real = os.path.realpath(policy.workspace)
+        if not os.path.isdir(real):
+            raise SetupError(
+                f"bind {WORKSPACE}", 2, f"workspace {policy.workspace} is not a directory",
+                hint="create it first, or leave the workspace out for a fresh tmpfs",
+            )
+        mounts.append({"op": "bind", "source": real, "target": WORKSPACE, "writable": True,
+                       "is_dir": True})
+    return Plan(
+        argv=list(argv),
+        env=_environment(policy, env),
+        cwd=cwd or WORKSPACE,
+        uid=policy.uid,
+        gid=policy.gid,
+        user=policy.user,
+        hostname=policy.hostname,
+        mounts=mounts,
+        wall_time=wall_time if wall_time is not None else policy.limits.wall_time,
+        net={"mode": policy.network.mode},
+    )

@@ -1,0 +1,45 @@
+"""Human sizes and durations, as profiles and command-line options write them."""
+
+from __future__ import annotations
+
+import re
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+_SIZE_FACTORS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_TIME_FACTORS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_size(text: str | int) -> int:
+    """``"256M"``, ``"1.5G"``, ``"64KiB"``, ``4096`` -> bytes (binary multiples).
+
+    Raises ValueError with a message that shows the accepted forms.
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a size")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _SIZE.match(text)
+        if not match:
+            raise ValueError(f"{text!r} is not a size (use e.g. 4096, 64K, 256M, 1.5G)")
+        value = int(float(match.group(1)) * _SIZE_FACTORS[match.group(2).lower()])
+    if value < 0:
+        raise ValueError(f"{text!r} is negative")
+    return value
+
+
+def parse_duration(text: str | float | int) -> float:
+    """``"10s"``, ``"500ms"``, ``"2m"``, ``1.5`` -> seconds."""
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a duration")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = _DURATION.match(text)
+        if not match:
+            raise ValueError(f"{text!r} is not a duration (use e.g. 10, 10s, 500ms, 2m)")
+        value = float(match.group(1)) * _TIME_FACTORS[(match.group(2) or "s").lower()]
+    if value < 0:
+        raise ValueError(f"{text!r} is negative")
+    return value

@@ -1,0 +1,50 @@
+"""Runs one nsbox.run from a JSON request on stdin and prints the Result as JSON.
+
+Used by the tests to launch sandboxes as an unprivileged uid (see conftest.run_as).
+"""
+
+import base64
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import nsbox  # noqa: E402
+from nsbox.policy import Bind  # noqa: E402
+
+
+def invoke(argv: list, kwargs: dict) -> nsbox.Result:
+    """nsbox.run with the test's simple keyword arguments turned into a Policy."""
+    kwargs = dict(kwargs)
+    if "stdin_b64" in kwargs:
+        kwargs["stdin"] = base64.b64decode(kwargs.pop("stdin_b64"))
+    policy = nsbox.Policy()
+    changes = kwargs.pop("policy_changes", {})
+    binds = kwargs.pop("binds", [])
+    if binds:
+        changes["mounts"] = policy.mounts + tuple(Bind(*b) for b in binds)
+    limit_changes = kwargs.pop("limit_changes", {})
+    policy = policy.replace(**changes).with_limits(**limit_changes)
+    return nsbox.run(argv, policy, **kwargs)
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    try:
+        result = invoke(request["argv"], request["kwargs"])
+    except nsbox.NsboxError as exc:
+        out = {"error_type": type(exc).__name__, "message": getattr(exc, "message", str(exc)),
+               "step": getattr(exc, "step", None), "errno": getattr(exc, "errno", None),
+               "hint": exc.hint}
+        print(json.dumps(out))
+        return
+    data = result.to_dict()
+    data["status"] = result.status.value
+    data["stdout_b64"] = base64.b64encode(result.stdout).decode()
+    data["stderr_b64"] = base64.b64encode(result.stderr).decode()
+    print(json.dumps(data))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Shared test fixtures: real sandboxes, as the caller and as an unprivileged uid.
+
+Where the host lacks a feature, ``require`` skips locally but fails in CI (CI=true), unless the
+test is marked ``needs_host``: something this machine cannot have.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import _driver
+import pytest
+
+from nsbox import errors
+from nsbox.result import Result, Status
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI") == "true"
+UNPRIVILEGED_UID = 65534
+DRIVER = Path(__file__).with_name("_driver.py")
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip when a host feature is missing; in CI a missing feature is a failure."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"required host feature missing in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def public_tree() -> Iterator[Path]:
+    """A copy of the package that an unprivileged uid can read (the checkout may be under a
+    private home directory)."""
+    root = Path(tempfile.mkdtemp(prefix="nsbox-pkg-", dir="/tmp"))
+    root.chmod(0o755)
+    shutil.copytree(REPO / "nsbox", root / "nsbox", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(DRIVER, root / "_driver.py")
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    yield root
+    shutil.rmtree(root)
+
+
+class Runner:
+    """Runs nsbox.run in this process ("caller") or in a process of an unprivileged uid."""
+
+    def __init__(self, mode: str, tree: Path | None) -> None:
+        self.mode = mode
+        self.tree = tree
+
+    @property
+    def unprivileged(self) -> bool:
+        return self.mode == "unprivileged" or os.geteuid() != 0
+
+    def run(self, argv: list[str], **kwargs: Any) -> Result:
+        if self.mode == "caller":
+            return _driver.invoke(argv, kwargs)
+        return run_as(UNPRIVILEGED_UID, self.tree, argv, **kwargs)
+
+
+def run_as(uid: int, tree: Path | None, argv: list[str], **kwargs: Any) -> Result:
+    """Run nsbox.run(argv, **kwargs) in a fresh Python process with ``uid`` and return its
+    Result (or raise the same nsbox error)."""
+    assert tree is not None
+    if isinstance(kwargs.get("stdin"), bytes):
+        kwargs["stdin_b64"] = base64.b64encode(kwargs.pop("stdin")).decode()
+    request = json.dumps({"argv": argv, "kwargs": kwargs})
+    proc = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+         "/usr/bin/python3", "-I", str(tree / "_driver.py")],
+        input=request.encode(), capture_output=True, cwd="/", timeout=120,
+        env={"PATH": "/usr/bin:/bin", "NSBOX_TEST_CANARY": os.environ.get("NSBOX_TEST_CANARY", "")},
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"driver failed: {proc.stderr.decode()}")
+    return decode_result(json.loads(proc.stdout))
+
+
+def decode_result(data: dict[str, Any]) -> Result:
+    if "error_type" in data:
+        cls = getattr(errors, data["error_type"])
+        if issubclass(cls, errors.SetupError):
+            raise cls(data["step"], data["errno"], data["message"], hint=data.get("hint"))
+        raise cls(data["message"])
+    data["status"] = Status(data["status"])
+    data["stdout"] = base64.b64decode(data.pop("stdout_b64"))
+    data["stderr"] = base64.b64decode(data.pop("stderr_b64"))
+    return Result(**data)
+
+
+@pytest.fixture(params=["caller", "unprivileged"])
+def sandbox(request: pytest.FixtureRequest, public_tree: Path) -> Runner:
+    """Every test using this runs twice: as this process's user and as an unprivileged uid."""
+    if request.param == "unprivileged" and os.geteuid() != 0:
+        pytest.skip("this process is already unprivileged: the 'caller' run covers it")
+    return Runner(request.param, public_tree)
+
+
+@pytest.fixture
+def unprivileged_tmp() -> Iterator[Path]:
+    """A temporary directory the unprivileged uid can use, removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="nsbox-test-", dir="/tmp"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def processes_with(marker: str) -> list[int]:
+    """PIDs on the host whose command line contains ``marker`` (to look, never to kill)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+PYTHON = "/usr/bin/python3"
+assert sys.version_info >= (3, 10)
