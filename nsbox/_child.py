@@ -45,51 +45,69 @@ class Context:
 
 
 def main(ctx: Context) -> NoReturn:
+    """One command: build the sandbox, then become the command."""
     try:
-        ctx.step = "wait for id maps"
-        wait_for_maps(ctx)
-        ctx.step = "set identity"
-        set_identity(ctx)
-        ctx.step = "die with the launcher"
-        die_with_launcher(ctx)
-        ctx.step = "make mounts private"
-        _libc.mount(None, "/", None, _libc.MS_REC | _libc.MS_PRIVATE)
-        ctx.step = "mount tmpfs root"
-        stage()
-        for index, op in enumerate(ctx.plan["mounts"]):
-            ctx.step = f"{op['op']} {op['target']}"
-            apply_mount(ctx, index, op)
-        ctx.step = "pivot_root"
-        enter_root()
-        ctx.step = "remount root read-only"
-        _libc.mount_setattr("/", _libc.MOUNT_ATTR_RDONLY, recursive=False)
-        ctx.step = "hostname"
-        _libc.sethostname(ctx.plan["hostname"])
-        ctx.step = "network"
-        setup_network(ctx.plan["net"])
-        ctx.step = "rlimits"
-        set_rlimits(ctx.plan["rlimits"])
-        ctx.step = "new session"
-        os.setsid()
-        ctx.step = "working directory"
-        os.chdir(ctx.plan["cwd"])
-        ctx.step = "close file descriptors"
-        # Everything but 0, 1, 2 closes at exec; the error pipe stays usable until then.
-        _libc.close_range(3, 0xFFFFFFFF, CLOSE_RANGE_CLOEXEC)
-        reset_signals()
-        ctx.step = "drop capabilities"
-        _libc.drop_all_capabilities(ctx.cap_last)
-        ctx.step = "no_new_privs"
-        _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
-        ctx.step = "seccomp"
-        if ctx.plan["seccomp_bpf"]:
-            _libc.seccomp_set_filter(bytes.fromhex(ctx.plan["seccomp_bpf"]))
-        ctx.step = "exec"
-        execute(ctx.plan["argv"], dict(ctx.plan["env"]))
+        build_sandbox(ctx)
+        finish_and_exec(ctx, ctx.plan)
     except OSError as exc:
         fail(ctx, exc.errno or 0, exc.strerror or str(exc))
     except Exception as exc:  # a bug in a step must still reach the user as a named failure
         fail(ctx, 0, f"{type(exc).__name__}: {exc}")
+
+
+def build_sandbox(ctx: Context) -> None:
+    """The steps that make the sandbox: identity, mounts, root, hostname, network.
+
+    After this the process still holds the capabilities of its user namespace; a long-lived
+    process (a session's init, a pooled sandbox) stops here and finishes per command.
+    """
+    ctx.step = "wait for id maps"
+    wait_for_maps(ctx)
+    ctx.step = "set identity"
+    set_identity(ctx)
+    ctx.step = "die with the launcher"
+    die_with_launcher(ctx)
+    ctx.step = "make mounts private"
+    _libc.mount(None, "/", None, _libc.MS_REC | _libc.MS_PRIVATE)
+    ctx.step = "mount tmpfs root"
+    stage()
+    for index, op in enumerate(ctx.plan["mounts"]):
+        ctx.step = f"{op['op']} {op['target']}"
+        apply_mount(ctx, index, op)
+    ctx.step = "pivot_root"
+    enter_root()
+    ctx.step = "remount root read-only"
+    _libc.mount_setattr("/", _libc.MOUNT_ATTR_RDONLY, recursive=False)
+    ctx.step = "hostname"
+    _libc.sethostname(ctx.plan["hostname"])
+    ctx.step = "network"
+    setup_network(ctx.plan["net"])
+
+
+def finish_and_exec(ctx: Context, command: dict[str, Any]) -> NoReturn:
+    """The per-command steps, in order, ending with seccomp (last) and the exec.
+
+    ``command`` carries argv, env, cwd, rlimits and seccomp_bpf (the plan, for one command).
+    """
+    ctx.step = "rlimits"
+    set_rlimits(command["rlimits"])
+    ctx.step = "new session"
+    os.setsid()
+    ctx.step = "working directory"
+    os.chdir(command["cwd"])
+    ctx.step = "close file descriptors"
+    # Everything but 0, 1, 2 closes at exec; the error pipe stays usable until then.
+    _libc.close_range(3, 0xFFFFFFFF, CLOSE_RANGE_CLOEXEC)
+    reset_signals()
+    ctx.step = "drop capabilities"
+    _libc.drop_all_capabilities(ctx.cap_last)
+    ctx.step = "no_new_privs"
+    _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
+    ctx.step = "seccomp"
+    if command["seccomp_bpf"]:
+        _libc.seccomp_set_filter(bytes.fromhex(command["seccomp_bpf"]))
+    ctx.step = "exec"
+    execute(command["argv"], dict(command["env"]))
 
 
 def fail(ctx: Context, errno: int, message: str) -> NoReturn:
