@@ -11,8 +11,7 @@ from nsbox.errors import (
 from nsbox.launcher import run
 from nsbox.policy import Bind, Dir, File, Limits, Network, Policy, Seccomp, Symlink, Tmpfs
 from nsbox.result import Result, Status
-
-__version__ = "0.1.0"
+from nsbox.version import VERSION as __version__
 
 __all__ = [
     "Bind", "CommandNotFound", "Dir", "File", "HostError", "LaunchError", "Limits", "Network",

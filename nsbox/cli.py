@@ -80,8 +80,17 @@ def _duration(_ctx: Any, param: click.Parameter, value: str | None) -> float | N
     return seconds
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        from nsbox.version import describe
+
+        click.echo(describe())
+        ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(nsbox.__version__, prog_name="nsbox")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version, help="Show the version and the commit, then exit.")
 def main() -> None:
     """nsbox: run untrusted code in a Linux sandbox built from kernel namespaces."""
 

@@ -1,0 +1,56 @@
+"""nsbox.pyz: one file, no installation, reproducible; and the installed entry points."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, REPO
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("build") / "nsbox.pyz"
+    subprocess.run([sys.executable, str(REPO / "tools" / "build_pyz.py"), "--output", str(out)],
+                   check=True, capture_output=True)
+    return out
+
+
+def test_pyz_build_is_reproducible(pyz: Path, tmp_path: Path):
+    again = tmp_path / "again.pyz"
+    subprocess.run([sys.executable, str(REPO / "tools" / "build_pyz.py"), "--output", str(again)],
+                   check=True, capture_output=True)
+    assert hashlib.sha256(pyz.read_bytes()).digest() == hashlib.sha256(again.read_bytes()).digest()
+
+
+def test_pyz_alone_sandboxes_a_command_with_a_clean_environment(pyz: Path, tmp_path: Path):
+    alone = tmp_path / "empty"
+    alone.mkdir()
+    shutil.copy(pyz, alone / "nsbox.pyz")
+    proc = subprocess.run(
+        ["env", "-i", PYTHON, "-I", "nsbox.pyz", "run", "--json", "--", "sh", "-c",
+         "id -u; ls /"],
+        cwd=alone, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert '"status": "OK"' in proc.stdout
+    assert '"stdout": "1000\\nbin\\ndev\\netc' in proc.stdout
+    assert sorted(p.name for p in alone.iterdir()) == ["nsbox.pyz"]
+
+
+def test_version_names_the_commit(pyz: Path):
+    proc = subprocess.run([PYTHON, "-I", str(pyz), "--version"], capture_output=True, text=True)
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True)
+    assert proc.stdout.startswith("nsbox 0.1.0 (commit ")
+    if head.returncode == 0:
+        assert head.stdout.strip() in proc.stdout
+
+
+def test_python_dash_m_nsbox_runs_the_cli():
+    proc = subprocess.run([sys.executable, "-m", "nsbox", "run", "--", "echo", "ok"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "ok\n")

@@ -1,0 +1,91 @@
+"""Build nsbox.pyz: the whole CLI as one file that runs with the host's python3 (3.10+).
+
+    python3 tools/build_pyz.py [--output dist/nsbox.pyz]
+
+It bundles the nsbox package and its pure-Python dependencies (click, pyseccomp, cgroupspy,
+and tomli for Python 3.10) from the running interpreter's environment; the only host
+requirement left is the libseccomp2 shared library. The build is reproducible: entries are
+sorted, timestamps and permissions fixed, so the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FIXED_TIME = (1980, 1, 1, 0, 0, 0)
+DEPENDENCIES = ("click", "pyseccomp", "cgroupspy")
+OPTIONAL_DEPENDENCIES = ("tomli",)  # tomllib's backport, needed on Python 3.10 only
+MAIN = "from nsbox.cli import main\nmain()\n"
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def module_files(name: str) -> list[tuple[Path, str]]:
+    """(file on disk, name inside the archive) for an importable module or package."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise SystemExit(f"build_pyz: {name} is not installed in {sys.executable}; "
+                         f"install it with: {sys.executable} -m pip install {name}")
+    origin = Path(spec.origin)
+    if origin.name != "__init__.py":
+        return [(origin, origin.name)]
+    package = origin.parent
+    return [(path, str(path.relative_to(package.parent)))
+            for path in package.rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"]
+
+
+def add(archive: zipfile.ZipFile, arcname: str, data: bytes) -> None:
+    info = zipfile.ZipInfo(arcname, FIXED_TIME)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16
+    archive.writestr(info, data, compresslevel=9)
+
+
+def build(output: Path) -> Path:
+    entries: dict[str, bytes] = {"__main__.py": MAIN.encode()}
+    for path in (REPO / "nsbox").rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            entries[str(path.relative_to(REPO))] = path.read_bytes()
+    entries["nsbox/_build_info.py"] = f"COMMIT = {commit()!r}\n".encode()
+    for name in DEPENDENCIES:
+        for path, arcname in module_files(name):
+            entries[arcname] = path.read_bytes()
+    for name in OPTIONAL_DEPENDENCIES:
+        if importlib.util.find_spec(name) is not None:
+            for path, arcname in module_files(name):
+                entries[arcname] = path.read_bytes()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(b"#!/usr/bin/env python3\n")
+        with zipfile.ZipFile(f, "w") as archive:
+            for arcname in sorted(entries):
+                add(archive, arcname, entries[arcname])
+    tmp.chmod(0o755)
+    tmp.replace(output)
+    return output
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=REPO / "dist" / "nsbox.pyz")
+    args = parser.parse_args()
+    print(build(args.output))
+
+
+if __name__ == "__main__":
+    main()
