@@ -1,0 +1,45 @@
+"""Every example in README.md and docs/ runs, so the documentation cannot rot.
+
+Fenced blocks tagged ``python`` run with this interpreter; blocks tagged ``sh`` run with bash,
+with the nsbox CLI on PATH, each in a fresh directory. A block right after an HTML comment
+``<!-- ci: ... -->`` is run by .ci/run itself (installation), and one after
+``<!-- no-test: reason -->`` is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+BLOCK = re.compile(r"(?:<!-- (?P<tag>[^>]*) -->\s*)?```(?P<lang>python|sh)\n(?P<code>.*?)```",
+                   re.S)
+
+
+def examples() -> list[tuple[str, str, str, str | None]]:
+    found = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for n, match in enumerate(BLOCK.finditer(doc.read_text())):
+            found.append((f"{doc.name}#{n}", match["lang"], match["code"], match["tag"]))
+    return found
+
+
+@pytest.mark.parametrize(("name", "lang", "code", "tag"), examples(),
+                         ids=[e[0] for e in examples()])
+def test_doc_example_runs(name: str, lang: str, code: str, tag: str | None, tmp_path: Path):
+    if tag and tag.startswith("ci:"):
+        pytest.skip(".ci/run runs this block itself")
+    if tag and tag.startswith("no-test"):
+        pytest.skip(tag)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+               PYTHONPATH=str(REPO))
+    argv = [sys.executable, "-c", code] if lang == "python" else ["bash", "-euo", "pipefail",
+                                                                  "-c", code]
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, f"{name} failed:\n{code}\n--- stderr:\n{proc.stderr}"
