@@ -1,0 +1,55 @@
+"""Measure the seccomp program cache: compiling (libseccomp) against loading a cached program.
+
+    python bench/seccomp_cache.py [rounds]
+
+Each figure is the median over fresh interpreter processes (so imports count as they do for a
+first launch), with a private XDG_CACHE_HOME.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+_CHILD = r"""
+import sys, time
+t0 = time.perf_counter()
+from nsbox import seccomp
+from nsbox.policy import Seccomp
+t1 = time.perf_counter()
+if sys.argv[1] == "compile":
+    seccomp.compile_program(Seccomp())
+else:
+    seccomp.load(Seccomp())
+t2 = time.perf_counter()
+print(f"{(t2 - t1) * 1000:.3f} {int('pyseccomp' in sys.modules)} {seccomp.stats.compiled}")
+"""
+
+
+def measure(mode: str, rounds: int, env: dict[str, str]) -> tuple[float, bool]:
+    times, imported = [], False
+    for _ in range(rounds):
+        out = subprocess.run([sys.executable, "-c", _CHILD, mode], env=env, check=True,
+                             capture_output=True, text=True).stdout.split()
+        times.append(float(out[0]))
+        imported = imported or out[1] == "1" or (mode == "load" and out[2] != "0")
+    return statistics.median(times), imported
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, XDG_CACHE_HOME=cache)
+        compile_ms, _ = measure("compile", rounds, env)
+        measure("load", 1, env)  # fills the disk cache
+        hit_ms, imported = measure("load", rounds, env)
+    print(f"compile (import pyseccomp + libseccomp + export): {compile_ms:.2f} ms median")
+    note = "NOT a hit: pyseccomp imported or compiled" if imported else "pyseccomp not imported"
+    print(f"disk cache hit (read + verify, first in process): {hit_ms:.2f} ms median, {note}")
+
+
+if __name__ == "__main__":
+    main()
