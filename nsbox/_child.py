@@ -35,12 +35,13 @@ IFF_UP = 0x1
 
 class Context:
     def __init__(self, plan: dict[str, Any], sync_fd: int, err_fd: int,
-                 source_fds: dict[int, int], cap_last: int) -> None:
+                 source_fds: dict[int, int], cap_last: int, notify_fd: int = -1) -> None:
         self.plan = plan
         self.sync_fd = sync_fd
         self.err_fd = err_fd
         self.source_fds = source_fds  # mount index -> descriptor of the bind source
         self.cap_last = cap_last
+        self.notify_fd = notify_fd  # learning mode: a socket to hand the helper the listener
         self.step = "start"
 
 
@@ -105,7 +106,7 @@ def finish_and_exec(ctx: Context, command: dict[str, Any]) -> NoReturn:
     _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
     ctx.step = "seccomp"
     if command["seccomp_bpf"]:
-        _libc.seccomp_set_filter(bytes.fromhex(command["seccomp_bpf"]))
+        apply_seccomp(ctx, command)
     ctx.step = "exec"
     execute(command["argv"], dict(command["env"]))
 
@@ -283,6 +284,21 @@ def reset_signals() -> None:
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def apply_seccomp(ctx: Context, command: dict[str, Any]) -> None:
+    """The last step before exec. Any failure stops the launch (fail closed)."""
+    bpf = bytes.fromhex(command["seccomp_bpf"])
+    if not command.get("seccomp_notify"):
+        _libc.seccomp_set_filter(bpf)
+        return
+    # Learning mode: the listener goes to the helper and never reaches the sandbox, which could
+    # otherwise answer its own notifications with "continue" (seccomp_unotify(2)).
+    listener = _libc.seccomp_set_filter(bpf, _libc.SECCOMP_FILTER_FLAG_NEW_LISTENER)
+    try:
+        socket.send_fds(socket.socket(fileno=ctx.notify_fd), [b"l"], [listener])
+    finally:
+        os.close(listener)
 
 
 def execute(argv: list[str], env: dict[str, str]) -> NoReturn:

@@ -15,7 +15,9 @@ Protocol (SOCK_SEQPACKET, one JSON object per message):
 
   helper <-> sandbox child:        sync pipe: the helper writes the id maps, then one byte;
                                    error pipe (close-on-exec): {step, errno, message} on
-                                   failure, end-of-file when the exec happened.
+                                   failure, end-of-file when the exec happened;
+                                   learning mode only, a socket: the seccomp listener fd
+                                   (SCM_RIGHTS), served here until the sandbox ends.
 
 End-of-file on the control socket means the host process is gone: every sandbox is killed and
 the helper exits. Each sandbox gets PR_SET_PDEATHSIG, so it also dies with the helper.
@@ -34,6 +36,7 @@ import time
 from typing import Any
 
 from nsbox import _child, _libc
+from nsbox._seccomp_notify import DeniedSyscalls
 
 NAMESPACES = (
     _libc.CLONE_NEWUSER | _libc.CLONE_NEWNS | _libc.CLONE_NEWPID | _libc.CLONE_NEWNET
@@ -65,6 +68,9 @@ class Launch:
         self.deadline: float | None = None
         self.timed_out = False
         self.kill_reason: str | None = None
+        self.notify_sock: socket.socket | None = None  # learning mode: the listener comes here
+        self.denied: DeniedSyscalls | None = None
+        self.notify_table: dict[str, Any] | None = None
 
     def send(self, message: dict[str, Any]) -> None:
         try:
@@ -152,17 +158,28 @@ class Helper:
         source_fds = self.open_sources(plan)
         sync_r, sync_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        notify_child: socket.socket | None = None
+        launch.notify_table = plan.get("seccomp_notify")
+        if launch.notify_table:
+            launch.notify_sock, notify_child = socket.socketpair(socket.AF_UNIX,
+                                                                 socket.SOCK_SEQPACKET)
         launch.started = time.monotonic()
         try:
             pid = _libc.raw_clone(NAMESPACES | signal.SIGCHLD)
         except OSError as exc:
             for fd in (sync_r, sync_w, err_r, err_w, *source_fds.values()):
                 os.close(fd)
+            self.close_notify(launch)
+            if notify_child is not None:
+                notify_child.close()
             raise StepFailed("create namespaces", exc.errno or 0, str(exc)) from None
         if pid == 0:
-            self.become_child(plan, stdio, sync_r, err_w, source_fds, (sync_w, err_r))
+            self.become_child(plan, stdio, sync_r, err_w, source_fds, (sync_w, err_r),
+                              notify_child.fileno() if notify_child else -1)
         for fd in (sync_r, err_w, *source_fds.values()):
             os.close(fd)
+        if notify_child is not None:
+            notify_child.close()
         launch.pid, launch.sync_fd, launch.err_fd = pid, sync_w, err_r
         launch.pidfd = os.pidfd_open(pid)
         self.launches.add(launch)
@@ -170,6 +187,9 @@ class Helper:
         self.selector.register(err_r, selectors.EVENT_READ, lambda _f: self.read_error(launch))
         self.selector.register(launch.sock, selectors.EVENT_READ,
                                lambda _f: self.on_request(launch))
+        if launch.notify_sock is not None:
+            self.selector.register(launch.notify_sock, selectors.EVENT_READ,
+                                   lambda _f: self.receive_listener(launch))
         try:
             self.write_id_maps(pid, plan)
         except OSError as exc:
@@ -183,13 +203,14 @@ class Helper:
         launch.send({"event": "pid", "pid": pid})
 
     def become_child(self, plan: dict[str, Any], stdio: list[int], sync_r: int, err_w: int,
-                     source_fds: dict[int, int], parent_fds: tuple[int, int]) -> None:
+                     source_fds: dict[int, int], parent_fds: tuple[int, int],
+                     notify_fd: int) -> None:
         try:
             for fd in parent_fds:
                 os.close(fd)
             for target, fd in enumerate(stdio):
                 os.dup2(fd, target)
-            ctx = _child.Context(plan, sync_r, err_w, source_fds, self.cap_last)
+            ctx = _child.Context(plan, sync_r, err_w, source_fds, self.cap_last, notify_fd)
             _child.main(ctx)
         finally:
             os._exit(127)
@@ -304,8 +325,56 @@ class Helper:
         if request.get("cmd") == "kill":
             launch.kill(str(request.get("reason", "killed")))
 
+    # --- learning mode: the seccomp listener ------------------------------------------------
+
+    def receive_listener(self, launch: Launch) -> None:
+        """The child sends the listener right after loading the filter, or nothing (EOF) when
+        it failed before; either way this socket's work is done."""
+        assert launch.notify_sock is not None
+        try:
+            _msg, fds, _flags, _addr = socket.recv_fds(
+                launch.notify_sock, 16, 1, socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            fds = []
+        self.selector.unregister(launch.notify_sock)
+        launch.notify_sock.close()
+        launch.notify_sock = None
+        if fds:
+            launch.denied = DeniedSyscalls(fds[0], launch.notify_table or {})
+            self.selector.register(fds[0], selectors.EVENT_READ,
+                                   lambda _f: self.serve_listener(launch))
+
+    def serve_listener(self, launch: Launch) -> None:
+        assert launch.denied is not None
+        if not launch.denied.handle():
+            self.selector.unregister(launch.denied.listener)
+            launch.denied.close()
+
+    def close_notify(self, launch: Launch) -> None:
+        if launch.notify_sock is not None:
+            try:
+                self.selector.unregister(launch.notify_sock)
+            except (KeyError, ValueError):
+                pass
+            launch.notify_sock.close()
+            launch.notify_sock = None
+        if launch.denied is not None and launch.denied.listener >= 0:
+            try:
+                self.selector.unregister(launch.denied.listener)
+            except (KeyError, ValueError):
+                pass
+            launch.denied.close()
+
     def reap(self, launch: Launch) -> None:
         _pid, status, rusage = os.wait4(launch.pid, 0)
+        if launch.notify_sock is not None:  # sent before exec, not read yet
+            self.receive_listener(launch)
+        denied = None
+        if launch.notify_table:
+            denied = launch.denied.names() if launch.denied else []
+        self.close_notify(launch)
         wall = time.monotonic() - launch.started
         if launch.err_fd >= 0:
             self.selector.unregister(launch.err_fd)
@@ -327,6 +396,7 @@ class Helper:
             "timed_out": launch.timed_out,
             "kill_reason": launch.kill_reason,
             "setup_error": setup_error,
+            "seccomp_denied": denied,
         })
         self.selector.unregister(launch.pidfd)
         os.close(launch.pidfd)

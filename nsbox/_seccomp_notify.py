@@ -55,6 +55,7 @@ class DeniedSyscalls:
         self.listener = listener
         self._rules: dict[str, list[Any]] = table.get("rules", {})
         self._default: int | None = table.get("default")
+        self._names: dict[str, str] = table.get("names", {})
         self.counts: dict[int, int] = {}
 
     def fileno(self) -> int:
@@ -96,6 +97,10 @@ class DeniedSyscalls:
             if exc.errno != errno.ENOENT:  # ENOENT: the caller is gone, nothing to answer
                 return False
         return True
+
+    def names(self) -> list[str]:
+        """The denied syscalls by name, sorted, each once."""
+        return sorted({self._names.get(str(nr), f"syscall_{nr}") for nr in self.counts})
 
     def close(self) -> None:
         if self.listener >= 0:

@@ -249,6 +249,10 @@ _HINTS = {
     ("pivot_root", errno.EINVAL): "pivot_root is refused: nsbox may be running in a container "
     "or chroot whose root is not a mount point",
     ("exec", errno.EACCES): "the file is not executable inside the sandbox",
+    ("seccomp", errno.EINVAL): "the kernel refuses the seccomp program: it needs "
+    "CONFIG_SECCOMP_FILTER (and SECCOMP_RET_USER_NOTIF, Linux 5.0, for --seccomp-log)",
+    ("seccomp", errno.EBUSY): "--seccomp-log cannot be used here: nsbox already runs under a "
+    "seccomp filter with a listener (nested in another sandbox); run without it",
 }
 
 
@@ -290,6 +294,8 @@ def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
         timed_out=report["timed_out"],
     )
     result.extra["pid"] = pid
+    if report.get("seccomp_denied") is not None:
+        result.extra["seccomp_denied"] = report["seccomp_denied"]
     if report["timed_out"]:
         result.status = Status.TO
     elif report["kill_reason"] == "output":

@@ -16,6 +16,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsbox import seccomp as seccompmod
 from nsbox.errors import PolicyError, SetupError
 from nsbox.policy import Bind, Dir, File, Mount, Policy, Symlink, Tmpfs
 
@@ -40,6 +41,8 @@ class Plan:
     wall_time: float | None
     rlimits: list[tuple[int, int, int]] = field(default_factory=list)
     seccomp_bpf: str | None = None  # hex of the compiled BPF program
+    # Learning mode: how the helper answers the filter's notifications (nsbox/seccomp.py).
+    seccomp_notify: dict[str, Any] | None = None
     net: dict[str, Any] = field(default_factory=dict)
     cgroup: dict[str, Any] = field(default_factory=dict)
 
@@ -48,7 +51,8 @@ class Plan:
             "argv": self.argv, "env": self.env, "cwd": self.cwd, "uid": self.uid,
             "gid": self.gid, "user": self.user, "hostname": self.hostname,
             "mounts": self.mounts, "wall_time": self.wall_time, "rlimits": self.rlimits,
-            "seccomp_bpf": self.seccomp_bpf, "net": self.net, "cgroup": self.cgroup,
+            "seccomp_bpf": self.seccomp_bpf, "seccomp_notify": self.seccomp_notify,
+            "net": self.net, "cgroup": self.cgroup,
         }
 
 
@@ -160,6 +164,12 @@ def build(
             )
         mounts.append({"op": "bind", "source": real, "target": WORKSPACE, "writable": True,
                        "is_dir": True})
+    program = None
+    if policy.seccomp.enabled:
+        # Compiled (or loaded from the cache) here, in the host process; the child only loads
+        # the bytes. A cache inside a directory the sandbox can write is not used.
+        writable = [op["source"] for op in mounts if op["op"] == "bind" and op["writable"]]
+        program = seccompmod.load(policy.seccomp, untrusted_dirs=writable)
     return Plan(
         argv=list(argv),
         env=_environment(policy, env),
@@ -171,4 +181,6 @@ def build(
         mounts=mounts,
         wall_time=wall_time if wall_time is not None else policy.limits.wall_time,
         net={"mode": policy.network.mode},
+        seccomp_bpf=program.bpf.hex() if program else None,
+        seccomp_notify=program.notify if program and program.listener else None,
     )

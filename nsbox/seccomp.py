@@ -18,12 +18,11 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox.errors import PolicyError
+from nsbox.errors import HostError, PolicyError
 from nsbox.policy import Seccomp, SeccompArg, SeccompRule
 
 # Return values of a seccomp filter, <linux/seccomp.h>.
@@ -359,6 +358,8 @@ def _write_entry(directory: str, program: Program) -> None:
             "listener": program.listener,
             "notify": program.notify,
         }
+        import tempfile  # only when writing: launches that hit the cache do not need it
+
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
         try:
             with os.fdopen(fd, "w") as f:
@@ -423,8 +424,7 @@ def _action_value(kind: str, number: int, listener: bool) -> int:
 
 def compile_program(seccomp: Seccomp, key: str | None = None) -> Program:
     """Compile with libseccomp. Raises PolicyError naming a bad rule."""
-    import pyseccomp  # here alone: its import runs ldconfig
-
+    pyseccomp = _import_pyseccomp()
     stats.compiled += 1
     key = key or cache_key(seccomp)
     listener = seccomp.log_denied
@@ -498,6 +498,25 @@ def compile_program(seccomp: Seccomp, key: str | None = None) -> Program:
     return Program(bpf, key, listener, notify)
 
 
+def _import_pyseccomp() -> Any:
+    """Here alone: its import runs ldconfig. Missing pieces fail closed, with what to install."""
+    try:
+        import pyseccomp
+    except ImportError:
+        raise HostError(
+            "seccomp: the Python package pyseccomp is not installed",
+            feature="seccomp",
+            hint="pip install pyseccomp (it is a dependency of nsbox)",
+        ) from None
+    except RuntimeError as exc:  # pyseccomp's "Unable to find libseccomp"
+        raise HostError(
+            f"seccomp: {exc}",
+            feature="seccomp",
+            hint="install the system's libseccomp (Debian: apt-get install libseccomp2)",
+        ) from None
+    return pyseccomp
+
+
 def _export(flt: Any) -> bytes:
     fd = os.memfd_create("nsbox-seccomp", os.MFD_CLOEXEC)
     try:
@@ -519,9 +538,3 @@ def _syscall_names(pyseccomp: Any) -> dict[str, str]:
         except ValueError:
             continue
     return names
-
-
-def denied_names(program: Program, numbers: Iterable[int]) -> list[str]:
-    """Names of the syscall numbers the helper recorded, sorted, each once."""
-    table = (program.notify or {}).get("names", {})
-    return sorted({table.get(str(nr), f"syscall_{nr}") for nr in numbers})

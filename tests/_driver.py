@@ -11,7 +11,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import nsbox  # noqa: E402
-from nsbox.policy import Bind  # noqa: E402
+from nsbox.policy import Bind, Seccomp, SeccompArg, SeccompRule  # noqa: E402
 
 
 def invoke(argv: list, kwargs: dict) -> nsbox.Result:
@@ -24,6 +24,12 @@ def invoke(argv: list, kwargs: dict) -> nsbox.Result:
     binds = kwargs.pop("binds", [])
     if binds:
         changes["mounts"] = policy.mounts + tuple(Bind(*b) for b in binds)
+    if "seccomp" in kwargs:  # dataclasses.asdict of a Seccomp
+        spec = kwargs.pop("seccomp")
+        rules = tuple(SeccompRule(r["syscall"], r["action"],
+                                  tuple(SeccompArg(**a) for a in r["args"]))
+                      for r in spec.pop("rules"))
+        changes["seccomp"] = Seccomp(rules=rules, **spec)
     limit_changes = kwargs.pop("limit_changes", {})
     policy = policy.replace(**changes).with_limits(**limit_changes)
     return nsbox.run(argv, policy, **kwargs)

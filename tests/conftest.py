@@ -46,6 +46,9 @@ def public_tree() -> Iterator[Path]:
     root.chmod(0o755)
     shutil.copytree(REPO / "nsbox", root / "nsbox", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(DRIVER, root / "_driver.py")
+    import pyseccomp  # one module over ctypes: the seccomp compiler of the plan builder
+
+    shutil.copy(pyseccomp.__file__, root / "pyseccomp.py")
     for path in root.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     yield root

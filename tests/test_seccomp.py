@@ -6,34 +6,30 @@ Probes run inside the sandbox; every verdict is read on the host side.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import PYTHON, Runner, require
 
 import nsbox
 from nsbox import seccomp as sc
-from nsbox.errors import PolicyError
-from nsbox.policy import Bind, Policy, Seccomp, SeccompArg, SeccompRule
+from nsbox.errors import PolicyError, SetupError
+from nsbox.policy import Policy, Seccomp, SeccompArg, SeccompRule
 
 PROBE_SRC = Path(__file__).parent / "probes" / "seccomp_probe.c"
 X86_64 = os.uname().machine == "x86_64"
-
-
-def require(condition: bool, reason: str) -> None:
-    """Skip locally, fail in CI (CI=true), when the host lacks what the test needs."""
-    if condition:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI requires: {reason}")
-    pytest.skip(reason)
 
 
 # --- running things in a sandbox --------------------------------------------------------------
@@ -50,34 +46,37 @@ class Outcome:
         return self.result.signal
 
     def __repr__(self) -> str:
-        return f"<{self.result.status} exit={self.result.exit_code} sig={self.result.signal} " \
-               f"stdout={self.stdout[-2000:]!r} stderr={self.stderr[-2000:]!r}>"
+        return (f"<{self.result.status} exit={self.result.exit_code} sig={self.result.signal} "
+                f"stdout={self.stdout[-2000:]!r} stderr={self.stderr[-2000:]!r}>")
 
 
-def sandbox(argv: list[str], *, seccomp: Seccomp | None = None, binds: tuple[Bind, ...] = (),
-            wall_time: float = 60.0) -> Outcome:
-    policy = Policy(mounts=Policy().mounts + binds, seccomp=seccomp or Seccomp())
-    policy = policy.with_limits(wall_time=wall_time, memory=1024 * 1024 * 1024, pids=512)
-    if not hasattr(nsbox, "run"):  # until the core lands
-        from tests._standalone_sandbox import run
-
-        return Outcome(run(argv, policy))
-    return Outcome(nsbox.run(argv, policy=policy))
+def launch(runner: Runner, argv: list[str], *, seccomp: Seccomp | None = None,
+           binds: tuple[tuple[str, str], ...] = ()) -> Outcome:
+    """nsbox.run as the caller or as an unprivileged uid (the conftest's Runner)."""
+    kwargs: dict = {"limit_changes": {"wall_time": 60.0, "memory": 1 << 30, "pids": 512}}
+    if binds:
+        kwargs["binds"] = [list(b) for b in binds]
+    if seccomp is not None:
+        kwargs["seccomp"] = dataclasses.asdict(seccomp)
+    return Outcome(runner.run(argv, **kwargs))
 
 
 @pytest.fixture(scope="module")
-def probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def probe_dir() -> Iterator[Path]:
+    """The probe, built here with gcc, in a directory every uid can read (it is bound in)."""
     require(shutil.which("gcc") is not None, "gcc is needed to build the probe")
-    out = tmp_path_factory.mktemp("probe")
+    out = Path(tempfile.mkdtemp(prefix="nsbox-probe-", dir="/tmp"))
+    out.chmod(0o755)
     subprocess.run(["gcc", "-O1", "-Wall", "-o", str(out / "probe"), str(PROBE_SRC)],
                    check=True)
-    out.chmod(0o755)
-    return out
+    yield out
+    shutil.rmtree(out)
 
 
-def run_probe(probe_dir: Path, *specs: str, seccomp: Seccomp | None = None) -> Outcome:
-    return sandbox(["/probe/probe", *specs], seccomp=seccomp,
-                   binds=(Bind(str(probe_dir), "/probe"),))
+def run_probe(runner: Runner, probe_dir: Path, *specs: str,
+              seccomp: Seccomp | None = None) -> Outcome:
+    return launch(runner, ["/probe/probe", *specs], seccomp=seccomp,
+                  binds=((str(probe_dir), "/probe"),))
 
 
 def answers(outcome: Outcome) -> dict[str, tuple[int, int]]:
@@ -169,9 +168,9 @@ def denied_specs() -> tuple[list[str], dict[str, int]]:
     return specs, expected
 
 
-def test_every_denied_syscall_answers_its_errno(probe_dir: Path) -> None:
+def test_every_denied_syscall_answers_its_errno(sandbox: Runner, probe_dir: Path) -> None:
     specs, expected = denied_specs()
-    outcome = run_probe(probe_dir, *specs)
+    outcome = run_probe(sandbox, probe_dir, *specs)
     assert outcome.result.exit_code == 0, outcome
     got = answers(outcome)
     assert {name: got.get(name) for name in expected} == {
@@ -179,11 +178,11 @@ def test_every_denied_syscall_answers_its_errno(probe_dir: Path) -> None:
     }
 
 
-def test_learning_mode_shows_the_filter_denied_each_one(probe_dir: Path) -> None:
+def test_learning_mode_shows_the_filter_denied_each_one(sandbox: Runner, probe_dir: Path) -> None:
     """The same probe with log_denied: the same errnos, and the host-side record names every
     syscall, which proves the filter (not a missing capability) refused each of them."""
     specs, expected = denied_specs()
-    outcome = run_probe(probe_dir, *specs, seccomp=Seccomp(log_denied=True))
+    outcome = run_probe(sandbox, probe_dir, *specs, seccomp=Seccomp(log_denied=True))
     assert outcome.result.exit_code == 0, outcome
     got = answers(outcome)
     assert {name: got.get(name) for name in expected} == {
@@ -196,10 +195,10 @@ def test_learning_mode_shows_the_filter_denied_each_one(probe_dir: Path) -> None
     assert syscalls <= reported, syscalls - reported
 
 
-def test_allowed_neighbours_still_work(probe_dir: Path) -> None:
+def test_allowed_neighbours_still_work(sandbox: Runner, probe_dir: Path) -> None:
     """The argument rules hit only what they target."""
     outcome = run_probe(
-        probe_dir,
+        sandbox, probe_dir,
         f"ioctl_TCGETS:{nr('ioctl')}:0:{TCGETS}:0",  # stdin is no terminal: ENOTTY, not EPERM
         f"socket_unix:{nr('socket')}:1:1:0",
         f"socket_inet:{nr('socket')}:2:2:0",
@@ -217,20 +216,20 @@ def test_allowed_neighbours_still_work(probe_dir: Path) -> None:
 
 
 @pytest.mark.skipif(not X86_64, reason="int 0x80 and x32 exist on x86_64 only")
-def test_int80_from_a_64_bit_process_is_killed(probe_dir: Path) -> None:
+def test_int80_from_a_64_bit_process_is_killed(sandbox: Runner, probe_dir: Path) -> None:
     # Without the filter the 32-bit entry works on this kernel (IA32 emulation), so a
     # SIGSYS below comes from the filter's bad-arch action and not from a missing entry.
     plain = subprocess.run([str(probe_dir / "probe"), "int80"], capture_output=True, text=True)
     require(plain.returncode == 0 and plain.stdout.startswith("int80 "),
             "the kernel has no IA32 emulation: int 0x80 cannot be tested")
-    outcome = run_probe(probe_dir, "int80")
+    outcome = run_probe(sandbox, probe_dir, "int80")
     assert outcome.signal == signal.SIGSYS, outcome
     assert "int80" not in outcome.stdout
 
 
 @pytest.mark.skipif(not X86_64, reason="the x32 ABI exists on x86_64 only")
-def test_x32_syscall_number_is_killed(probe_dir: Path) -> None:
-    outcome = run_probe(probe_dir, "x32")
+def test_x32_syscall_number_is_killed(sandbox: Runner, probe_dir: Path) -> None:
+    outcome = run_probe(sandbox, probe_dir, "x32")
     assert outcome.signal == signal.SIGSYS, outcome
     assert "x32" not in outcome.stdout
 
@@ -253,10 +252,35 @@ def test_program_holds_the_native_architecture_alone() -> None:
     assert insns[2 + jf] == (bpf_ret_k, 0, 0, sc.RET_KILL_PROCESS)
 
 
+def test_one_filter_is_applied_after_no_new_privs(sandbox: Runner) -> None:
+    outcome = launch(sandbox, ["/bin/cat", "/proc/self/status"])
+    status = dict(line.split(":\t", 1) for line in outcome.stdout.splitlines() if ":\t" in line)
+    assert (status["Seccomp"], status["Seccomp_filters"], status["NoNewPrivs"]) == (
+        "2", "1", "1"), outcome
+    off = launch(sandbox, ["/bin/cat", "/proc/self/status"], seccomp=Seccomp(enabled=False))
+    assert "Seccomp:\t0" in off.stdout, off
+
+
+def test_a_filter_the_kernel_refuses_stops_the_launch(unprivileged_tmp: Path) -> None:
+    """Fail closed: with a program the kernel rejects, the command never runs."""
+    from nsbox import launcher
+    from nsbox import plan as planmod
+
+    policy = Policy(workspace=str(unprivileged_tmp))
+    wire = planmod.build(policy, ["/bin/touch", "/workspace/ran"]).to_wire()
+    wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
+    wire["seccomp_bpf"] = struct.pack("=HBBI", 0xFFFF, 0, 0, 0).hex()  # no such BPF opcode
+    with pytest.raises(SetupError) as info:
+        launcher._launch(wire, None, 1 << 20, False)
+    assert (info.value.step, info.value.errno) == ("seccomp", errno.EINVAL)
+    assert "seccomp" in info.value.message
+    assert not (unprivileged_tmp / "ran").exists()
+
+
 # --- profile rules ----------------------------------------------------------------------------
 
 
-def test_profile_rules_change_the_filter(probe_dir: Path) -> None:
+def test_profile_rules_change_the_filter(sandbox: Runner, probe_dir: Path) -> None:
     rules = (
         SeccompRule("getppid", "errno:EACCES"),
         SeccompRule("getpriority", "kill", (SeccompArg(0, "eq", 7),)),
@@ -264,7 +288,7 @@ def test_profile_rules_change_the_filter(probe_dir: Path) -> None:
         SeccompRule("keyctl", "errno:EOPNOTSUPP"),  # replaces the built-in EPERM
     )
     outcome = run_probe(
-        probe_dir,
+        sandbox, probe_dir,
         f"getppid:{nr('getppid')}",
         f"keyctl:{nr('keyctl')}:0xffffffffffffffff",
         f"socket_NETLINK_AUDIT:{nr('socket')}:16:3:9",
@@ -283,7 +307,7 @@ def test_profile_rules_change_the_filter(probe_dir: Path) -> None:
     assert outcome.signal == signal.SIGSYS, outcome
 
 
-def test_default_action_errno_makes_an_allow_list(probe_dir: Path) -> None:
+def test_default_action_errno_makes_an_allow_list(sandbox: Runner, probe_dir: Path) -> None:
     """default_action errno:EPERM, and allow rules for what the probe needs to start."""
     needed = (
         "execve", "brk", "mmap", "munmap", "mprotect", "arch_prctl", "set_tid_address",
@@ -291,7 +315,7 @@ def test_default_action_errno_makes_an_allow_list(probe_dir: Path) -> None:
         "read", "pread64", "close", "write", "exit_group", "getrandom", "futex", "ioctl",
     )
     rules = tuple(SeccompRule(name, "allow") for name in needed)
-    outcome = run_probe(probe_dir, f"getpid:{nr('getpid')}", f"uname:{nr('uname')}:0",
+    outcome = run_probe(sandbox, probe_dir, f"getpid:{nr('getpid')}", f"uname:{nr('uname')}:0",
                         seccomp=Seccomp(default_action="errno:EPERM", rules=rules))
     got = answers(outcome)
     assert got == {"getpid": (-1, errno.EPERM), "uname": (-1, errno.EPERM)}, outcome
@@ -410,8 +434,8 @@ def test_an_entry_from_another_directory_owner_is_not_trusted(cache_home: Path) 
 # --- learning mode ----------------------------------------------------------------------------
 
 
-def test_learning_mode_reports_only_what_was_denied(probe_dir: Path) -> None:
-    outcome = run_probe(probe_dir, f"getpid:{nr('getpid')}", f"keyctl:{nr('keyctl')}:0",
+def test_learning_mode_reports_only_what_was_denied(sandbox: Runner, probe_dir: Path) -> None:
+    outcome = run_probe(sandbox, probe_dir, f"getpid:{nr('getpid')}", f"keyctl:{nr('keyctl')}:0",
                         f"add_key:{nr('add_key')}:0", f"keyctl:{nr('keyctl')}:1",
                         seccomp=Seccomp(log_denied=True))
     got = answers(outcome)
@@ -421,8 +445,8 @@ def test_learning_mode_reports_only_what_was_denied(probe_dir: Path) -> None:
     assert "getpid" not in outcome.result.extra["seccomp_denied"]
 
 
-def test_without_learning_mode_nothing_is_reported(probe_dir: Path) -> None:
-    outcome = run_probe(probe_dir, f"keyctl:{nr('keyctl')}:0")
+def test_without_learning_mode_nothing_is_reported(sandbox: Runner, probe_dir: Path) -> None:
+    outcome = run_probe(sandbox, probe_dir, f"keyctl:{nr('keyctl')}:0")
     assert answers(outcome)["keyctl"] == (-1, errno.EPERM)
     assert "seccomp_denied" not in outcome.result.extra
 
@@ -430,8 +454,8 @@ def test_without_learning_mode_nothing_is_reported(probe_dir: Path) -> None:
 # --- real workloads under the default profile -------------------------------------------------
 
 
-def test_python_numpy_threads_and_multiprocessing() -> None:
-    has_numpy = subprocess.run(["/usr/bin/python3", "-c", "import numpy"]).returncode == 0
+def test_python_numpy_threads_and_multiprocessing(sandbox: Runner) -> None:
+    has_numpy = subprocess.run([PYTHON, "-c", "import numpy"]).returncode == 0
     require(has_numpy, "python3-numpy (Debian) is not installed")
     code = (
         "import numpy, threading, multiprocessing as mp\n"
@@ -444,7 +468,7 @@ def test_python_numpy_threads_and_multiprocessing() -> None:
         "print(int(a.sum()), round(numpy.linalg.det(numpy.eye(3) * 2)), sorted(out) == "
         "list(range(8)), s)\n"
     )
-    outcome = sandbox(["/usr/bin/python3", "-c", code])
+    outcome = launch(sandbox, [PYTHON, "-c", code])
     assert outcome.result.exit_code == 0, outcome
     assert outcome.stdout.split() == ["49995000", "8", "True", "328350"]
 
@@ -476,11 +500,11 @@ def _tiny_wheel(directory: Path) -> Path:
     return wheel
 
 
-def test_pip_installs_a_local_wheel(tmp_path: Path) -> None:
-    has_pip = subprocess.run(["/usr/bin/python3", "-m", "pip", "--version"],
+def test_pip_installs_a_local_wheel(sandbox: Runner, unprivileged_tmp: Path) -> None:
+    has_pip = subprocess.run([PYTHON, "-m", "pip", "--version"],
                              capture_output=True).returncode == 0
     require(has_pip, "pip for /usr/bin/python3 (Debian python3-pip) is not installed")
-    wheels = tmp_path / "wheels"
+    wheels = unprivileged_tmp / "wheels"
     wheels.mkdir()
     wheel = _tiny_wheel(wheels)
     script = (
@@ -489,26 +513,26 @@ def test_pip_installs_a_local_wheel(tmp_path: Path) -> None:
         f"/wheels/{wheel.name} >/tmp/pip.log 2>&1 || {{ cat /tmp/pip.log; exit 1; }}; "
         "PYTHONPATH=/tmp/site /usr/bin/python3 -c 'import nsboxtiny; print(nsboxtiny.ANSWER)'"
     )
-    outcome = sandbox(["/bin/sh", "-c", script], binds=(Bind(str(wheels), "/wheels"),))
+    outcome = launch(sandbox, ["/bin/sh", "-c", script], binds=((str(wheels), "/wheels"),))
     assert outcome.result.exit_code == 0, outcome
     assert outcome.stdout.strip() == "42"
 
 
-def test_shell_pipelines_and_coreutils() -> None:
+def test_shell_pipelines_and_coreutils(sandbox: Runner) -> None:
     script = (
         "set -e; cd /tmp; seq 1 1000 | sort -rn | head -3 | tr '\\n' ' '; echo; "
         "mkdir d && echo hello > d/a && cp d/a d/b && mv d/b d/c && ln -s c d/l; "
         "cat d/l | sha256sum | cut -c1-16; ls d | wc -l; stat -c %s d/a; "
         "date +%Y >/dev/null; id -u >/dev/null; tar cf x.tar d && tar tf x.tar | sort | head -1"
     )
-    outcome = sandbox(["/bin/bash", "-c", script])
+    outcome = launch(sandbox, ["/bin/bash", "-c", script])
     assert outcome.result.exit_code == 0, outcome
     assert outcome.stdout.split("\n")[:5] == [
         "1000 999 998 ", "5891b5b522d5df08", "3", "6", "d/",
     ]
 
 
-def test_gcc_compiles_and_runs_a_c_program() -> None:
+def test_gcc_compiles_and_runs_a_c_program(sandbox: Runner) -> None:
     require(shutil.which("gcc") is not None, "gcc is not installed")
     script = (
         "set -e; cd /tmp; printf '#include <stdio.h>\\n#include <pthread.h>\\n"
@@ -517,26 +541,26 @@ def test_gcc_compiles_and_runs_a_c_program() -> None:
         "pthread_join(t, &r); printf(\"%%ld\\\\n\", (long)r * 6); return 0; }\\n' > m.c; "
         "gcc -O1 -pthread -o m m.c; ./m"
     )
-    outcome = sandbox(["/bin/sh", "-c", script])
+    outcome = launch(sandbox, ["/bin/sh", "-c", script])
     assert outcome.result.exit_code == 0, outcome
     assert outcome.stdout.strip() == "42"
 
 
-def test_git_init_and_commit() -> None:
+def test_git_init_and_commit(sandbox: Runner) -> None:
     require(shutil.which("git") is not None, "git is not installed")
     script = (
         "set -e; export HOME=/tmp; cd /tmp; git init -q r; cd r; echo a > f; git add f; "
         "git -c user.name=n -c user.email=n@example.invalid commit -q -m first; "
         "git log --format=%s; git status --porcelain | wc -l"
     )
-    outcome = sandbox(["/bin/sh", "-c", script])
+    outcome = launch(sandbox, ["/bin/sh", "-c", script])
     assert outcome.result.exit_code == 0, outcome
     assert outcome.stdout.split() == ["first", "0"]
 
 
-def test_sqlite3() -> None:
+def test_sqlite3(sandbox: Runner) -> None:
     require(shutil.which("sqlite3") is not None, "sqlite3 is not installed")
     sql = "create table t(x); insert into t values (40), (2); select sum(x) from t;"
-    outcome = sandbox(["/usr/bin/sqlite3", "/tmp/db", sql])
+    outcome = launch(sandbox, ["/usr/bin/sqlite3", "/tmp/db", sql])
     assert outcome.result.exit_code == 0, outcome
     assert outcome.stdout.strip() == "42"
