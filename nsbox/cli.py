@@ -12,6 +12,7 @@ for what nsbox decided:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -112,10 +113,13 @@ def main() -> None:
 @click.option("--cwd", metavar="DIR", help="Working directory inside (default /workspace).")
 @click.option("--json", "as_json", is_flag=True,
               help="Capture the output and print the result as one JSON object.")
+@click.option("--seccomp-log", is_flag=True,
+              help="Learning mode: report the syscalls the seccomp filter denied (still "
+              "denied).")
 @click.argument("command", nargs=-1, required=True)
 def run(wall_time: float | None, output_limit: int | None, workspace: str | None,
         ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
-        pass_env: tuple[str, ...], cwd: str | None, as_json: bool,
+        pass_env: tuple[str, ...], cwd: str | None, as_json: bool, seccomp_log: bool,
         command: tuple[str, ...]) -> None:
     """Run COMMAND in a new sandbox.
 
@@ -136,6 +140,8 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
         mounts=policy.mounts + extra,
         env_passthrough=policy.env_passthrough + pass_env,
     )
+    if seccomp_log:
+        policy = policy.replace(seccomp=dataclasses.replace(policy.seccomp, log_denied=True))
     try:
         result = nsbox.run(
             list(command), policy, stdin=None if as_json else 0, timeout=wall_time,
@@ -149,6 +155,9 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
         return
     if as_json:
         click.echo(json.dumps(result.to_dict(with_output=True)))
+    elif "seccomp_denied" in result.extra:
+        denied = ", ".join(result.extra["seccomp_denied"]) or "nothing"
+        click.echo(f"nsbox: seccomp denied: {denied}", err=True)
     elif result.status in (Status.TO, Status.OL):
         click.echo(f"nsbox: {result.status.value}: "
                    + ("wall-clock limit reached" if result.status is Status.TO

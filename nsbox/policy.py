@@ -143,6 +143,9 @@ class SeccompRule:
 
 @dataclass(frozen=True)
 class Seccomp:
+    """The filter: nsbox's built-in deny rules plus ``rules``. A rule for a syscall replaces
+    every built-in rule for that syscall (docs/seccomp.md)."""
+
     enabled: bool = True
     default_action: str = "allow"  # for syscalls neither the built-in policy nor rules name
     rules: tuple[SeccompRule, ...] = ()

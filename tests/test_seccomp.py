@@ -564,3 +564,17 @@ def test_sqlite3(sandbox: Runner) -> None:
     outcome = launch(sandbox, ["/usr/bin/sqlite3", "/tmp/db", sql])
     assert outcome.result.exit_code == 0, outcome
     assert outcome.stdout.strip() == "42"
+
+
+def test_cli_seccomp_log_prints_what_was_denied(probe_dir: Path) -> None:
+    argv = [sys.executable, "-m", "nsbox", "run", "--seccomp-log", "--ro-bind",
+            f"{probe_dir}:/probe", "--", "/probe/probe", f"keyctl:{nr('keyctl')}:0",
+            f"getpid:{nr('getpid')}"]
+    proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == f"keyctl -1 {errno.EPERM}"
+    assert "nsbox: seccomp denied: keyctl\n" in proc.stderr
+    as_json = subprocess.run(argv[:4] + ["--json"] + argv[4:], capture_output=True, text=True,
+                             timeout=60)
+    assert json.loads(as_json.stdout)["extra"]["seccomp_denied"] == ["keyctl"]
