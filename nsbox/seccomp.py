@@ -67,8 +67,9 @@ _DENY_EPERM = (
     # File handles bypass the mount namespace (the 2014 "shocker" container escape).
     "open_by_handle_at", "name_to_handle_at",
     "lookup_dcookie",
-    # Raw port I/O and legacy x86 interfaces.
-    "ioperm", "iopl", "vm86", "vm86old", "uselib",
+    # Raw port I/O and legacy x86 interfaces; 16-bit segments from modify_ldt were the way
+    # into the espfix/NMI entry bugs (CVE-2015-3290).
+    "ioperm", "iopl", "vm86", "vm86old", "uselib", "modify_ldt",
     # No nested namespaces: a new user namespace hands out capabilities over new namespaces,
     # the entry point of many kernel exploits (CVE-2022-0185, CVE-2023-32233).
     "setns", "unshare",
@@ -97,6 +98,7 @@ _TIOCLINUX = 0x541C
 # sandbox's own network namespace, and changing it needs CAP_NET_ADMIN, which is dropped.
 _SOCKET_FAMILIES_OK = (1, 2, 10, 16)
 _AF_NETLINK = 16
+_AF_UNIX = 1
 
 # Where clone(2) takes its flags: arg 0, but arg 1 on s390 (CLONE_BACKWARDS2).
 _CLONE_FLAGS_ARG = {"s390x": 1, "s390": 1}.get(platform.machine(), 0)
@@ -143,6 +145,10 @@ def _builtin_rules() -> tuple[SeccompRule, ...]:
     rules += [
         SeccompRule("socket", "errno:EAFNOSUPPORT", c)
         for c in _not_in(0, _SOCKET_FAMILIES_OK)
+    ]
+    # socketpair(2) works for AF_UNIX alone, but would create sockets of any family first.
+    rules += [
+        SeccompRule("socketpair", "errno:EAFNOSUPPORT", c) for c in _not_in(0, (_AF_UNIX,))
     ]
     rules.append(
         SeccompRule(
