@@ -109,6 +109,10 @@ class Helper:
     def loop(self) -> None:
         while True:
             for key, _mask in self.selector.select(self.next_timeout()):
+                # An earlier callback of this batch may have unregistered and closed this fd
+                # (a reap closes the launch's other fds); its number may even be reused.
+                if self.selector.get_map().get(key.fd) is not key:
+                    continue
                 key.data(key.fileobj)
             now = time.monotonic()
             for launch in list(self.launches):
@@ -347,7 +351,8 @@ class Helper:
                                    lambda _f: self.serve_listener(launch))
 
     def serve_listener(self, launch: Launch) -> None:
-        assert launch.denied is not None
+        if launch.denied is None or launch.denied.listener < 0:
+            return
         if not launch.denied.handle():
             self.selector.unregister(launch.denied.listener)
             launch.denied.close()

@@ -460,6 +460,15 @@ def test_learning_mode_answers_enosys_so_threads_fall_back(sandbox: Runner) -> N
     assert "clone3" in outcome.result.extra["seccomp_denied"]
 
 
+def test_learning_mode_survives_many_short_runs() -> None:
+    """The listener hangs up in the same instant the sandbox's init exits; the helper must not
+    serve a listener its reap already closed (it did once, and died)."""
+    policy = Policy(seccomp=Seccomp(log_denied=True))
+    results = [nsbox.run(["/bin/true"], policy) for _ in range(40)]
+    assert [r.status.value for r in results] == ["OK"] * 40
+    assert all(r.extra["seccomp_denied"] == [] for r in results)
+
+
 def test_without_learning_mode_nothing_is_reported(sandbox: Runner, probe_dir: Path) -> None:
     outcome = run_probe(sandbox, probe_dir, f"keyctl:{nr('keyctl')}:0")
     assert answers(outcome)["keyctl"] == (-1, errno.EPERM)
