@@ -208,6 +208,7 @@ class Stats:
 
 stats = Stats()
 _memory: dict[str, Program] = {}
+_MEMORY_MAX = 64
 
 
 def clear_memory_cache() -> None:
@@ -236,6 +237,8 @@ def load(seccomp: Seccomp, *, untrusted_dirs: Iterable[str] = ()) -> Program:
         program = compile_program(seccomp, key)
         if directory:
             _write_entry(directory, program)
+    if len(_memory) >= _MEMORY_MAX:  # an embedder with ever new policies: forget the oldest
+        del _memory[next(iter(_memory))]
     _memory[key] = program
     return program
 
@@ -402,7 +405,26 @@ def parse_action(text: str, key: str) -> tuple[str, int]:
     )
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_rule(rule: SeccompRule, key: str) -> None:
+    if not isinstance(rule.syscall, str) or not rule.syscall:
+        raise PolicyError(f"syscall must be a name, not {rule.syscall!r}", key=key,
+                          hint="use the syscall's name as in syscalls(2), e.g. ptrace")
+    if not isinstance(rule.action, str):
+        raise PolicyError(f"action must be a string, not {rule.action!r}", key=key,
+                          hint="use allow, kill or errno:NAME (errno:EPERM)")
+    for arg in rule.args:
+        if not isinstance(arg, SeccompArg):
+            raise PolicyError(f"argument condition {arg!r} is not a SeccompArg", key=key)
+        _check_arg(arg, key)
+
+
 def _check_arg(arg: SeccompArg, key: str) -> None:
+    if not all(_is_int(n) for n in (arg.index, arg.value, arg.mask)):
+        raise PolicyError(f"index, value and mask must be integers: {arg!r}", key=key)
     if not 0 <= arg.index <= 5:
         raise PolicyError(f"argument index {arg.index} is not 0..5", key=key)
     if arg.op not in OPS:
@@ -454,6 +476,7 @@ def compile_program(seccomp: Seccomp, key: str | None = None) -> Program:
         where = f"seccomp.rules[{position - builtin_count}]"
         if position < builtin_count:
             where = f"built-in seccomp rule for {rule.syscall}"
+        _check_rule(rule, where)
         nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, rule.syscall)
         if nr == -1:  # __NR_SCMP_ERROR: no architecture has it
             raise PolicyError(
@@ -462,8 +485,6 @@ def compile_program(seccomp: Seccomp, key: str | None = None) -> Program:
                 hint="use the syscall's name as in syscalls(2), e.g. ptrace",
             )
         kind, number = parse_action(rule.action, where)
-        for arg in rule.args:
-            _check_arg(arg, where)
         if nr < 0:
             continue  # a syscall of another architecture (vm86 on x86_64): nothing to filter
         action = _action_value(kind, number, listener)
