@@ -373,6 +373,18 @@ def test_second_load_does_not_compile(cache_home: Path) -> None:
     assert [p.name for p in cache_home.iterdir()] == [sc.cache_key(Seccomp()) + ".json"]
 
 
+def test_second_launch_with_the_same_policy_does_not_compile(cache_home: Path) -> None:
+    policy = Policy(seccomp=Seccomp(rules=(SeccompRule("getppid", "errno:EACCES"),)))
+    before = sc.stats.compiled
+    assert nsbox.run(["/bin/true"], policy).ok
+    assert sc.stats.compiled == before + 1
+    assert nsbox.run(["/bin/true"], policy).ok
+    assert sc.stats.compiled == before + 1
+    changed = Policy(seccomp=Seccomp(rules=(SeccompRule("getppid", "errno:EPERM"),)))
+    assert nsbox.run(["/bin/true"], changed).ok
+    assert sc.stats.compiled == before + 2
+
+
 def test_changed_policy_gets_a_new_program(cache_home: Path) -> None:
     before = sc.stats.compiled
     plain = sc.program_for(Seccomp())
