@@ -286,6 +286,7 @@ def cache_key(seccomp: Seccomp) -> str:
             "nsbox": __version__,
         },
         sort_keys=True,
+        default=repr,  # a malformed value still gets a key; compiling names the problem
     )
     return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -337,13 +337,14 @@ def test_default_action_errno_makes_an_allow_list(sandbox: Runner, probe_dir: Pa
         (Seccomp(rules=(SeccompRule("read", "kill", (SeccompArg(0, "like", 0),)),)), "'like'"),
         (Seccomp(rules=(SeccompRule("read", "kill", (SeccompArg(0, "eq", -1),)),)), "-1"),
         (Seccomp(rules=(SeccompRule(39, "allow"),)), "39"),  # type: ignore[arg-type]
+        (Seccomp(rules=(SeccompRule(b"read", "allow"),)), "b'read'"),  # type: ignore[arg-type]
         (Seccomp(rules=(SeccompRule("read", "kill", (SeccompArg(0, "eq", "1"),)),)), "'1'"),
         (Seccomp(rules=(SeccompRule("read", "kill", (SeccompArg(0, "eq", 1, 3),)),)), "mask"),
     ],
 )
 def test_bad_rules_are_policy_errors_naming_them(seccomp: Seccomp, named: str) -> None:
     with pytest.raises(PolicyError) as info:
-        sc.compile_program(seccomp)
+        nsbox.run(["/bin/true"], Policy(seccomp=seccomp))
     assert named in str(info.value)
     assert "seccomp" in (info.value.key or "")
 
