@@ -443,6 +443,16 @@ def test_a_cache_the_sandbox_can_write_is_not_used(cache_home: Path) -> None:
     assert not cache_home.exists()
 
 
+def test_a_workspace_that_holds_the_cache_keeps_it_unused(cache_home: Path) -> None:
+    workspace = cache_home.parent.parent  # $XDG_CACHE_HOME itself
+    result = nsbox.run(["/bin/true"], Policy(workspace=str(workspace)))
+    assert result.ok, result
+    assert not cache_home.exists()
+    sc.clear_memory_cache()
+    assert nsbox.run(["/bin/true"]).ok  # no writable bind over it: cached as usual
+    assert [p.name for p in cache_home.iterdir()] == [sc.cache_key(Seccomp()) + ".json"]
+
+
 def test_an_entry_from_another_directory_owner_is_not_trusted(cache_home: Path) -> None:
     sc.program_for(Seccomp())
     cache_home.chmod(0o777)  # writable by others: entries could have been swapped
