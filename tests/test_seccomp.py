@@ -26,7 +26,7 @@ from conftest import PYTHON, Runner, require
 import nsbox
 from nsbox import seccomp as sc
 from nsbox.errors import PolicyError, SetupError
-from nsbox.policy import Policy, Seccomp, SeccompArg, SeccompRule
+from nsbox.policy import Bind, Policy, Seccomp, SeccompArg, SeccompRule
 
 PROBE_SRC = Path(__file__).parent / "probes" / "seccomp_probe.c"
 X86_64 = os.uname().machine == "x86_64"
@@ -236,6 +236,47 @@ def test_x32_syscall_number_is_killed(sandbox: Runner, probe_dir: Path) -> None:
     outcome = run_probe(sandbox, probe_dir, "x32")
     assert outcome.signal == signal.SIGSYS, outcome
     assert "x32" not in outcome.stdout
+
+
+def test_tiocsti_on_a_real_terminal_injects_nothing(probe_dir: Path) -> None:
+    """The sandbox's stdin is a terminal (as under `nsbox run` from a shell): pushing input into
+    it fails, and the host side of the terminal sees no echo of an injected byte."""
+    master, slave = os.openpty()
+    try:
+        policy = Policy(mounts=Policy().mounts + (Bind(str(probe_dir), "/probe"),),
+                        seccomp=Seccomp(log_denied=True))
+        result = nsbox.run(["/probe/probe", "tiocsti"], policy, stdin=slave)
+        got = answers(Outcome(result))
+        assert got == {f"tiocsti_{i}": (-1, errno.EPERM) for i in range(3)}, result
+        assert "ioctl" in result.extra["seccomp_denied"]  # the filter refused it
+        os.set_blocking(master, False)
+        with pytest.raises(BlockingIOError):
+            os.read(master, 64)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_ptrace_reaches_sandbox_processes_alone(sandbox: Runner, probe_dir: Path) -> None:
+    """The documented decision: ptrace and process_vm_* stay allowed; inside its own PID
+    namespace a process can trace its own children and cannot even name a host process."""
+    inside = answers(run_probe(sandbox, probe_dir, "ptrace-child"))
+    assert inside == {"ptrace_attach": (0, 0), "ptrace_stopped": (1, 0)}
+    host_pid = os.getpid()
+    attach = answers(run_probe(sandbox, probe_dir,
+                               f"ptrace_host:{nr('ptrace')}:16:{host_pid}:0:0"))  # ATTACH
+    assert attach == {"ptrace_host": (-1, errno.ESRCH)}
+    assert answers(run_probe(sandbox, probe_dir, "vm-read", "1")) == {
+        "process_vm_readv": (8, 0)}  # its own pid 1: itself
+    assert answers(run_probe(sandbox, probe_dir, "vm-read", str(host_pid))) == {
+        "process_vm_readv": (-1, errno.ESRCH)}
+
+
+def test_netlink_route_serves_ordinary_programs(sandbox: Runner) -> None:
+    """if_nameindex(3) (like getifaddrs and getaddrinfo's AI_ADDRCONFIG) reads NETLINK_ROUTE."""
+    outcome = launch(sandbox, [PYTHON, "-c", "import socket; print(socket.if_nameindex())"])
+    assert outcome.result.exit_code == 0, outcome
+    assert "'lo'" in outcome.stdout
 
 
 def test_program_holds_the_native_architecture_alone() -> None:
