@@ -116,6 +116,22 @@ class Network:
 
     mode: Literal["none", "loopback", "allow"] = "none"
     allow: tuple[str, ...] = ()
+    # allow mode: where the proxy listens inside, and its limits (docs/network.md)
+    proxy_port: int = 3128
+    max_connections: int = 32
+    max_bytes: int = 256 * MiB
+    connect_timeout: float = 10.0
+    idle_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        from nsbox.netrules import check_network  # only the network rules need ipaddress
+
+        check_network(self)
+
+    @property
+    def effective_mode(self) -> str:
+        """``allow`` with an empty allow-list is ``none``: never "everything"."""
+        return "none" if self.mode == "allow" and not self.allow else self.mode
 
 
 # --- seccomp -----------------------------------------------------------------------------------

@@ -1,0 +1,488 @@
+"""The host-side HTTP/HTTPS proxy of ``allow`` mode.
+
+It serves a socket that is already listening — in the sandbox's own network namespace, created
+there by the sandbox's setup and passed out as a file descriptor — so the sandbox reaches it at
+127.0.0.1:<port> and nothing else. Every accepted connection carries one request:
+
+- ``CONNECT host:port`` (HTTPS and other TLS: the proxy only relays bytes), or
+- a plain HTTP request with an absolute URI (``GET http://host[:port]/path``), forwarded with
+  ``Connection: close`` so one client connection is one upstream request.
+
+The host must match the allow-list (nsbox.netrules). The proxy resolves the name itself and
+connects to an address it has checked, never to the name again, so a DNS answer that changes
+between check and connect (rebinding) cannot steer it elsewhere. Denials get an HTTP error with
+a short reason; every attempt is recorded. One accept thread plus one thread per connection, all
+ended by ``close()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nsbox.netrules import (
+    DEFAULT_CONNECT_PORT,
+    DEFAULT_HTTP_PORT,
+    AllowEntry,
+    forbidden_reason,
+    literally_listed,
+    normalize_host,
+    parse_address,
+    unmap,
+)
+
+MAX_HEAD = 64 * 1024  # bytes of request line + headers
+CHUNK = 64 * 1024
+# Hop-by-hop headers (RFC 9110, 7.6.1) and the proxy's own; never forwarded upstream.
+_HOP_BY_HOP = {
+    "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate",
+    "te", "trailer", "upgrade",
+}
+
+
+@dataclass(frozen=True)
+class ProxyLimits:
+    max_connections: int = 32  # served at once; more wait in the listen queue
+    max_bytes: int = 256 * 1024 * 1024  # both directions, all connections of the run
+    connect_timeout: float = 10.0  # seconds, to the upstream server
+    idle_timeout: float = 60.0  # seconds without a byte either way
+    max_records: int = 1000  # attempts kept in the log; the rest are only counted
+
+
+class _Denied(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class _Stopped(Exception):
+    """The proxy is closing (or the peer went idle): end this connection quietly."""
+
+
+_STATUS_TEXT = {
+    400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed", 431: "Request Header Fields "
+    "Too Large", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
+}
+
+
+def _error_response(status: int, reason: str) -> bytes:
+    body = f"nsbox proxy: {reason}\n".encode()
+    head = (
+        f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class NetworkProxy:
+    """Serve ``listener`` until ``close()``. Use as a context manager, or start()/close()."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        allow: tuple[AllowEntry, ...],
+        limits: ProxyLimits | None = None,
+    ) -> None:
+        self._listener = listener
+        self._allow = allow
+        self._limits = limits or ProxyLimits()
+        self._lock = threading.Lock()
+        self._slot_free = threading.Condition(self._lock)
+        self._stopping = threading.Event()
+        # Readable once close() begins; every thread polls it next to its sockets.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._sockets: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
+        self._accept_thread: threading.Thread | None = None
+        self._records: list[dict[str, Any]] = []
+        self._dropped = 0
+        self._bytes = 0
+        self._active = 0
+        self._closed = False
+
+    # --- lifetime ------------------------------------------------------------------------------
+
+    def start(self) -> NetworkProxy:
+        self._listener.setblocking(False)
+        thread = threading.Thread(target=self._accept_loop, name="nsbox-proxy", daemon=True)
+        self._accept_thread = thread
+        thread.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop accepting, end every connection, join the threads and close every socket."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        self._wake_w.send(b"x")
+        with self._lock:
+            self._slot_free.notify_all()
+            for sock in self._sockets:
+                # shutdown, not close: the owning thread closes its fd, so no fd is reused
+                # under a thread still polling it.
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + timeout
+        if self._accept_thread is not None:
+            self._accept_thread.join(max(0.0, deadline - time.monotonic()))
+        else:
+            self._listener.close()
+        while True:
+            with self._lock:
+                threads = list(self._threads)
+            if not threads:
+                break
+            threads[0].join(max(0.0, deadline - time.monotonic()))
+            if time.monotonic() >= deadline:
+                break
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def __enter__(self) -> NetworkProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def report(self) -> dict[str, Any]:
+        """The log of the run: every attempt in order, and totals (for Result.extra)."""
+        with self._lock:
+            records = sorted(self._records, key=lambda r: r["time"])
+            return {
+                "attempts": records,
+                "attempts_dropped": self._dropped,
+                "bytes_total": self._bytes,
+                "threads_left": len(self._threads),
+            }
+
+    # --- accepting -----------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        poller = select.poll()
+        poller.register(self._listener, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        try:
+            while self._wait_for_slot():
+                poller.poll()
+                if self._stopping.is_set():
+                    break
+                try:
+                    conn, _ = self._listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError as exc:
+                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        time.sleep(0.05)  # out of fds: back off instead of spinning
+                        continue
+                    raise
+                self._admit(conn)
+        finally:
+            self._listener.close()
+
+    def _wait_for_slot(self) -> bool:
+        """Block while ``max_connections`` are open: further clients wait in the listen queue
+        (and past its length the kernel drops their SYNs), which is back-pressure, not an error.
+        False once the proxy is closing."""
+        with self._slot_free:
+            while self._active >= self._limits.max_connections and not self._stopping.is_set():
+                self._slot_free.wait()
+        return not self._stopping.is_set()
+
+    def _admit(self, conn: socket.socket) -> None:
+        thread = threading.Thread(
+            target=self._serve, args=(conn,), name="nsbox-proxy-conn", daemon=True
+        )
+        with self._lock:
+            self._active += 1
+            self._sockets.add(conn)
+            self._threads.add(thread)
+        thread.start()
+
+    # --- one connection ------------------------------------------------------------------------
+
+    def _serve(self, client: socket.socket) -> None:
+        started = time.time()
+        upstream: socket.socket | None = None
+        method = host = None
+        port: int | None = None
+        address: str | None = None
+        admitted = False
+        up = down = 0
+        try:
+            head, rest = self._read_head(client)
+            method, host, port, default_port, new_head = self._parse(head)
+            if not any(e.matches(host, port, default_port) for e in self._allow):
+                raise _Denied(403, f"{host}:{port} is not in the allow-list")
+            addr = self._resolve(host, port, default_port)
+            address = str(addr)
+            upstream = self._connect(addr, port)
+            admitted = True
+            if method == "CONNECT":
+                self._send(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
+                first = rest
+            else:
+                first = new_head + rest
+            if first:
+                self._charge(len(first))
+                self._send(upstream, first)
+                up += len(first)
+            up, down, end = self._relay(client, upstream, up, down)
+            self._record(method, host, port, True, end, up, down, started, address)
+        except _Denied as denied:
+            self._record(method, host, port, False, denied.reason, up, down, started, address)
+            with contextlib.suppress(OSError, _Stopped):
+                self._send(client, _error_response(denied.status, denied.reason))
+        except _Stopped as stopped:
+            reason = str(stopped) or "proxy closed"
+            self._record(method, host, port, admitted, reason, up, down, started, address)
+        except OSError as exc:
+            self._record(method, host, port, admitted, f"error: {exc}", up, down, started, address)
+        except Exception as exc:  # a bug here must not print a traceback into the host's stderr
+            reason = f"internal error: {type(exc).__name__}: {exc}"
+            self._record(method, host, port, admitted, reason, up, down, started, address)
+        finally:
+            for sock in (client, upstream):
+                if sock is not None:
+                    with self._lock:
+                        self._sockets.discard(sock)
+                    sock.close()
+            with self._lock:
+                self._active -= 1
+                self._threads.discard(threading.current_thread())
+                self._slot_free.notify()
+
+    def _wait(
+        self, sock: socket.socket, events: int, timeout: float, on_timeout: Exception
+    ) -> None:
+        """Wait until ``sock`` is ready; raise _Stopped when closing, ``on_timeout`` on timeout."""
+        poller = select.poll()
+        poller.register(sock, events)
+        poller.register(self._wake_r, select.POLLIN)
+        ready = poller.poll(timeout * 1000)
+        if self._stopping.is_set():
+            raise _Stopped("proxy closed")
+        if not ready:
+            raise on_timeout
+
+    def _read_head(self, client: socket.socket) -> tuple[bytes, bytes]:
+        client.setblocking(False)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            if len(data) > MAX_HEAD:
+                raise _Denied(431, f"request head larger than {MAX_HEAD} bytes")
+            self._wait(
+                client, select.POLLIN, self._limits.idle_timeout, _Stopped("idle: no request")
+            )
+            try:
+                chunk = client.recv(CHUNK)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise _Stopped("client closed before a request")
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        return head, rest
+
+    def _parse(self, head: bytes) -> tuple[str, str, int, int, bytes]:
+        """Method, host, port, default port and (plain HTTP) the head to send upstream."""
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            raise _Denied(400, "not an HTTP/1.x request")
+        method, target, version = parts
+        if method == "CONNECT":
+            host, port = self._authority(target, DEFAULT_CONNECT_PORT)
+            return method, host, port, DEFAULT_CONNECT_PORT, b""
+        if not target.lower().startswith("http://"):
+            raise _Denied(
+                405 if target.startswith("/") else 403,
+                "only CONNECT and absolute http:// requests are proxied",
+            )
+        after = target[len("http://"):]
+        cut = min((i for i in (after.find("/"), after.find("?")) if i >= 0), default=len(after))
+        authority, path = after[:cut], after[cut:] or "/"
+        if path.startswith("?"):
+            path = "/" + path
+        host, port = self._authority(authority, DEFAULT_HTTP_PORT)
+        out = [f"{method} {path} {version}", f"Host: {authority}"]
+        dropped = set(_HOP_BY_HOP)
+        for line in lines[1:]:
+            name = line.split(":", 1)[0].strip().lower()
+            if name == "connection":
+                dropped.update(t.strip().lower() for t in line.split(":", 1)[-1].split(","))
+        for line in lines[1:]:
+            name = line.split(":", 1)[0].strip().lower()
+            if name not in dropped and name != "host":
+                out.append(line)
+        out.append("Connection: close")
+        return method, host, port, DEFAULT_HTTP_PORT, ("\r\n".join(out) + "\r\n\r\n").encode(
+            "latin-1"
+        )
+
+    @staticmethod
+    def _authority(text: str, default_port: int) -> tuple[str, int]:
+        if "@" in text:
+            raise _Denied(400, "user information in the request target")
+        host, port_text = text, ""
+        if text.startswith("["):
+            close = text.find("]")
+            host, port_text = text[: close + 1], text[close + 1 :].removeprefix(":")
+        elif ":" in text:
+            host, _, port_text = text.rpartition(":")
+        port = default_port
+        if port_text:
+            if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
+                raise _Denied(400, f"bad port in {text!r}")
+            port = int(port_text)
+        literal = parse_address(host)
+        if literal is not None:
+            return str(literal), port
+        name = normalize_host(host)
+        if name is None:
+            raise _Denied(400, f"bad host name {host!r}")
+        return name, port
+
+    def _resolve(self, host: str, port: int, default_port: int) -> Any:
+        """The first address of ``host`` the rules allow; the proxy connects to it alone."""
+        literal = parse_address(host)
+        if literal is not None:
+            candidates = [literal]
+        else:
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except socket.gaierror as exc:
+                raise _Denied(502, f"cannot resolve {host}: {exc.strerror}") from None
+            candidates = []
+            for info in infos:
+                addr = parse_address(str(info[4][0]).split("%")[0])
+                if addr is not None and addr not in candidates:
+                    candidates.append(addr)
+        reasons = []
+        for addr in candidates:
+            why = forbidden_reason(addr)
+            if why is None or literally_listed(self._allow, addr, port, default_port):
+                return unmap(addr)
+            reasons.append(why)
+        raise _Denied(
+            403,
+            f"{host} resolves to {', '.join(reasons) or 'no address'}; "
+            "list that address itself to allow it",
+        )
+
+    def _connect(self, addr: Any, port: int) -> socket.socket:
+        family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        with self._lock:
+            self._sockets.add(sock)
+        sock.setblocking(False)
+        err = sock.connect_ex((str(addr), port))
+        if err not in (0, errno.EINPROGRESS):
+            raise _Denied(502, f"connect to {addr}:{port}: {errno.errorcode.get(err, err)}")
+        timeout = _Denied(504, f"connect to {addr}:{port}: timed out")
+        self._wait(sock, select.POLLOUT, self._limits.connect_timeout, timeout)
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            raise _Denied(502, f"connect to {addr}:{port}: {errno.errorcode.get(err, err)}")
+        return sock
+
+    def _send(self, sock: socket.socket, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                sent = sock.send(view)
+            except BlockingIOError:
+                idle = _Stopped("idle: peer not reading")
+                self._wait(sock, select.POLLOUT, self._limits.idle_timeout, idle)
+                continue
+            view = view[sent:]
+
+    def _charge(self, n: int) -> None:
+        with self._lock:
+            if self._bytes + n > self._limits.max_bytes:
+                raise _Stopped(f"byte limit of the run ({self._limits.max_bytes}) reached")
+            self._bytes += n
+
+    def _relay(
+        self, client: socket.socket, upstream: socket.socket, up: int, down: int
+    ) -> tuple[int, int, str]:
+        """Copy bytes both ways until one side closes; returns the byte counts and why it ended."""
+        poller = select.poll()
+        poller.register(client, select.POLLIN)
+        poller.register(upstream, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        peer = {client.fileno(): upstream, upstream.fileno(): client}
+        open_reads = 2
+        while open_reads:
+            ready = poller.poll(self._limits.idle_timeout * 1000)
+            if self._stopping.is_set():
+                return up, down, "proxy closed"
+            if not ready:
+                return up, down, "idle timeout"
+            for fd, _ in ready:
+                if fd not in peer:
+                    continue
+                src, dst = (client, upstream) if fd == client.fileno() else (upstream, client)
+                try:
+                    data = src.recv(CHUNK)
+                except BlockingIOError:
+                    continue
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    # Half-close: pass the end of this direction on, keep the other open.
+                    poller.unregister(fd)
+                    del peer[fd]
+                    open_reads -= 1
+                    with contextlib.suppress(OSError):
+                        dst.shutdown(socket.SHUT_WR)
+                    continue
+                try:
+                    self._charge(len(data))
+                except _Stopped as limit:
+                    return up, down, str(limit)
+                self._send(dst, data)
+                if src is client:
+                    up += len(data)
+                else:
+                    down += len(data)
+        return up, down, "closed"
+
+    def _record(
+        self,
+        method: str | None,
+        host: str | None,
+        port: int | None,
+        allowed: bool,
+        reason: str,
+        up: int,
+        down: int,
+        started: float,
+        address: str | None = None,
+    ) -> None:
+        record = {
+            "time": round(started, 3),
+            "method": method,
+            "host": host,
+            "port": port,
+            "address": address,
+            "allowed": allowed,
+            "reason": reason,
+            "bytes_up": up,
+            "bytes_down": down,
+            "duration": round(time.time() - started, 3),
+        }
+        with self._lock:
+            if len(self._records) < self._limits.max_records:
+                self._records.append(record)
+            else:
+                self._dropped += 1
