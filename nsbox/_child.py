@@ -10,16 +10,14 @@ Nothing here starts a thread or imports a module the helper has not already impo
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import resource
 import signal
 import socket
-import struct
 from typing import Any, NoReturn
 
-from nsbox import _libc
+from nsbox import _libc, _netns
 
 # The staging tmpfs is mounted over /tmp (privately, in the new mount namespace) and becomes the
 # root; the host's root stays reachable under /oldroot until the final pivot, and the sandbox's
@@ -28,20 +26,19 @@ STAGING = "/tmp"
 OLDROOT = "/oldroot"
 NEWROOT = "/newroot"
 CLOSE_RANGE_CLOEXEC = 4
-SIOCGIFFLAGS = 0x8913
-SIOCSIFFLAGS = 0x8914
-IFF_UP = 0x1
 
 
 class Context:
     def __init__(self, plan: dict[str, Any], sync_fd: int, err_fd: int,
-                 source_fds: dict[int, int], cap_last: int, notify_fd: int = -1) -> None:
+                 source_fds: dict[int, int], cap_last: int, notify_fd: int = -1,
+                 net_fd: int | None = None) -> None:
         self.plan = plan
         self.sync_fd = sync_fd
         self.err_fd = err_fd
         self.source_fds = source_fds  # mount index -> descriptor of the bind source
         self.cap_last = cap_last
         self.notify_fd = notify_fd  # learning mode: a socket to hand the helper the listener
+        self.net_fd = net_fd  # network allow mode: a socket to hand the helper the proxy listener
         self.step = "start"
 
 
@@ -82,7 +79,8 @@ def build_sandbox(ctx: Context) -> None:
     ctx.step = "hostname"
     _libc.sethostname(ctx.plan["hostname"])
     ctx.step = "network"
-    setup_network(ctx.plan["net"])
+    net = ctx.plan["net"]
+    _netns.setup_network(net.get("mode", "none"), net.get("proxy_port", 0), ctx.net_fd)
 
 
 def finish_and_exec(ctx: Context, command: dict[str, Any]) -> NoReturn:
@@ -260,15 +258,6 @@ def enter_root() -> None:
     _libc.pivot_root(".", ".")
     _libc.umount2(".", _libc.MNT_DETACH)
     os.chdir("/")
-
-
-def setup_network(net: dict[str, Any]) -> None:
-    if net.get("mode", "none") == "none":
-        return
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        ifreq = struct.pack("16sH14x", b"lo", 0)
-        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, ifreq))[1]
-        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
 def set_rlimits(rlimits: list[list[int]]) -> None:

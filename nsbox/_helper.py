@@ -9,6 +9,8 @@ Protocol (SOCK_SEQPACKET, one JSON object per message):
   host -> helper, control socket:  {"plan": {...}}  with SCM_RIGHTS
                                    [launch socket, stdin, stdout, stderr]
   helper -> host, launch socket:   {"event": "pid", "pid": N}         the sandbox's pid 1
+                                   {"event": "proxy"} + SCM_RIGHTS    network allow mode:
+                                   [listener]                         the proxy's socket
                                    {"event": "exit", ...}             the outcome; then close
   host -> helper, launch socket:   {"cmd": "kill", "reason": R}       e.g. output limit
                                    end-of-file                        the caller is gone: kill
@@ -17,7 +19,10 @@ Protocol (SOCK_SEQPACKET, one JSON object per message):
                                    error pipe (close-on-exec): {step, errno, message} on
                                    failure, end-of-file when the exec happened;
                                    learning mode only, a socket: the seccomp listener fd
-                                   (SCM_RIGHTS), served here until the sandbox ends.
+                                   (SCM_RIGHTS), served here until the sandbox ends;
+                                   network allow mode only, a socket: the proxy listener
+                                   the child opened in its network namespace, passed on
+                                   to the host at once.
 
 End-of-file on the control socket means the host process is gone: every sandbox is killed and
 the helper exits. Each sandbox gets PR_SET_PDEATHSIG, so it also dies with the helper.
@@ -35,7 +40,7 @@ import sys
 import time
 from typing import Any
 
-from nsbox import _child, _libc
+from nsbox import _child, _libc, _netns
 from nsbox._seccomp_notify import DeniedSyscalls
 
 NAMESPACES = (
@@ -71,12 +76,19 @@ class Launch:
         self.notify_sock: socket.socket | None = None  # learning mode: the listener comes here
         self.denied: DeniedSyscalls | None = None
         self.notify_table: dict[str, Any] | None = None
+        self.net_sock: socket.socket | None = None  # allow mode, until the listener is passed
 
     def send(self, message: dict[str, Any]) -> None:
         try:
             self.sock.send(json.dumps(message).encode())
         except OSError:
             pass  # the caller went away; the sandbox is killed all the same
+
+    def send_fd(self, message: dict[str, Any], fd: int) -> None:
+        try:
+            socket.send_fds(self.sock, [json.dumps(message).encode()], [fd])
+        except OSError:
+            pass
 
     def kill(self, reason: str) -> None:
         if self.pid and self.kill_reason is None:
@@ -167,6 +179,9 @@ class Helper:
         if launch.notify_table:
             launch.notify_sock, notify_child = socket.socketpair(socket.AF_UNIX,
                                                                  socket.SOCK_SEQPACKET)
+        net_child: socket.socket | None = None
+        if plan["net"].get("mode") == "allow":
+            launch.net_sock, net_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         launch.started = time.monotonic()
         try:
             pid = _libc.raw_clone(NAMESPACES | signal.SIGCHLD)
@@ -174,16 +189,20 @@ class Helper:
             for fd in (sync_r, sync_w, err_r, err_w, *source_fds.values()):
                 os.close(fd)
             self.close_notify(launch)
-            if notify_child is not None:
-                notify_child.close()
+            for sock in (notify_child, net_child, launch.net_sock):
+                if sock is not None:
+                    sock.close()
             raise StepFailed("create namespaces", exc.errno or 0, str(exc)) from None
         if pid == 0:
             self.become_child(plan, stdio, sync_r, err_w, source_fds, (sync_w, err_r),
-                              notify_child.fileno() if notify_child else -1)
+                              notify_child.fileno() if notify_child else -1,
+                              net_child.fileno() if net_child else None)
         for fd in (sync_r, err_w, *source_fds.values()):
             os.close(fd)
         if notify_child is not None:
             notify_child.close()
+        if net_child is not None:
+            net_child.close()  # the child's end: EOF here once the child has sent or died
         launch.pid, launch.sync_fd, launch.err_fd = pid, sync_w, err_r
         launch.pidfd = os.pidfd_open(pid)
         self.launches.add(launch)
@@ -194,6 +213,9 @@ class Helper:
         if launch.notify_sock is not None:
             self.selector.register(launch.notify_sock, selectors.EVENT_READ,
                                    lambda _f: self.receive_listener(launch))
+        if launch.net_sock is not None:
+            self.selector.register(launch.net_sock, selectors.EVENT_READ,
+                                   lambda _f: self.pass_proxy_listener(launch))
         try:
             self.write_id_maps(pid, plan)
         except OSError as exc:
@@ -208,13 +230,14 @@ class Helper:
 
     def become_child(self, plan: dict[str, Any], stdio: list[int], sync_r: int, err_w: int,
                      source_fds: dict[int, int], parent_fds: tuple[int, int],
-                     notify_fd: int) -> None:
+                     notify_fd: int, net_fd: int | None) -> None:
         try:
             for fd in parent_fds:
                 os.close(fd)
             for target, fd in enumerate(stdio):
                 os.dup2(fd, target)
-            ctx = _child.Context(plan, sync_r, err_w, source_fds, self.cap_last, notify_fd)
+            ctx = _child.Context(plan, sync_r, err_w, source_fds, self.cap_last, notify_fd,
+                                 net_fd)
             _child.main(ctx)
         finally:
             os._exit(127)
@@ -372,8 +395,27 @@ class Helper:
                 pass
             launch.denied.close()
 
+    # --- network allow mode: the proxy listener -----------------------------------------------
+
+    def pass_proxy_listener(self, launch: Launch) -> None:
+        """Hand the proxy listener from the sandbox child on to the host process. The child
+        sends it before exec; end-of-file means it failed before (its error pipe says why)."""
+        if launch.net_sock is None:
+            return
+        self.selector.unregister(launch.net_sock)
+        try:
+            fd = _netns.receive_listener(launch.net_sock)
+        except OSError:
+            fd = None
+        launch.net_sock.close()
+        launch.net_sock = None
+        if fd is not None:
+            launch.send_fd({"event": "proxy"}, fd)
+            os.close(fd)
+
     def reap(self, launch: Launch) -> None:
         _pid, status, rusage = os.wait4(launch.pid, 0)
+        self.pass_proxy_listener(launch)  # if it is still here: the host gets it before the exit
         if launch.notify_sock is not None:  # sent before exec, not read yet
             self.receive_listener(launch)
         denied = None

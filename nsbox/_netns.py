@@ -12,7 +12,9 @@ helper has already imported are used here (the code between clone and exec impor
 
 from __future__ import annotations
 
+import array
 import fcntl
+import os
 import socket
 import struct
 
@@ -40,14 +42,15 @@ def proxy_listener(port: int) -> socket.socket:
     try:
         sock.bind((PROXY_HOST, port))
         sock.listen(128)
-    except OSError:
+    except OSError as exc:
         sock.close()
-        raise
+        raise OSError(exc.errno, f"proxy listener on {PROXY_HOST}:{port}: {exc.strerror}") from None
     return sock
 
 
 def send_listener(channel_fd: int, listener: socket.socket) -> None:
-    """Pass ``listener`` over the unix socket ``channel_fd``, then close our copy of it."""
+    """Pass ``listener`` over the unix socket ``channel_fd``, then close both: no process
+    inside keeps the listener."""
     try:
         with socket.socket(fileno=channel_fd) as channel:
             socket.send_fds(channel, [_TAG], [listener.fileno()])
@@ -67,26 +70,24 @@ def setup_network(mode: str, port: int, channel_fd: int | None) -> None:
         send_listener(channel_fd, proxy_listener(port))
 
 
-def receive_listener(channel: socket.socket) -> socket.socket | None:
-    """Receive the listener sent by ``send_listener``; None if the peer closed without one."""
-    msg, fds, _, _ = socket.recv_fds(channel, len(_TAG), 1)
-    if not fds:
-        return None
-    if msg != _TAG:
-        for fd in fds:
-            socket.close(fd)
-        return None
-    return socket.socket(fileno=fds[0])
+def receive_fds(sock: socket.socket, bufsize: int, maxfds: int) -> tuple[bytes, list[int]]:
+    """recvmsg with SCM_RIGHTS; the descriptors arrive close-on-exec, so that no program the
+    receiver starts inherits them (unlike socket.recv_fds)."""
+    fds = array.array("i")
+    msg, ancdata, _flags, _addr = sock.recvmsg(
+        bufsize, socket.CMSG_SPACE(maxfds * fds.itemsize), socket.MSG_CMSG_CLOEXEC
+    )
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    return msg, list(fds)
 
 
-def proxy_env(port: int) -> dict[str, str]:
-    """What ordinary clients (curl, pip, urllib, requests) read to find the proxy."""
-    url = f"http://{PROXY_HOST}:{port}"
-    return {
-        "HTTP_PROXY": url,
-        "HTTPS_PROXY": url,
-        "http_proxy": url,
-        "https_proxy": url,
-        "NO_PROXY": "",
-        "no_proxy": "",
-    }
+def receive_listener(channel: socket.socket) -> int | None:
+    """The descriptor sent by ``send_listener``, or None if the peer closed without one."""
+    msg, fds = receive_fds(channel, len(_TAG), 1)
+    if msg == _TAG and len(fds) == 1:
+        return fds[0]
+    for fd in fds:
+        os.close(fd)
+    return None

@@ -20,8 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsbox import _netns
 from nsbox import plan as planmod
 from nsbox.errors import CommandNotFound, LaunchError, SetupError
+from nsbox.network import RunNetwork
 from nsbox.policy import Policy
 from nsbox.result import Result, Status
 
@@ -137,11 +139,11 @@ def run(
     wire = plan.to_wire()
     wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
     cap = output_limit if output_limit is not None else policy.limits.output
-    return _launch(wire, stdin, cap, passthrough)
+    return _launch(wire, stdin, cap, passthrough, RunNetwork(policy.network))
 
 
 def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int,
-            passthrough: bool) -> Result:
+            passthrough: bool, net: RunNetwork) -> Result:
     started = time.monotonic()
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -163,12 +165,19 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int,
     streams = [_Stream(out_r, 1 if passthrough else None),
                _Stream(err_r, 2 if passthrough else None)]
     with ours:
-        report, pid = _supervise(ours, streams, cap)
-    return _result(report, pid, streams, cap, time.monotonic() - started)
+        try:
+            report, pid = _supervise(ours, streams, cap, net)
+        finally:
+            net.close()  # the proxy ends with the run, whatever happened
+    result = _result(report, pid, streams, cap, time.monotonic() - started)
+    net_report = net.report()
+    if net_report is not None:
+        result.extra["network"] = net_report
+    return result
 
 
 def _supervise(sock: socket.socket, streams: list[_Stream],
-               cap: int) -> tuple[dict[str, Any], int]:
+               cap: int, net: RunNetwork) -> tuple[dict[str, Any], int]:
     selector = selectors.DefaultSelector()
     for stream in streams:
         selector.register(stream.fd, selectors.EVENT_READ, stream)
@@ -185,13 +194,18 @@ def _supervise(sock: socket.socket, streams: list[_Stream],
                 break  # the sandbox is gone; whoever still holds a pipe is not ours to wait for
             for key, _mask in events:
                 if key.data is None:
-                    data = sock.recv(65536)
+                    data, fds = _netns.receive_fds(sock, 65536, 1)
                     if not data:
                         selector.unregister(sock)
                         if report is None:
                             raise LaunchError("the launch helper died during the run")
                         continue
                     message = json.loads(data)
+                    if message["event"] == "proxy":
+                        net.serve(fds)
+                        continue
+                    for fd in fds:
+                        os.close(fd)
                     if message["event"] == "pid":
                         pid = message["pid"]
                     elif message["event"] == "exit":

@@ -202,11 +202,12 @@ class NetworkProxy:
         thread = threading.Thread(
             target=self._serve, args=(conn,), name="nsbox-proxy-conn", daemon=True
         )
+        # Started under the lock: close() must never see (and join) a thread not yet started.
         with self._lock:
             self._active += 1
             self._sockets.add(conn)
             self._threads.add(thread)
-        thread.start()
+            thread.start()
 
     # --- one connection ------------------------------------------------------------------------
 

@@ -16,12 +16,12 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsbox import network as netmod
 from nsbox import seccomp as seccompmod
 from nsbox.errors import PolicyError, SetupError
 from nsbox.policy import Bind, Dir, File, Mount, Policy, Symlink, Tmpfs
 
 WORKSPACE = "/workspace"
-PROXY_PORT = 3128
 # Devices a program expects; no tty, no console, nothing that reaches hardware.
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
@@ -124,6 +124,7 @@ def _environment(policy: Policy, extra_env: dict[str, str] | None) -> list[tuple
             env[name] = os.environ[name]
     env.update(dict(policy.env))
     env.update(extra_env or {})
+    env.update(netmod.proxy_env(policy.network))
     return sorted(env.items())
 
 
@@ -180,7 +181,7 @@ def build(
         hostname=policy.hostname,
         mounts=mounts,
         wall_time=wall_time if wall_time is not None else policy.limits.wall_time,
-        net={"mode": policy.network.mode},
+        net=netmod.plan_net(policy.network),
         seccomp_bpf=program.bpf.hex() if program else None,
         seccomp_notify=program.notify if program and program.listener else None,
     )

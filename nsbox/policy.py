@@ -124,7 +124,9 @@ class Network:
     idle_timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        from nsbox.netrules import check_network  # only the network rules need ipaddress
+        if self.mode == "none" and not self.allow:
+            return  # the default; the rules load ipaddress (1.5 ms), only when needed
+        from nsbox.netrules import check_network
 
         check_network(self)
 

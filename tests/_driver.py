@@ -20,7 +20,10 @@ def invoke(argv: list, kwargs: dict) -> nsbox.Result:
     if "stdin_b64" in kwargs:
         kwargs["stdin"] = base64.b64decode(kwargs.pop("stdin_b64"))
     policy = nsbox.Policy()
-    changes = kwargs.pop("policy_changes", {})
+    changes = dict(kwargs.pop("policy_changes", {}))
+    if isinstance(changes.get("network"), dict):  # JSON carries the network policy as a dict
+        net = dict(changes["network"], allow=tuple(changes["network"].get("allow", ())))
+        changes["network"] = nsbox.Network(**net)
     binds = kwargs.pop("binds", [])
     if binds:
         changes["mounts"] = policy.mounts + tuple(Bind(*b) for b in binds)

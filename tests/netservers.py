@@ -73,8 +73,8 @@ class EchoServer:
                 return
             self.connections += 1
             worker = threading.Thread(target=self._echo, args=(conn,), daemon=True)
-            self._workers.append(worker)
             worker.start()
+            self._workers.append(worker)
 
     @staticmethod
     def _echo(conn: socket.socket) -> None:

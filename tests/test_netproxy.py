@@ -242,6 +242,9 @@ def test_close_ends_open_tunnels_threads_and_sockets() -> None:
         threads, fds = threading.active_count(), open_fds()
         with proxy([f"127.0.0.1:{echo.port}"]) as (p, port):
             tunnels = [connect_tunnel(port, f"127.0.0.1:{echo.port}")[0] for _ in range(3)]
+            for sock in tunnels:  # a round trip each: the echo server has all three
+                sock.sendall(b"x")
+                assert sock.recv(1) == b"x"
             names = [t.name for t in threading.enumerate()]
             assert names.count("nsbox-proxy-conn") == 3 and "nsbox-proxy" in names
         # The proxy closed while the tunnels were open: each client sees the end.
@@ -256,3 +259,4 @@ def test_close_ends_open_tunnels_threads_and_sockets() -> None:
         assert open_fds() - fds == set()
         assert p.report()["threads_left"] == 0
         assert [r["reason"] for r in p.report()["attempts"]] == ["proxy closed"] * 3
+        assert [r["bytes_up"] for r in p.report()["attempts"]] == [1] * 3

@@ -11,91 +11,23 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
+import _driver
 import pytest
+from conftest import PYTHON, Runner, require
 from netservers import EchoServer, HTTPServer, TCPSink, UDPSink
 
-from nsbox import _netns
-from nsbox.netproxy import NetworkProxy, ProxyLimits
-from nsbox.netrules import parse_allow_list
-from nsbox.policy import Network
+from nsbox.result import Result, Status
 
-PYTHON = "/usr/bin/python3"  # the system's; /usr is what a sandbox sees of the host
 CURL = shutil.which("curl", path="/usr/bin:/bin")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def require(condition: object, reason: str) -> None:
-    """Skip locally, fail in CI (CI=true), when the host lacks what a test needs."""
-    if condition:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI must provide this: {reason}")
-    pytest.skip(reason)
-
-
-# --- a minimal launch, until the core's nsbox.run() lands --------------------------------------
-# It runs the same child-side step (nsbox._netns.setup_network) in a new user + network
-# namespace, receives the listener the same way and serves it with the same proxy.
-
-_CHILD = """
-import json, os, sys
-sys.path.insert(0, sys.argv[1])
-from nsbox import _libc, _netns
-mode, port, channel = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-_libc.unshare(_libc.CLONE_NEWUSER | _libc.CLONE_NEWNET)
-_netns.setup_network(mode, port, channel if channel >= 0 else None)
-os.execve(sys.argv[5], sys.argv[5:], json.loads(os.environ["NSBOX_ENV"]))
-"""
-
-
-@dataclass
-class Outcome:
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def run(argv: list[str], network: Network) -> Outcome:
-    mode = network.effective_mode
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    host_end = child_end = None
-    if mode == "allow":
-        env.update(_netns.proxy_env(network.proxy_port))
-        host_end, child_end = socket.socketpair()
-    child_fd = child_end.fileno() if child_end else -1
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", _CHILD, REPO, mode, str(network.proxy_port),
-         str(child_fd), *argv],
-        env={"NSBOX_ENV": json.dumps(env)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        pass_fds=[child_fd] if child_end else [],
-    )
-    proxy = None
-    if host_end is not None and child_end is not None:
-        child_end.close()
-        listener = _netns.receive_listener(host_end)
-        host_end.close()
-        assert listener is not None, "the child sent no proxy listener"
-        limits = ProxyLimits(
-            max_connections=network.max_connections, max_bytes=network.max_bytes,
-            connect_timeout=network.connect_timeout, idle_timeout=network.idle_timeout,
-        )
-        proxy = NetworkProxy(listener, parse_allow_list(network.allow), limits).start()
-    try:
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proxy is not None:
-            proxy.close()
-    extra = {"network": {"mode": mode, **proxy.report()}} if proxy else {"network": {"mode": mode}}
-    return Outcome(proc.returncode, out, err, extra)
+def run(sandbox: Runner, argv: list[str], network: dict[str, Any]) -> Result:
+    result = sandbox.run(argv, policy_changes={"network": network})
+    assert result.status in (Status.OK, Status.RE), (result.status, result.stderr)
+    return result
 
 
 # --- probes ------------------------------------------------------------------------------------
@@ -105,77 +37,90 @@ def py(code: str) -> list[str]:
     return [PYTHON, "-I", "-S", "-c", code]
 
 
-def allow(*entries: str) -> Network:
-    return Network(mode="allow", allow=entries)
+def allow(*entries: str) -> dict[str, Any]:
+    return {"mode": "allow", "allow": list(entries)}
 
 
-def test_curl_reaches_the_listed_server_through_the_proxy() -> None:
+NONE: dict[str, Any] = {"mode": "none"}
+LOOPBACK: dict[str, Any] = {"mode": "loopback"}
+HELLO = b"hello from the host\n"
+
+
+def test_curl_reaches_the_listed_server_through_the_proxy(sandbox: Runner) -> None:
     require(CURL, "curl is not installed (Debian package curl)")
     with HTTPServer() as server:
-        result = run([CURL, "-sS", f"http://127.0.0.1:{server.port}/x"],
+        result = run(sandbox, [CURL, "-sS", f"http://127.0.0.1:{server.port}/x"],
                      allow(f"127.0.0.1:{server.port}"))
     assert result.exit_code == 0, result.stderr
-    assert result.stdout == b"hello from the host\n"
+    assert result.stdout == HELLO
     assert [r["line"] for r in server.requests] == ["GET /x HTTP/1.1"]
-    (attempt,) = result.extra["network"]["attempts"]
+    network = result.extra["network"]
+    assert network["mode"] == "allow" and network["proxy"] == "127.0.0.1:3128"
+    (attempt,) = network["attempts"]
     assert attempt["allowed"] and attempt["port"] == server.port
+    assert attempt["bytes_down"] >= len(HELLO)
 
 
-def test_curl_tunnels_with_connect() -> None:
+def test_curl_tunnels_with_connect(sandbox: Runner) -> None:
     require(CURL, "curl is not installed (Debian package curl)")
     with HTTPServer() as server:
-        # --proxytunnel: CONNECT first, then the request through the tunnel (as for HTTPS).
-        result = run([CURL, "-sS", "--proxytunnel", f"http://127.0.0.1:{server.port}/t"],
+        # --proxytunnel: CONNECT first, then the request inside the tunnel (as for HTTPS).
+        result = run(sandbox, [CURL, "-sS", "--proxytunnel", f"http://127.0.0.1:{server.port}/t"],
                      allow(f"127.0.0.1:{server.port}"))
     assert result.exit_code == 0, result.stderr
-    assert result.stdout == b"hello from the host\n"
+    assert result.stdout == HELLO
     (attempt,) = result.extra["network"]["attempts"]
     assert attempt["method"] == "CONNECT" and attempt["allowed"]
-    assert attempt["bytes_down"] > len(b"hello from the host\n")
+    assert attempt["bytes_down"] > len(HELLO)
 
 
-def test_python_urllib_reaches_the_listed_server() -> None:
+def test_python_urllib_reaches_the_listed_server(sandbox: Runner) -> None:
     with HTTPServer() as server:
         result = run(
+            sandbox,
             py(f"import urllib.request; print(urllib.request.urlopen("
                f"'http://127.0.0.1:{server.port}/u', timeout=10).read().decode(), end='')"),
             allow(f"127.0.0.1:{server.port}"),
         )
     assert result.exit_code == 0, result.stderr
-    assert result.stdout == b"hello from the host\n"
+    assert result.stdout == HELLO
     assert server.requests[0]["line"] == "GET /u HTTP/1.1"
 
 
-def test_unlisted_server_gets_403_and_the_attempt_is_logged() -> None:
+def test_unlisted_server_gets_403_and_the_attempt_is_logged(sandbox: Runner) -> None:
     require(CURL, "curl is not installed (Debian package curl)")
     with HTTPServer() as listed, HTTPServer() as other:
-        result = run([CURL, "-s", "-o", "/dev/stderr", "-w", "%{http_code}",
-                      f"http://127.0.0.1:{other.port}/"], allow(f"127.0.0.1:{listed.port}"))
-    assert result.stdout == b"403"
-    assert b"is not in the allow-list" in result.stderr
+        result = run(sandbox, [CURL, "-s", "-w", "%{http_code}",
+                               f"http://127.0.0.1:{other.port}/"],
+                     allow(f"127.0.0.1:{listed.port}"))
+    # The proxy's one-line reason, then curl's status code.
+    reason = f"127.0.0.1:{other.port} is not in the allow-list"
+    assert result.stdout == f"nsbox proxy: {reason}\n403".encode()
     assert other.requests == [] and listed.requests == []
     (attempt,) = result.extra["network"]["attempts"]
     assert attempt["allowed"] is False
     assert (attempt["host"], attempt["port"]) == ("127.0.0.1", other.port)
-    assert attempt["reason"] == f"127.0.0.1:{other.port} is not in the allow-list"
+    assert attempt["reason"] == reason
 
 
-def test_name_resolving_to_loopback_needs_the_address_listed() -> None:
+def test_name_resolving_to_loopback_needs_the_address_listed(sandbox: Runner) -> None:
     require(CURL, "curl is not installed (Debian package curl)")
+    # The proxy resolves on the host: localhost must map to 127.0.0.1 in the host's /etc/hosts.
     with open("/etc/hosts") as f:
         require(
             any(line.split()[:1] == ["127.0.0.1"] and "localhost" in line.split()[1:]
                 for line in f),
-            "/etc/hosts does not map localhost to 127.0.0.1",
+            "/etc/hosts of this machine does not map localhost to 127.0.0.1",
         )
     fetch = [CURL, "-s", "-w", "%{http_code}"]
     with HTTPServer() as server:
         url = f"http://localhost:{server.port}/"
-        refused = run([*fetch, url], allow(f"localhost:{server.port}"))
-        admitted = run([*fetch, url], allow(f"localhost:{server.port}", f"127.0.0.1:{server.port}"))
+        refused = run(sandbox, [*fetch, url], allow(f"localhost:{server.port}"))
+        admitted = run(sandbox, [*fetch, url],
+                       allow(f"localhost:{server.port}", f"127.0.0.1:{server.port}"))
     assert refused.stdout.endswith(b"403")
     assert b"resolves to loopback address 127.0.0.1" in refused.stdout
-    assert admitted.stdout == b"hello from the host\n200"
+    assert admitted.stdout == HELLO + b"200"
     assert len(server.requests) == 1
     assert admitted.extra["network"]["attempts"][0]["address"] == "127.0.0.1"
 
@@ -211,7 +156,7 @@ print(json.dumps(out))
 
 
 @contextlib.contextmanager
-def host_dns_sink():
+def host_dns_sink() -> Any:
     """A UDP socket on the host's 127.0.0.1:53 when this user may bind it, else None."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -227,13 +172,16 @@ def host_dns_sink():
         sock.close()
 
 
-@pytest.mark.parametrize("network", [Network(), Network(mode="loopback"), allow("127.0.0.1:1")],
+@pytest.mark.parametrize("network", [NONE, LOOPBACK, allow("127.0.0.1:1")],
                          ids=["none", "loopback", "allow"])
-def test_direct_tcp_udp_and_dns_fail_and_the_host_sees_nothing(network: Network) -> None:
+def test_direct_tcp_udp_and_dns_fail_and_the_host_sees_nothing(
+    sandbox: Runner, network: dict[str, Any]
+) -> None:
     tcp, udp = TCPSink(), UDPSink()
     try:
         with host_dns_sink() as dns:
-            result = run(py(_DIRECT_PROBE % {"tcp": tcp.port, "udp": udp.port}), network)
+            result = run(sandbox, py(_DIRECT_PROBE % {"tcp": tcp.port, "udp": udp.port}),
+                         network)
             dns_seen = None
             if dns is not None:
                 with contextlib.suppress(BlockingIOError):
@@ -241,11 +189,13 @@ def test_direct_tcp_udp_and_dns_fail_and_the_host_sees_nothing(network: Network)
         assert result.exit_code == 0, result.stderr
         seen = json.loads(result.stdout)
         # With lo down nothing is routable; with lo up the sandbox's own loopback answers
-        # "nobody here" (TCP RST, ICMP port unreachable).
-        expected = "ENETUNREACH" if network.effective_mode == "none" else "ECONNREFUSED"
+        # "nobody here" (TCP RST, ICMP port unreachable). Without /etc/resolv.conf, glibc
+        # asks 127.0.0.1:53 — the sandbox's own loopback (resolv.conf(5)).
+        expected = "ENETUNREACH" if network["mode"] == "none" else "ECONNREFUSED"
         assert seen["tcp"] == expected
         assert seen["udp"] == expected
         assert seen["dns"] == "gaierror"
+        assert seen["resolv.conf"] is None
         assert tcp.connections() == 0
         assert udp.received() == []
         assert dns_seen is None
@@ -254,7 +204,7 @@ def test_direct_tcp_udp_and_dns_fail_and_the_host_sees_nothing(network: Network)
         udp.close()
 
 
-_LOOPBACK_PROBE = """
+_MODE_PROBE = """
 import errno, json, os, socket
 out = {"proxy_env": os.environ.get("HTTP_PROXY")}
 try:
@@ -267,33 +217,62 @@ print(json.dumps(out))
 
 
 @pytest.mark.parametrize(
-    ("network", "proxy", "env"),
+    ("network", "proxy", "env", "mode"),
     [
-        (Network(), "ENETUNREACH", None),
-        (allow(), "ENETUNREACH", None),  # an empty allow-list is "none", never "everything"
-        (Network(mode="loopback"), "ECONNREFUSED", None),
-        (allow("127.0.0.1:1"), "connected", "http://127.0.0.1:3128"),
+        (NONE, "ENETUNREACH", None, None),
+        (allow(), "ENETUNREACH", None, "none"),  # an empty allow-list is "none", not "everything"
+        (LOOPBACK, "ECONNREFUSED", None, "loopback"),
+        (allow("127.0.0.1:1"), "connected", "http://127.0.0.1:3128", "allow"),
     ],
     ids=["none", "allow-empty", "loopback", "allow"],
 )
-def test_modes(network: Network, proxy: str, env: str | None) -> None:
-    result = run(py(_LOOPBACK_PROBE), network)
+def test_modes(sandbox: Runner, network: dict[str, Any], proxy: str, env: str | None,
+               mode: str | None) -> None:
+    result = run(sandbox, py(_MODE_PROBE), network)
     assert result.exit_code == 0, result.stderr
     seen = json.loads(result.stdout)
     assert seen["proxy"] == proxy
     assert seen["proxy_env"] == env
-    assert "attempts" in result.extra["network"] or network.effective_mode != "allow"
+    assert result.extra.get("network", {}).get("mode") == mode
 
 
-def test_loopback_mode_serves_inside() -> None:
+def test_loopback_mode_serves_inside(sandbox: Runner) -> None:
     code = (
         "import socket; s = socket.create_server(('127.0.0.1', 8000));"
         "c = socket.create_connection(('127.0.0.1', 8000)); a, _ = s.accept();"
         "c.sendall(b'inside'); print(a.recv(10).decode())"
     )
-    result = run(py(code), Network(mode="loopback"))
+    result = run(sandbox, py(code), LOOPBACK)
     assert result.exit_code == 0, result.stderr
     assert result.stdout == b"inside\n"
+
+
+def test_sandbox_cannot_take_over_the_proxy_port(sandbox: Runner) -> None:
+    # The listener lives in the sandbox's namespace, without SO_REUSEPORT: a second bind of
+    # its address fails, so code inside cannot stand in for the proxy (socket(7)).
+    code = (
+        "import errno, socket\n"
+        "try:\n    socket.create_server(('127.0.0.1', 3128)); print('bound')\n"
+        "except OSError as e:\n    print(errno.errorcode[e.errno])"
+    )
+    result = run(sandbox, py(code), allow("127.0.0.1:1"))
+    assert result.stdout == b"EADDRINUSE\n", result.stderr
+
+
+def test_no_process_inside_holds_the_listener(sandbox: Runner) -> None:
+    # Every descriptor of the sandbox's processes, and every listening TCP socket inside:
+    # the proxy's listener is there (in the namespace) but no process inside owns it.
+    code = (
+        "import os\n"
+        "print(sorted(os.readlink(f'/proc/self/fd/{fd}') for fd in os.listdir('/proc/self/fd')"
+        " if fd not in ('0', '1', '2') and os.path.exists(f'/proc/self/fd/{fd}')))\n"
+        "print([l.split()[1] for l in open('/proc/net/tcp').readlines()[1:]"
+        " if l.split()[3] == '0A'])"
+    )
+    result = run(sandbox, py(code), allow("127.0.0.1:1"))
+    fds, listening = result.stdout.decode().splitlines()
+    assert fds == "[]", result.stdout  # only 0, 1, 2 (and the listing's own, gone by now)
+    assert listening == "['0100007F:0C38']"  # 127.0.0.1:3128, in the sandbox's namespace
 
 
 def _proxy_threads() -> list[str]:
@@ -311,31 +290,25 @@ def _sockets() -> set[str]:
 
 
 def test_proxy_threads_and_sockets_end_with_the_run() -> None:
+    # In this process (the proxy runs in the caller of nsbox.run).
     with EchoServer() as echo:
+        _driver.invoke(["true"], {})  # the launch helper's socket exists before we count
         threads, sockets = threading.active_count(), _sockets()
-        # The probe leaves a tunnel open when it exits: the proxy must still end it.
+        # The probe exits with its tunnel open: all of it must still be gone afterwards.
         code = (
             "import socket; s = socket.create_connection(('127.0.0.1', 3128));"
             f"s.sendall(b'CONNECT 127.0.0.1:{echo.port} HTTP/1.1\\r\\n\\r\\n');"
             "print(s.recv(100).decode().splitlines()[0]); s.sendall(b'x'); s.recv(1)"
         )
-        result = run(py(code), allow(f"127.0.0.1:{echo.port}"))
-        assert result.stdout == b"HTTP/1.1 200 Connection established\n"
+        result = _driver.invoke(
+            py(code), {"policy_changes": {"network": allow(f"127.0.0.1:{echo.port}")}}
+        )
+        assert result.stdout == b"HTTP/1.1 200 Connection established\n", result.stderr
         for worker in echo._workers:
             worker.join(5)
         assert _proxy_threads() == []
         assert threading.active_count() == threads
         assert _sockets() - sockets == set()
         assert result.extra["network"]["threads_left"] == 0
-
-
-def test_sandbox_cannot_take_over_the_proxy_port() -> None:
-    # The listener lives in the sandbox's namespace, without SO_REUSEPORT: a second bind of
-    # its address fails, so code inside cannot stand in for the proxy (socket(7)).
-    code = (
-        "import errno, socket\n"
-        "try:\n    socket.create_server(('127.0.0.1', 3128)); print('bound')\n"
-        "except OSError as e:\n    print(errno.errorcode[e.errno])"
-    )
-    result = run(py(code), allow("127.0.0.1:1"))
-    assert result.stdout == b"EADDRINUSE\n", result.stderr
+        (attempt,) = result.extra["network"]["attempts"]
+        assert attempt["allowed"] and attempt["bytes_up"] == attempt["bytes_down"] == 1
