@@ -22,6 +22,7 @@ import click
 
 import nsbox
 from nsbox.errors import CommandNotFound, NsboxError, SetupError
+from nsbox.network import from_options
 from nsbox.policy import Bind, Policy
 from nsbox.result import Result, Status
 from nsbox.units import parse_duration, parse_size
@@ -116,11 +117,19 @@ def main() -> None:
 @click.option("--seccomp-log", is_flag=True,
               help="Learning mode: report the syscalls the seccomp filter denied (still "
               "denied).")
+# --- network (docs/network.md) ---
+@click.option("--net", "net_mode", type=click.Choice(["none", "loopback", "allow"]),
+              help="none (default): no network; loopback: lo only; allow: lo plus a proxy to "
+              "the --allow-host entries.")
+@click.option("--allow-host", multiple=True, metavar="HOST[:PORT]",
+              help="Reachable through the proxy (implies --net allow); '*.example.org' for "
+              "sub-domains. Repeatable.")
+# --- end network ---
 @click.argument("command", nargs=-1, required=True)
 def run(wall_time: float | None, output_limit: int | None, workspace: str | None,
         ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
         pass_env: tuple[str, ...], cwd: str | None, as_json: bool, seccomp_log: bool,
-        command: tuple[str, ...]) -> None:
+        net_mode: str | None, allow_host: tuple[str, ...], command: tuple[str, ...]) -> None:
     """Run COMMAND in a new sandbox.
 
     \b
@@ -142,6 +151,12 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
     )
     if seccomp_log:
         policy = policy.replace(seccomp=dataclasses.replace(policy.seccomp, log_denied=True))
+    # --- network (docs/network.md) ---
+    try:
+        policy = policy.replace(network=from_options(policy.network, net_mode, allow_host))
+    except NsboxError as error:
+        _fail(error)
+    # --- end network ---
     try:
         result = nsbox.run(
             list(command), policy, stdin=None if as_json else 0, timeout=wall_time,

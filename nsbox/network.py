@@ -6,10 +6,12 @@ a proxy listener inside, served here). docs/network.md describes the rules.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from typing import TYPE_CHECKING, Any
 
+from nsbox.errors import PolicyError
 from nsbox.policy import Network
 
 if TYPE_CHECKING:
@@ -81,3 +83,25 @@ class RunNetwork:
             data["proxy"] = f"{PROXY_HOST}:{self.network.proxy_port}"
             data.update(self.proxy.report())
         return data
+
+
+def from_options(base: Network, mode: str | None, allow_hosts: tuple[str, ...]) -> Network:
+    """The network of ``nsbox run --net MODE --allow-host HOST[:PORT]...``, over ``base``.
+
+    ``--allow-host`` alone implies ``--net allow``; with ``--net none`` or ``loopback`` it is
+    an error rather than silently ignored. Bad entries are PolicyErrors naming the entry.
+    """
+    if mode is None and not allow_hosts:
+        return base
+    if allow_hosts and mode not in (None, "allow"):
+        raise PolicyError(
+            f"needs --net allow, not --net {mode}", key="--allow-host",
+            hint="drop --net, or use --net allow",
+        )
+    changes: dict[str, Any] = {"mode": "allow" if allow_hosts else mode}
+    if allow_hosts:
+        changes["allow"] = base.allow + tuple(allow_hosts)
+    try:
+        return dataclasses.replace(base, **changes)
+    except PolicyError as exc:
+        raise PolicyError(exc.message, key="--allow-host", hint=exc.hint) from None

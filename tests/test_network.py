@@ -11,12 +11,14 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 from typing import Any
 
 import _driver
 import pytest
-from conftest import PYTHON, Runner, require
+from conftest import PYTHON, REPO, Runner, require
 from netservers import EchoServer, HTTPServer, TCPSink, UDPSink
 
 from nsbox.result import Result, Status
@@ -312,3 +314,49 @@ def test_proxy_threads_and_sockets_end_with_the_run() -> None:
         assert result.extra["network"]["threads_left"] == 0
         (attempt,) = result.extra["network"]["attempts"]
         assert attempt["allowed"] and attempt["bytes_up"] == attempt["bytes_down"] == 1
+
+
+# --- the command line --------------------------------------------------------------------------
+
+
+def nsbox_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nsbox", "run", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("", "empty"),
+        ("https://pypi.org", "no scheme"),
+        ("pypi.org/simple", "without path"),
+        ("pypi.org:70000", "outside 1-65535"),
+        ("a.*.example.org", "wildcard is allowed only as the first label"),
+    ],
+)
+def test_cli_rejects_bad_allow_host_naming_the_entry(entry: str, why: str) -> None:
+    proc = nsbox_cli("--allow-host", "pypi.org", "--allow-host", entry, "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr.startswith(f"nsbox: --allow-host: bad allow-list entry {entry!r}: ")
+    assert why in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_allow_host_needs_allow_mode() -> None:
+    proc = nsbox_cli("--net", "loopback", "--allow-host", "pypi.org", "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr.startswith("nsbox: --allow-host: needs --net allow, not --net loopback")
+
+
+def test_cli_allow_host_reaches_the_listed_server() -> None:
+    require(CURL, "curl is not installed (Debian package curl)")
+    with HTTPServer() as server, HTTPServer() as other:
+        listed = nsbox_cli("--allow-host", f"127.0.0.1:{server.port}", "--", CURL or "curl",
+                           "-s", f"http://127.0.0.1:{server.port}/cli")
+        refused = nsbox_cli("--json", "--allow-host", f"127.0.0.1:{server.port}", "--",
+                            CURL or "curl", "-s", f"http://127.0.0.1:{other.port}/")
+    assert (listed.returncode, listed.stdout) == (0, HELLO.decode()), listed.stderr
+    assert server.requests[0]["line"] == "GET /cli HTTP/1.1"
+    assert other.requests == []
+    (attempt,) = json.loads(refused.stdout)["extra"]["network"]["attempts"]
+    assert attempt["allowed"] is False and attempt["port"] == other.port
