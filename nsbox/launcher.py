@@ -24,7 +24,7 @@ from nsbox import _netns
 from nsbox import plan as planmod
 from nsbox.errors import CommandNotFound, LaunchError, SetupError
 from nsbox.network import RunNetwork
-from nsbox.policy import Policy
+from nsbox.policy import Network, Policy
 from nsbox.result import Result, Status
 
 _READ_CHUNK = 65536
@@ -143,8 +143,9 @@ def run(
 
 
 def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int,
-            passthrough: bool, net: RunNetwork) -> Result:
+            passthrough: bool, net: RunNetwork | None = None) -> Result:
     started = time.monotonic()
+    net = net or RunNetwork(Network())
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     in_fd, close_in = _stdin_fd(stdin)
