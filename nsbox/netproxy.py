@@ -30,6 +30,7 @@ from nsbox.netrules import (
     DEFAULT_CONNECT_PORT,
     DEFAULT_HTTP_PORT,
     AllowEntry,
+    IPAddress,
     forbidden_reason,
     literally_listed,
     normalize_host,
@@ -224,9 +225,8 @@ class NetworkProxy:
             method, host, port, default_port, new_head = self._parse(head)
             if not any(e.matches(host, port, default_port) for e in self._allow):
                 raise _Denied(403, f"{host}:{port} is not in the allow-list")
-            addr = self._resolve(host, port, default_port)
-            address = str(addr)
-            upstream = self._connect(addr, port)
+            addrs = self._resolve(host, port, default_port)
+            upstream, address = self._connect_any(addrs, port)
             admitted = True
             if method == "CONNECT":
                 self._send(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -353,8 +353,9 @@ class NetworkProxy:
             raise _Denied(400, f"bad host name {host!r}")
         return name, port
 
-    def _resolve(self, host: str, port: int, default_port: int) -> Any:
-        """The first address of ``host`` the rules allow; the proxy connects to it alone."""
+    def _resolve(self, host: str, port: int, default_port: int) -> list[IPAddress]:
+        """The addresses of ``host`` the rules allow, in the resolver's order. The proxy
+        connects to these and never looks the name up again (DNS rebinding)."""
         literal = parse_address(host)
         if literal is not None:
             candidates = [literal]
@@ -368,32 +369,57 @@ class NetworkProxy:
                 addr = parse_address(str(info[4][0]).split("%")[0])
                 if addr is not None and addr not in candidates:
                     candidates.append(addr)
+        allowed: list[IPAddress] = []
         reasons = []
         for addr in candidates:
             why = forbidden_reason(addr)
             if why is None or literally_listed(self._allow, addr, port, default_port):
-                return unmap(addr)
-            reasons.append(why)
-        raise _Denied(
-            403,
-            f"{host} resolves to {', '.join(reasons) or 'no address'}; "
-            "list that address itself to allow it",
-        )
+                if unmap(addr) not in allowed:
+                    allowed.append(unmap(addr))
+            else:
+                reasons.append(why)
+        if not allowed:
+            raise _Denied(
+                403,
+                f"{host} resolves to {', '.join(reasons) or 'no address'}; "
+                "list that address itself to allow it",
+            )
+        return allowed
 
-    def _connect(self, addr: Any, port: int) -> socket.socket:
+    def _connect_any(self, addrs: list[IPAddress], port: int) -> tuple[socket.socket, str]:
+        """Connect to the first of ``addrs`` that answers, all within the connect timeout."""
+        deadline = time.monotonic() + self._limits.connect_timeout
+        failure: _Denied | None = None
+        for addr in addrs:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                return self._connect(addr, port, remaining), str(addr)
+            except _Denied as exc:
+                failure = exc
+        raise failure or _Denied(504, f"connect to port {port}: timed out")
+
+    def _connect(self, addr: IPAddress, port: int, timeout: float) -> socket.socket:
         family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         with self._lock:
             self._sockets.add(sock)
-        sock.setblocking(False)
-        err = sock.connect_ex((str(addr), port))
-        if err not in (0, errno.EINPROGRESS):
-            raise _Denied(502, f"connect to {addr}:{port}: {errno.errorcode.get(err, err)}")
-        timeout = _Denied(504, f"connect to {addr}:{port}: timed out")
-        self._wait(sock, select.POLLOUT, self._limits.connect_timeout, timeout)
-        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if err:
-            raise _Denied(502, f"connect to {addr}:{port}: {errno.errorcode.get(err, err)}")
+        try:
+            sock.setblocking(False)
+            err = sock.connect_ex((str(addr), port))
+            if err not in (0, errno.EINPROGRESS):
+                raise _Denied(502, f"connect to {addr}:{port}: {errno.errorcode.get(err, err)}")
+            on_timeout = _Denied(504, f"connect to {addr}:{port}: timed out")
+            self._wait(sock, select.POLLOUT, timeout, on_timeout)
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                raise _Denied(502, f"connect to {addr}:{port}: {errno.errorcode.get(err, err)}")
+        except BaseException:
+            with self._lock:
+                self._sockets.discard(sock)
+            sock.close()
+            raise
         return sock
 
     def _send(self, sock: socket.socket, data: bytes) -> None:

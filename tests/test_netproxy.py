@@ -260,3 +260,20 @@ def test_close_ends_open_tunnels_threads_and_sockets() -> None:
         assert p.report()["threads_left"] == 0
         assert [r["reason"] for r in p.report()["attempts"]] == ["proxy closed"] * 3
         assert [r["bytes_up"] for r in p.report()["attempts"]] == [1] * 3
+
+
+def test_refused_connect_is_a_502_and_leaves_no_socket() -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port_closed = closed.getsockname()[1]  # bound, never listening: connections are refused
+    try:
+        fds = open_fds()
+        with proxy([f"127.0.0.1:{port_closed}"]) as (p, port):
+            reply = request(port, f"CONNECT 127.0.0.1:{port_closed} HTTP/1.1\r\n\r\n".encode())
+        assert open_fds() - fds == set()
+    finally:
+        closed.close()
+    assert reply.startswith(b"HTTP/1.1 502")
+    assert f"connect to 127.0.0.1:{port_closed}: ECONNREFUSED".encode() in reply
+    (record,) = p.report()["attempts"]
+    assert record["allowed"] is False and "ECONNREFUSED" in record["reason"]
