@@ -179,14 +179,16 @@ class NetworkProxy:
                     break
                 try:
                     conn, _ = self._listener.accept()
-                except (BlockingIOError, InterruptedError):
-                    continue
+                except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                    continue  # nothing there, or the client gave up before accept (accept(2))
                 except OSError as exc:
                     if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                         time.sleep(0.05)  # out of fds: back off instead of spinning
                         continue
                     raise
                 self._admit(conn)
+        except Exception as exc:  # fail closed and say so; never a traceback on the host
+            self._record(None, None, None, False, f"proxy stopped: {exc}", 0, 0, time.time())
         finally:
             self._listener.close()
 
@@ -205,10 +207,14 @@ class NetworkProxy:
         )
         # Started under the lock: close() must never see (and join) a thread not yet started.
         with self._lock:
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had: this client gets nothing
+                conn.close()
+                return
             self._active += 1
             self._sockets.add(conn)
             self._threads.add(thread)
-            thread.start()
 
     # --- one connection ------------------------------------------------------------------------
 
