@@ -105,6 +105,17 @@ def test_unlisted_server_gets_403_and_the_attempt_is_logged(sandbox: Runner) -> 
     assert attempt["reason"] == reason
 
 
+def test_client_ignoring_the_proxy_gets_no_network(sandbox: Runner) -> None:
+    require(CURL, "curl is not installed (Debian package curl)")
+    with HTTPServer() as server:
+        result = run(sandbox, [CURL, "-sS", "--noproxy", "*", f"http://127.0.0.1:{server.port}/"],
+                     allow(f"127.0.0.1:{server.port}"))
+    assert result.exit_code == 7  # curl: "Failed to connect to host"
+    assert b"Couldn't connect to server" in result.stderr or b"Connection refused" in result.stderr
+    assert server.requests == []
+    assert result.extra["network"]["attempts"] == []
+
+
 def test_name_resolving_to_loopback_needs_the_address_listed(sandbox: Runner) -> None:
     require(CURL, "curl is not installed (Debian package curl)")
     # The proxy resolves on the host: localhost must map to 127.0.0.1 in the host's /etc/hosts.
