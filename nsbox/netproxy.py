@@ -146,6 +146,12 @@ class NetworkProxy:
             threads[0].join(max(0.0, deadline - time.monotonic()))
             if time.monotonic() >= deadline:
                 break
+        accepting = self._accept_thread is not None and self._accept_thread.is_alive()
+        with self._lock:
+            if self._threads or accepting:
+                # A thread is stuck past the timeout (in a name lookup, which nothing can
+                # interrupt): it still polls the wake socket, whose number must not be reused.
+                return
         self._wake_r.close()
         self._wake_w.close()
 
