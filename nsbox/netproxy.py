@@ -104,7 +104,7 @@ class NetworkProxy:
         self._sockets: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
         self._accept_thread: threading.Thread | None = None
-        self._records: list[dict[str, Any]] = []
+        self._records: list[tuple[float, dict[str, Any]]] = []  # (start time, record)
         self._dropped = 0
         self._bytes = 0
         self._active = 0
@@ -164,7 +164,8 @@ class NetworkProxy:
     def report(self) -> dict[str, Any]:
         """The log of the run: every attempt in order, and totals (for Result.extra)."""
         with self._lock:
-            records = sorted(self._records, key=lambda r: r["time"])
+            # In the order the connections began (the log's times are rounded to milliseconds).
+            records = [record for _, record in sorted(self._records, key=lambda r: r[0])]
             return {
                 "attempts": records,
                 "attempts_dropped": self._dropped,
@@ -522,6 +523,6 @@ class NetworkProxy:
         }
         with self._lock:
             if len(self._records) < self._limits.max_records:
-                self._records.append(record)
+                self._records.append((started, record))
             else:
                 self._dropped += 1

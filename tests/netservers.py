@@ -52,9 +52,11 @@ class HTTPServer:
 class EchoServer:
     """A TCP echo server (no TLS): what a CONNECT tunnel carries, it sends back."""
 
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.host = host
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.bind((host, 0))
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
         self.connections = 0
@@ -93,7 +95,7 @@ class EchoServer:
     def __exit__(self, *exc: object) -> None:
         self._stop = True
         # Wake accept() with a last connection, then close.
-        with socket.create_connection(("127.0.0.1", self.port), timeout=2):
+        with socket.create_connection((self.host, self.port), timeout=2):
             pass
         self.thread.join(5)
         self.sock.close()

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from conftest import require
 from netservers import EchoServer, HTTPServer
 
 from nsbox.netproxy import NetworkProxy, ProxyLimits
@@ -115,6 +116,43 @@ def test_connect_tunnel_to_echo_server() -> None:
         (record,) = p.report()["attempts"]
     assert record["method"] == "CONNECT" and record["allowed"] is True
     assert record["bytes_up"] == record["bytes_down"] == len(b"ping through the tunnel")
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_connect_to_an_ipv6_literal() -> None:
+    require(_has_ipv6_loopback(), "no IPv6 loopback (::1) on this host")
+    with EchoServer("::1") as echo, proxy([f"[::1]:{echo.port}"]) as (p, port):
+        sock, reply = connect_tunnel(port, f"[::1]:{echo.port}")
+        with sock:
+            assert reply.startswith(b"HTTP/1.1 200")
+            sock.sendall(b"over v6")
+            assert sock.recv(100) == b"over v6"
+        refused, denial = connect_tunnel(port, f"[::2]:{echo.port}")
+        refused.close()
+    assert denial.startswith(b"HTTP/1.1 403")
+    assert p.report()["attempts"][0]["address"] == "::1"
+
+
+def test_ipv4_mapped_literal_counts_as_the_ipv4_address() -> None:
+    with EchoServer() as echo:
+        with proxy([f"127.0.0.1:{echo.port}"]) as (p, port):
+            sock, reply = connect_tunnel(port, f"[::ffff:127.0.0.1]:{echo.port}")
+            sock.close()
+        assert reply.startswith(b"HTTP/1.1 200")
+        assert p.report()["attempts"][0]["address"] == "127.0.0.1"
+        # Not listed: the mapped form of a loopback address is refused like the address.
+        with proxy([f"localhost:{echo.port}"]) as (p, port):
+            sock, reply = connect_tunnel(port, f"[::ffff:127.0.0.1]:{echo.port}")
+            sock.close()
+        assert reply.startswith(b"HTTP/1.1 403")
 
 
 def test_connect_without_port_means_443() -> None:
