@@ -45,6 +45,7 @@ class RunNetwork:
     def __init__(self, network: Network) -> None:
         self.network = network
         self.proxy: NetworkProxy | None = None
+        self.error: str | None = None
 
     def serve(self, fds: list[int]) -> None:
         """Called with the descriptors of the helper's "proxy" message; takes ownership."""
@@ -63,7 +64,14 @@ class RunNetwork:
             idle_timeout=self.network.idle_timeout,
         )
         listener = socket.socket(fileno=fds[0])
-        self.proxy = NetworkProxy(listener, parse_allow_list(self.network.allow), limits).start()
+        try:
+            proxy = NetworkProxy(listener, parse_allow_list(self.network.allow), limits)
+            self.proxy = proxy.start()
+        except (OSError, RuntimeError) as exc:
+            # No proxy: the listener closes, so the sandbox's connections are refused (fail
+            # closed); the run goes on and the result says why.
+            listener.close()
+            self.error = f"the proxy could not start: {exc}"
 
     def close(self) -> None:
         """End the proxy: its threads, its connections and the listener (which also lets the
@@ -82,6 +90,8 @@ class RunNetwork:
         if self.proxy is not None:
             data["proxy"] = f"{PROXY_HOST}:{self.network.proxy_port}"
             data.update(self.proxy.report())
+        if self.error is not None:
+            data["error"] = self.error
         return data
 
 
