@@ -23,6 +23,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,10 +93,12 @@ class NetworkProxy:
         listener: socket.socket,
         allow: tuple[AllowEntry, ...],
         limits: ProxyLimits | None = None,
+        resolve: Callable[..., list[Any]] = socket.getaddrinfo,
     ) -> None:
         self._listener = listener
         self._allow = allow
         self._limits = limits or ProxyLimits()
+        self._getaddrinfo = resolve  # the host's resolver; replaceable to test rebinding
         self._lock = threading.Lock()
         self._slot_free = threading.Condition(self._lock)
         self._stopping = threading.Event()
@@ -374,7 +377,7 @@ class NetworkProxy:
             candidates = [literal]
         else:
             try:
-                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                infos = self._getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except socket.gaierror as exc:
                 raise _Denied(502, f"cannot resolve {host}: {exc.strerror}") from None
             candidates = []

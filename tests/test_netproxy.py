@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from conftest import require
@@ -34,12 +35,15 @@ def open_fds() -> set[str]:
 
 
 @contextmanager
-def proxy(allow: list[str], **limits: object) -> Iterator[tuple[NetworkProxy, int]]:
+def proxy(
+    allow: list[str], resolve: Any = socket.getaddrinfo, **limits: object
+) -> Iterator[tuple[NetworkProxy, int]]:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     port = listener.getsockname()[1]
-    with NetworkProxy(listener, parse_allow_list(allow), ProxyLimits(**limits)) as p:  # type: ignore[arg-type]
+    rules = parse_allow_list(allow)
+    with NetworkProxy(listener, rules, ProxyLimits(**limits), resolve) as p:  # type: ignore[arg-type]
         yield p, port
 
 
@@ -177,6 +181,29 @@ def test_name_resolving_to_loopback_is_refused_unless_the_address_is_listed() ->
         assert reply.endswith(b"hello from the host\n")
         assert len(server.requests) == 1
         assert p.report()["attempts"][0]["address"] == "127.0.0.1"
+
+
+def test_the_proxy_connects_to_the_address_it_checked() -> None:
+    # A rebinding name server: the first answer is an address the rules admit, every later
+    # one the metadata service. The proxy must look the name up once and use that answer.
+    with EchoServer() as echo:
+        answers: list[str] = []
+
+        def rebinding(host: str, port: int, **kwargs: Any) -> list[Any]:
+            address = "127.0.0.1" if not answers else "169.254.169.254"
+            answers.append(address)
+            return socket.getaddrinfo(address, port, **kwargs)
+
+        allow = [f"rebind.nsbox-test.invalid:{echo.port}", f"127.0.0.1:{echo.port}"]
+        with proxy(allow, resolve=rebinding) as (p, port):
+            sock, reply = connect_tunnel(port, f"rebind.nsbox-test.invalid:{echo.port}")
+            with sock:
+                assert reply.startswith(b"HTTP/1.1 200")
+                sock.sendall(b"rebound?")
+                assert sock.recv(100) == b"rebound?"
+    assert answers == ["127.0.0.1"]
+    assert echo.connections == 1
+    assert p.report()["attempts"][0]["address"] == "127.0.0.1"
 
 
 def test_wildcard_matches_subdomains_only() -> None:
