@@ -1,0 +1,171 @@
+"""Per-run cgroups: one interface, one class per host type, chosen once per process.
+
+    backend = cgroups.get_backend()          # inspects the host once
+    run = backend.create(Request(memory=256 << 20, pids=64, cpus=0.5))
+    run.attach(child_pid)                    # before the child is released
+    ...                                      # run.cpu_seconds() while it runs
+    usage = run.usage()                      # after it exited
+    run.destroy()                            # kill what is left, remove the cgroup
+
+Backends: ``V2Backend`` (unified hierarchy with controllers), ``V1Backend`` (the v1 controllers of
+a v1 or hybrid host, plus the cgroup2 mount's cgroup.kill where it exists) and ``NullBackend``
+(no writable cgroup: nothing is limited here, the caller falls back to rlimits). Callers never
+branch on the version: they ask ``backend.supports`` which limits are real.
+
+Every cgroup is created below this process's own cgroup in each hierarchy and carries a name that
+identifies its owner (see ``_names``), so a later process can reclaim the cgroups of a dead one.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+from nsbox.cgroups._host import Layout, read_layout
+
+# What a backend can enforce or measure; ``supports`` returns a subset of these.
+MEMORY = "memory"  # a hard memory limit without swap, with an OOM-kill count
+PIDS = "pids"  # a limit on tasks (processes and threads)
+CPUS = "cpus"  # a bandwidth limit: a share of cores
+CPU_ACCOUNTING = "cpu_accounting"  # cpu time of every process of the run, also while it runs
+KILL = "kill"  # kill every process of the run, also those that left the pid namespace's tree
+ALL_FEATURES = frozenset({MEMORY, PIDS, CPUS, CPU_ACCOUNTING, KILL})
+
+
+@dataclass(frozen=True)
+class Request:
+    """The limits of one run; None means unlimited."""
+
+    memory: int | None = None  # bytes
+    pids: int | None = None
+    cpus: float | None = None  # share of cores, e.g. 0.5
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Request:
+        return cls(memory=data.get("memory"), pids=data.get("pids"), cpus=data.get("cpus"))
+
+
+@dataclass
+class Usage:
+    """What a run used, read from its cgroup. None: this backend cannot tell."""
+
+    peak_memory: int | None = None  # bytes
+    cpu_user: float | None = None  # seconds
+    cpu_system: float | None = None
+    peak_pids: int | None = None
+    oom_kills: int = 0
+
+
+class RunCgroup(abc.ABC):
+    """The cgroup (one per hierarchy) of one run."""
+
+    name: str
+
+    @abc.abstractmethod
+    def attach(self, pid: int) -> None:
+        """Move ``pid`` (not yet running untrusted code) into the run's cgroup."""
+
+    @abc.abstractmethod
+    def cpu_seconds(self) -> float | None:
+        """CPU time used so far by every process of the run (cheap; polled while it runs)."""
+
+    @abc.abstractmethod
+    def usage(self) -> Usage:
+        """Peak memory, CPU time, peak task count and OOM kills of the run so far."""
+
+    @abc.abstractmethod
+    def pids(self) -> list[int]:
+        """The processes in the run's cgroup now."""
+
+    @abc.abstractmethod
+    def kill_all(self) -> None:
+        """SIGKILL every process of the run, race-free where the kernel allows it."""
+
+    @abc.abstractmethod
+    def destroy(self) -> None:
+        """Kill what is left and remove the cgroup; safe to call more than once."""
+
+
+class Backend(abc.ABC):
+    kind: str  # "v2", "v1" or "none"
+    reason: str = ""  # why limits are missing (for the Result and `nsbox doctor`)
+
+    @abc.abstractmethod
+    def supports(self) -> frozenset[str]:
+        """Which of ALL_FEATURES this backend really provides on this host for this user."""
+
+    @abc.abstractmethod
+    def create(self, request: Request) -> RunCgroup:
+        """Create the cgroup of one run with its limits written. Raises OSError when the kernel
+        refuses (the caller turns that into an error naming the step)."""
+
+    @abc.abstractmethod
+    def reclaim(self) -> list[str]:
+        """Kill and remove the run cgroups of dead owners (our naming scheme only, below our own
+        cgroup only). Returns the names removed."""
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The backend's view of the host, for `nsbox doctor` (read-only)."""
+
+
+_backend: Backend | None = None
+
+
+def detect(layout: Layout | None = None) -> Backend:
+    """Choose the backend for this host and user. Reads the host, changes nothing.
+
+    A unified hierarchy whose own cgroup offers memory, pids and cpu wins (pure v2, or a hybrid
+    host that moved controllers to v2); then the v1 controllers; else no cgroups at all.
+    """
+    from nsbox.cgroups._null import NullBackend
+    from nsbox.cgroups._v1 import V1Backend
+    from nsbox.cgroups._v2 import V2Backend
+
+    layout = layout if layout is not None else read_layout()
+    reasons = []
+    if layout.unified is not None:
+        v2 = V2Backend(layout.unified)
+        if v2.supports():
+            return v2
+        reasons.append(v2.reason)
+    if layout.v1:
+        v1 = V1Backend(layout.v1, layout.unified)
+        if v1.supports():
+            return v1
+        reasons.append(v1.reason)
+    if layout.kind == "none":
+        reasons.append("no cgroup filesystem is mounted")
+    return NullBackend("; ".join(r for r in reasons if r))
+
+
+def get_backend() -> Backend:
+    """The backend of this process, detected on first use."""
+    global _backend
+    if _backend is None:
+        _backend = detect()
+    return _backend
+
+
+def describe_host(layout: Layout | None = None) -> dict[str, Any]:
+    """What `nsbox doctor` shows about cgroups: the layout, the backend that would be used, the
+    controllers it can use, whether this user can write a cgroup, and why not. Read-only."""
+    layout = layout if layout is not None else read_layout()
+    backend = detect(layout)
+    info: dict[str, Any] = {
+        "layout": layout.kind,
+        "backend": backend.kind,
+        "writable": backend.kind != "none",
+        "supports": sorted(backend.supports()),
+        "missing": sorted(ALL_FEATURES - backend.supports()),
+        "reason": backend.reason,
+    }
+    info.update(backend.describe())
+    return info
+
+
+__all__ = [
+    "ALL_FEATURES", "CPUS", "CPU_ACCOUNTING", "KILL", "MEMORY", "PIDS", "Backend", "Request",
+    "RunCgroup", "Usage", "describe_host", "detect", "get_backend",
+]

@@ -1,0 +1,71 @@
+"""Names of the cgroups nsbox creates, and how to tell that their owner is gone.
+
+A name says which process owns the cgroup: ``nsbox-<pidns>-<pid>-<start>-<kind>``, where pidns is
+the inode of the owner's pid namespace, pid its pid there and start its start time in clock
+ticks after boot (proc(5), /proc/PID/stat field 22). The pid alone is not enough: pids are reused,
+and a hierarchy can be shared by processes of several pid namespaces. An owner counts as dead
+only when it lived in our pid namespace and no process with that pid and start time exists;
+anything else is left alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+
+PREFIX = "nsbox-"
+_NAME = re.compile(r"^nsbox-(?P<ns>\d+)-(?P<pid>\d+)-(?P<start>\d+)-(?P<kind>r\d+|leaf)$")
+_counter = itertools.count(1)
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ")".
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _pidns() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def _owner_tag(pid: int) -> str:
+    return f"{PREFIX}{_pidns()}-{pid}-{_start_time(pid)}"
+
+
+def run_name() -> str:
+    """A new, unique name for one run's cgroup, owned by this process."""
+    return f"{_owner_tag(os.getpid())}-r{next(_counter)}"
+
+
+def leaf_name() -> str:
+    """The name of the leaf cgroup this process moves itself into on cgroup v2."""
+    return f"{_owner_tag(os.getpid())}-leaf"
+
+
+def parse(name: str) -> tuple[int, int, int, str] | None:
+    """(pidns, pid, start, kind) for a name nsbox made, None for any other name."""
+    match = _NAME.match(name)
+    if not match:
+        return None
+    return int(match["ns"]), int(match["pid"]), int(match["start"]), match["kind"]
+
+
+def owner_is_dead(name: str) -> bool:
+    """True only for our own naming scheme, in our pid namespace, with the owner gone."""
+    parsed = parse(name)
+    if parsed is None:
+        return False
+    ns, pid, start, _kind = parsed
+    if ns != _pidns():
+        return False
+    return _start_time(pid) != start
+
+
+def is_leaf(name: str) -> bool:
+    parsed = parse(name)
+    return parsed is not None and parsed[3] == "leaf"

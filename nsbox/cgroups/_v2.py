@@ -1,0 +1,230 @@
+"""cgroup v2: the unified hierarchy with the memory, pids and cpu controllers.
+
+Run cgroups are children of a base cgroup B: this process's own cgroup. The "no internal
+processes" rule (cgroup-v2.rst, "No Internal Process Constraint") says that controllers can be
+enabled in B's cgroup.subtree_control only while B holds no processes (the root cgroup is
+exempt). So, on the first run, when B does not have the controllers enabled yet:
+
+- if B's only processes are this helper and its parent (the launcher that started it), both are
+  moved into a leaf child of B, ``nsbox-<owner>-leaf``, and then the controllers are enabled in B.
+  The launcher is ours (it asked for the sandbox) and stays inside its own cgroup's subtree, so
+  nothing outside it changes. This is the situation of a service started with ``Delegate=yes``,
+  or of ``systemd-run --user --scope -p Delegate=yes nsbox ...`` for an unprivileged user.
+- if B holds any other process, nothing is moved (it is not ours) and the backend reports why
+  it cannot limit anything; the caller falls back to rlimits or, when cgroups are required,
+  fails with that reason.
+
+Leaves are only ever removed when empty, never killed: they hold the launcher.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any
+
+from nsbox.cgroups import (
+    CPU_ACCOUNTING,
+    CPUS,
+    KILL,
+    MEMORY,
+    PIDS,
+    Backend,
+    Request,
+    RunCgroup,
+    Usage,
+    _fs,
+    _names,
+)
+from nsbox.cgroups._host import V2_CONTROLLERS, Hierarchy
+
+CPU_PERIOD_US = 100_000
+_FEATURE = {"memory": MEMORY, "pids": PIDS, "cpu": CPUS}
+
+
+class V2Run(RunCgroup):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.name = os.path.basename(path)
+
+    def _file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def set_limits(self, request: Request) -> None:
+        if request.memory is not None:
+            _fs.write(self._file("memory.max"), request.memory)
+            # No swap: a sandbox that is over its memory must be killed, not slowed to a crawl.
+            if os.path.exists(self._file("memory.swap.max")):
+                _fs.write(self._file("memory.swap.max"), 0)
+            # An OOM kill takes the whole run down, not one process of it (cgroup-v2.rst,
+            # memory.oom.group): a half-killed sandbox is not a useful result.
+            _fs.write(self._file("memory.oom.group"), 1)
+        if request.pids is not None:
+            _fs.write(self._file("pids.max"), request.pids)
+        if request.cpus is not None:
+            quota = max(1000, round(request.cpus * CPU_PERIOD_US))
+            _fs.write(self._file("cpu.max"), f"{quota} {CPU_PERIOD_US}")
+
+    def open_fd(self) -> int:
+        """An O_PATH-free directory fd, for clone3(CLONE_INTO_CGROUP)."""
+        return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def attach(self, pid: int) -> None:
+        _fs.write(self._file("cgroup.procs"), pid)
+
+    def cpu_seconds(self) -> float | None:
+        return _fs.read_keyed(self._file("cpu.stat"))["usage_usec"] / 1e6
+
+    def usage(self) -> Usage:
+        stat = _fs.read_keyed(self._file("cpu.stat"))
+        events = _fs.read_keyed(self._file("memory.events"))
+        return Usage(
+            # memory.peak: Linux 5.19; older kernels give no peak.
+            peak_memory=_fs.read_int(self._file("memory.peak")),
+            cpu_user=stat["user_usec"] / 1e6,
+            cpu_system=stat["system_usec"] / 1e6,
+            peak_pids=_fs.read_int(self._file("pids.peak")),  # Linux 6.1
+            oom_kills=events.get("oom_kill", 0),
+        )
+
+    def pids(self) -> list[int]:
+        return _fs.procs(self.path)
+
+    def _empty(self) -> bool:
+        return _fs.read_keyed(self._file("cgroup.events")).get("populated") == 0
+
+    def kill_all(self) -> None:
+        if os.path.exists(self._file("cgroup.kill")):  # Linux 5.14
+            _fs.write(self._file("cgroup.kill"), 1)
+            return
+        # Older kernels: frozen tasks cannot fork, so one pass finds them all.
+        _fs.write(self._file("cgroup.freeze"), 1)
+        _fs.kill_pids(self.pids())
+        _fs.write(self._file("cgroup.freeze"), 0)
+
+    def destroy(self) -> None:
+        if not os.path.isdir(self.path):
+            return
+        self.kill_all()
+        if not _fs.wait_until(self._empty):
+            raise OSError(errno.EBUSY, f"cgroup {self.path}: processes {self.pids()} did not exit")
+        _fs.rmdir(self.path)
+
+
+class V2Backend(Backend):
+    kind = "v2"
+
+    def __init__(self, hierarchy: Hierarchy) -> None:
+        self.base = hierarchy.own_dir
+        self.reason = ""
+        self._prepared = False
+        try:
+            available = _fs.read(os.path.join(self.base, "cgroup.controllers")).split()
+        except OSError:
+            available = []
+        self.controllers = [c for c in V2_CONTROLLERS if c in available]
+        if not self.controllers:
+            self.reason = (
+                f"the cgroup2 hierarchy offers none of {', '.join(V2_CONTROLLERS)} "
+                f"in {self.base}"
+            )
+        elif not self._writable():
+            self.reason = (
+                f"cgroup {self.base} is not writable by uid {os.geteuid()} (no delegation); "
+                "run under a delegated cgroup, e.g. `systemd-run --user --scope -p Delegate=yes`"
+            )
+            self.controllers = []
+
+    def _writable(self) -> bool:
+        return _fs.writable(self.base) and os.access(
+            os.path.join(self.base, "cgroup.subtree_control"), os.W_OK
+        )
+
+    def supports(self) -> frozenset[str]:
+        if not self.controllers:
+            return frozenset()
+        found = {_FEATURE[c] for c in self.controllers}
+        # cpu.stat and cgroup.kill/cgroup.freeze belong to the core: no controller needed.
+        return frozenset(found | {CPU_ACCOUNTING, KILL})
+
+    def _enabled(self) -> set[str]:
+        return set(_fs.read(os.path.join(self.base, "cgroup.subtree_control")).split())
+
+    def prepare(self) -> None:
+        """Enable the controllers in the base's cgroup.subtree_control, moving this helper and
+        its launcher into a leaf first when the no-internal-processes rule requires it."""
+        if self._prepared:
+            return
+        missing = [c for c in self.controllers if c not in self._enabled()]
+        if missing:
+            control = os.path.join(self.base, "cgroup.subtree_control")
+            change = " ".join(f"+{c}" for c in missing)
+            try:
+                _fs.write(control, change)
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                self._move_into_leaf()
+                _fs.write(control, change)
+        self._prepared = True
+
+    def _move_into_leaf(self) -> None:
+        ours = {os.getpid(), os.getppid()}
+        inside = set(_fs.procs(self.base))
+        others = sorted(inside - ours)
+        if others:
+            raise OSError(
+                errno.EBUSY,
+                f"cgroup {self.base} also holds processes {others[:5]} that are not nsbox's, so "
+                "no controller can be enabled below it (cgroup v2's no-internal-processes rule); "
+                "start nsbox in a cgroup of its own, e.g. `systemd-run --scope -p Delegate=yes`",
+            )
+        leaf = os.path.join(self.base, _names.leaf_name())
+        os.makedirs(leaf, exist_ok=True)
+        for pid in sorted(inside):
+            _fs.write(os.path.join(leaf, "cgroup.procs"), pid)
+
+    def create(self, request: Request) -> RunCgroup:
+        self.prepare()
+        run = V2Run(os.path.join(self.base, _names.run_name()))
+        os.mkdir(run.path, 0o755)
+        try:
+            run.set_limits(request)
+        except BaseException:
+            _fs.rmdir(run.path)
+            raise
+        return run
+
+    def reclaim(self) -> list[str]:
+        try:
+            entries = os.listdir(self.base)
+        except OSError:
+            return []
+        removed = []
+        for name in sorted(entries):
+            if not _names.owner_is_dead(name):
+                continue
+            path = os.path.join(self.base, name)
+            if _names.is_leaf(name):
+                # A leaf may still hold the launcher that outlived its helper: never kill it.
+                if not _fs.procs(path):
+                    _fs.rmdir(path)
+                    removed.append(name)
+                continue
+            V2Run(path).destroy()
+            removed.append(name)
+        return removed
+
+    def describe(self) -> dict[str, Any]:
+        enabled: list[str] = []
+        try:
+            enabled = sorted(self._enabled())
+            procs = len(_fs.procs(self.base))
+        except OSError:
+            procs = 0
+        return {
+            "cgroup": self.base,
+            "controllers": self.controllers,
+            "subtree_control": enabled,
+            "processes_in_base": procs,
+        }

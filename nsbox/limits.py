@@ -1,0 +1,269 @@
+"""Resource limits of one run: cgroups where they can be written, rlimits always.
+
+Three sides, like the launch itself:
+
+- plan side (``plan_limits``): the Policy's Limits become plain data in the Plan: the rlimits
+  every run gets, and the cgroup request with the rlimits to fall back on;
+- helper side (``RunLimits``): creates the run's cgroup before the child is released, decides
+  which rlimit fallbacks the child applies, polls CPU time while the run lasts, reads the usage
+  after it and removes the cgroup;
+- result side (``apply_outcome``): the usage and the limit that ended the run go into the Result
+  (status ML for an OOM kill, TO for the CPU-time limit).
+
+The rlimits are the last line (setrlimit(2)): they hold even if the cgroup is escaped or missing.
+RLIMIT_AS is only a fallback, as it limits address space, not memory: with a cgroup it would
+break runtimes that reserve large address ranges (Go, Java, sanitizers) for no gain.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import resource
+import signal
+from typing import Any
+
+from nsbox import cgroups
+from nsbox.errors import HostError, PolicyError
+from nsbox.policy import Limits
+from nsbox.result import Result, Status
+
+# Why each missing cgroup feature leaves the sandbox weaker, for Result.degraded and the docs.
+_DEGRADED = {
+    cgroups.MEMORY: "memory: RLIMIT_AS per process only (address space, not resident memory; "
+    "no total for the run, no OOM count)",
+    cgroups.PIDS: "pids: RLIMIT_NPROC only (counts the sandbox user's tasks in its user "
+    "namespace, not a cgroup's)",
+    cgroups.CPUS: "cpus: not limited (no cgroup cpu controller)",
+    cgroups.CPU_ACCOUNTING: "cpu_time: RLIMIT_CPU per process only (no total for the run); "
+    "cpu time from rusage after exit",
+}
+
+
+def _rlimit(resource_id: int, value: int) -> list[int]:
+    # An unprivileged process cannot raise its hard limit (setrlimit(2), EPERM): keep the lower
+    # of the two, which is never weaker than asked.
+    _soft, hard = resource.getrlimit(resource_id)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    return [resource_id, value, value]
+
+
+def plan_limits(limits: Limits) -> dict[str, Any]:
+    """The Plan's part for limits: ``rlimits`` ([resource, soft, hard] lists) and ``cgroup``."""
+    rlimits = [
+        [resource.RLIMIT_CORE, 0, 0],  # no core dumps: they would write the sandbox's memory out
+        _rlimit(resource.RLIMIT_NOFILE, limits.open_files),
+    ]
+    if limits.file_size is not None:
+        rlimits.append(_rlimit(resource.RLIMIT_FSIZE, limits.file_size))
+    if limits.pids is not None:
+        rlimits.append(_rlimit(resource.RLIMIT_NPROC, limits.pids))
+    if limits.cpu_time is not None:
+        # SIGXCPU at the soft limit, SIGKILL one second later at the hard one (setrlimit(2)).
+        soft = max(1, math.ceil(limits.cpu_time))
+        cpu = _rlimit(resource.RLIMIT_CPU, soft)
+        cpu[2] = cpu[1] + 1
+        rlimits.append(cpu)
+    fallback: dict[str, list[list[int]]] = {}
+    if limits.memory is not None:
+        fallback[cgroups.MEMORY] = [_rlimit(resource.RLIMIT_AS, limits.memory)]
+    return {
+        "rlimits": rlimits,
+        "cgroup": {
+            "memory": limits.memory,
+            "pids": limits.pids,
+            "cpus": limits.cpus,
+            "cpu_time": limits.cpu_time,
+            "require": limits.require_cgroup,
+            "fallback_rlimits": fallback,
+        },
+    }
+
+
+def _wanted(spec: dict[str, Any]) -> set[str]:
+    wanted = set()
+    if spec.get("memory") is not None:
+        wanted.add(cgroups.MEMORY)
+    if spec.get("pids") is not None:
+        wanted.add(cgroups.PIDS)
+    if spec.get("cpus") is not None:
+        wanted.add(cgroups.CPUS)
+    if spec.get("cpu_time") is not None:
+        wanted.add(cgroups.CPU_ACCOUNTING)
+    return wanted
+
+
+class RunLimits:
+    """Helper side of one run's limits. Create before the clone, ``attach`` the child before
+    releasing it, ``poll`` while it runs, ``finish`` after it exited, ``close`` always."""
+
+    def __init__(
+        self, spec: dict[str, Any], rlimits: list[list[int]],
+        backend: cgroups.Backend | None = None,
+    ) -> None:
+        backend = backend if backend is not None else cgroups.get_backend()
+        self.cpu_time: float | None = spec.get("cpu_time")
+        wanted = _wanted(spec)
+        supported = backend.supports()
+        reason = backend.reason
+        self.cgroup: cgroups.RunCgroup | None = None
+        if wanted & supported:
+            try:
+                self.cgroup = backend.create(cgroups.Request.from_dict(spec))
+            except OSError as exc:
+                supported, reason = frozenset(), str(exc)
+        missing = wanted - supported
+        if missing and spec.get("require"):
+            raise HostError(
+                f"cgroup limits are required, but {', '.join(sorted(missing))} cannot be "
+                f"limited here: {reason}",
+                feature="cgroup",
+                hint="run `nsbox doctor`; or drop require_cgroup to accept rlimits instead",
+            )
+        self.degraded = [f"{_DEGRADED[f]} [{reason}]" for f in sorted(missing)]
+        self.rlimits = [list(r) for r in rlimits]
+        for feature in sorted(missing):
+            self.rlimits.extend(spec.get("fallback_rlimits", {}).get(feature, []))
+        self.has_accounting = self.cgroup is not None and cgroups.CPU_ACCOUNTING in supported
+        self.cpu_time_exceeded = False
+
+    def attach(self, pid: int) -> None:
+        if self.cgroup is not None:
+            self.cgroup.attach(pid)
+
+    def poll_interval(self) -> float | None:
+        """How often the helper should call ``poll`` (None: never needed)."""
+        return 0.05 if self.cpu_time is not None and self.has_accounting else None
+
+    def poll(self) -> bool:
+        """Check the run's total CPU time; kill the run when it is over the limit. True then."""
+        if self.cgroup is None or self.cpu_time is None or self.cpu_time_exceeded:
+            return self.cpu_time_exceeded
+        used = self.cgroup.cpu_seconds()
+        if used is not None and used >= self.cpu_time:
+            self.cpu_time_exceeded = True
+            self.cgroup.kill_all()
+        return self.cpu_time_exceeded
+
+    def kill_all(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+
+    def finish(self) -> dict[str, Any]:
+        """The outcome after the run's main process exited (JSON-able, for the Result)."""
+        outcome: dict[str, Any] = {
+            "degraded": self.degraded,
+            "cpu_time_exceeded": self.cpu_time_exceeded,
+            "accounting": "rusage",
+        }
+        if self.cgroup is None:
+            return outcome
+        # Processes that outlived the main one (daemons, orphans) are killed first, so the
+        # figures below are final.
+        self.cgroup.kill_all()
+        usage = self.cgroup.usage()
+        if self.has_accounting and usage.cpu_user is not None:
+            outcome["accounting"] = "cgroup"
+        outcome.update(
+            peak_memory=usage.peak_memory, cpu_user=usage.cpu_user,
+            cpu_system=usage.cpu_system, peak_pids=usage.peak_pids, oom_kills=usage.oom_kills,
+        )
+        if self.cpu_time is not None and usage.cpu_user is not None:
+            total = usage.cpu_user + (usage.cpu_system or 0.0)
+            outcome["cpu_time_exceeded"] = self.cpu_time_exceeded or total >= self.cpu_time
+        return outcome
+
+    def close(self) -> None:
+        """Remove the run's cgroup (kills whatever is left). Safe to call more than once."""
+        if self.cgroup is not None:
+            cgroup, self.cgroup = self.cgroup, None
+            cgroup.destroy()
+
+
+def apply_outcome(result: Result, outcome: dict[str, Any], limits: Limits) -> None:
+    """Fill the Result from a RunLimits outcome and set ML / TO where a limit ended the run."""
+    result.degraded.extend(outcome.get("degraded", []))
+    if outcome.get("accounting") == "cgroup":
+        result.accounting = "cgroup"
+        result.cpu_user = outcome["cpu_user"]
+        result.cpu_system = outcome["cpu_system"] or 0.0
+    if outcome.get("peak_memory") is not None:
+        result.peak_memory = outcome["peak_memory"]
+    if outcome.get("peak_pids") is not None:
+        result.peak_pids = outcome["peak_pids"]
+    if outcome.get("oom_kills"):
+        result.oom_killed = True
+    if result.status in (Status.OK, Status.XX, Status.TO, Status.OL):
+        return
+    # An OOM kill is a SIGKILL like any other; the cgroup's count tells them apart.
+    if result.oom_killed:
+        result.status = Status.ML
+        return
+    cpu_signal = result.signal == signal.SIGXCPU or (
+        result.signal == signal.SIGKILL and limits.cpu_time is not None
+        and result.cpu_user + result.cpu_system >= limits.cpu_time
+    )
+    if outcome.get("cpu_time_exceeded") or cpu_signal:
+        result.status = Status.TO
+        result.timed_out = True
+
+
+# --- sizes and durations, as written in options and profiles ------------------------------------
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_TIME_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
+
+
+def parse_size(text: str, *, key: str = "size") -> int:
+    """``256M``, ``1.5G``, ``64k``, ``4096`` (binary units; a trailing ``B``/``iB`` is allowed)."""
+    match = re.fullmatch(_NUMBER + r"\s*([kmgt]?)(?:i?b)?", str(text).strip(), re.IGNORECASE)
+    if not match:
+        raise PolicyError(
+            f"{text!r} is not a size", key=key, hint="write a number with an optional unit: "
+            "4096, 64K, 256M, 1.5G",
+        )
+    value = int(float(match[1]) * _SIZE_UNITS[match[2].lower()])
+    if value <= 0:
+        raise PolicyError(f"{text!r} must be more than zero", key=key,
+                          hint="leave the option out for no limit")
+    return value
+
+
+def parse_duration(text: str, *, key: str = "duration") -> float:
+    """``10s``, ``500ms``, ``2m``, ``1h``, ``2.5`` (seconds)."""
+    match = re.fullmatch(_NUMBER + r"\s*(ms|s|min|m|h|)", str(text).strip(), re.IGNORECASE)
+    if not match:
+        raise PolicyError(
+            f"{text!r} is not a duration", key=key,
+            hint="write a number with an optional unit: 10, 10s, 500ms, 2m, 1h",
+        )
+    value = float(match[1]) * _TIME_UNITS[match[2].lower()]
+    if value <= 0:
+        raise PolicyError(f"{text!r} must be more than zero", key=key,
+                          hint="leave the option out for no limit")
+    return value
+
+
+def parse_cpus(text: str, *, key: str = "cpus") -> float:
+    """A share of cores: ``0.5``, ``2``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise PolicyError(f"{text!r} is not a share of cores", key=key,
+                          hint="write a positive number, e.g. 0.5 for half a core")
+    return value
+
+
+def parse_count(text: str, *, key: str = "count") -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise PolicyError(f"{text!r} is not a positive whole number", key=key,
+                          hint="write e.g. 64")
+    return value
