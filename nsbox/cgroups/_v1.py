@@ -16,9 +16,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from cgroupspy.controllers import CpuAcctController, CpuController, MemoryController
-from cgroupspy.nodes import Node
-
 from nsbox.cgroups import (
     CPU_ACCOUNTING,
     CPUS,
@@ -45,6 +42,11 @@ class V1Run(RunCgroup):
         self._all = sorted(set(dirs.values()) | ({unified} if unified else set()))
 
     def _ctl(self, controller: str) -> Any:
+        # Imported here: the launch helper starts with `python3 -I -S` and imports what it needs
+        # on first use only.
+        from cgroupspy.controllers import CpuAcctController, CpuController, MemoryController
+        from cgroupspy.nodes import Node
+
         return {"memory": MemoryController, "cpu": CpuController, "cpuacct": CpuAcctController}[
             controller
         ](Node(os.fsencode(self.dirs[controller])))

@@ -1,0 +1,237 @@
+"""The cgroup backends on their own: host detection (fake /proc files for other host types) and
+the real backend of this host (create, limits, usage, kill, reclaim).
+
+The sandbox-level tests (limits seen through nsbox.run) are in test_limits.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from nsbox import cgroups
+from nsbox.cgroups import _names
+from nsbox.cgroups._host import read_layout
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+HYBRID_MOUNTINFO = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+HYBRID_CGROUP = """\
+9:name=systemd:/user.slice/session-2.scope
+8:pids:/user.slice/session-2.scope
+6:freezer:/
+4:memory:/user.slice/session-2.scope
+2:cpu,cpuacct:/user.slice
+0::/user.slice/session-2.scope
+"""
+
+
+def _fake(tmp_path: Path, mountinfo: str, cgroup: str) -> cgroups._host.Layout:
+    (tmp_path / "mountinfo").write_text(mountinfo)
+    (tmp_path / "cgroup").write_text(cgroup)
+    return read_layout(str(tmp_path / "mountinfo"), str(tmp_path / "cgroup"))
+
+
+def test_layout_of_a_hybrid_host_with_comounted_cpu_and_cpuacct(tmp_path: Path) -> None:
+    layout = _fake(tmp_path, HYBRID_MOUNTINFO, HYBRID_CGROUP)
+    assert layout.kind == "hybrid"
+    assert sorted(layout.v1) == ["cpu", "cpuacct", "freezer", "memory", "pids"]
+    assert layout.v1["cpu"] == layout.v1["cpuacct"]
+    assert layout.v1["cpu"].own_dir == "/sys/fs/cgroup/cpu,cpuacct/user.slice"
+    assert layout.v1["memory"].own_dir == "/sys/fs/cgroup/memory/user.slice/session-2.scope"
+    assert layout.v1["freezer"].own_dir == "/sys/fs/cgroup/freezer"
+    assert layout.unified is not None
+    assert layout.unified.own_dir == "/sys/fs/cgroup/unified/user.slice/session-2.scope"
+
+
+def test_layout_of_a_pure_v2_host(tmp_path: Path) -> None:
+    layout = _fake(
+        tmp_path,
+        "25 22 0:23 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n",
+        "0::/system.slice/agent.service\n",
+    )
+    assert layout.kind == "v2" and not layout.v1
+    assert layout.unified is not None
+    assert layout.unified.own_dir == "/sys/fs/cgroup/system.slice/agent.service"
+
+
+def test_layout_inside_a_container_that_mounts_only_its_subtree(tmp_path: Path) -> None:
+    # The mount's root is the container's cgroup; our path below it is what is left.
+    layout = _fake(
+        tmp_path,
+        "25 22 0:23 /docker/abc /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+        "0::/docker/abc/worker\n",
+    )
+    assert layout.unified is not None
+    assert layout.unified.own_dir == "/sys/fs/cgroup/worker"
+
+
+def test_layout_without_cgroups_falls_back_to_the_null_backend(tmp_path: Path) -> None:
+    layout = _fake(tmp_path, "22 1 0:21 / /proc rw - proc proc rw\n", "0::/\n")
+    assert layout.kind == "none"
+    backend = cgroups.detect(layout)
+    assert backend.kind == "none"
+    assert backend.supports() == frozenset()
+    assert "no cgroup filesystem" in backend.reason
+    info = cgroups.describe_host(layout)
+    assert info["writable"] is False and info["missing"] == sorted(cgroups.ALL_FEATURES)
+
+
+def test_names_identify_the_owner_and_only_dead_owners_count_as_dead() -> None:
+    name = _names.run_name()
+    ns, pid, start, kind = _names.parse(name)  # type: ignore[misc]
+    assert pid == os.getpid() and kind.startswith("r")
+    assert not _names.owner_is_dead(name)
+    # Same pid, other start time: the pid was reused, the owner is gone.
+    assert _names.owner_is_dead(f"nsbox-{ns}-{pid}-{start + 1}-r1")
+    # Another pid namespace: not ours to judge.
+    assert not _names.owner_is_dead(f"nsbox-{ns + 1}-{pid}-{start + 1}-r1")
+    # Other naming schemes are never touched.
+    assert _names.parse("nsbox-mine") is None
+    assert not _names.owner_is_dead("nsbox-1-2-3")
+
+
+# --- the real backend of this host ---------------------------------------------------------------
+
+
+def _backend_or_skip(*features: str) -> cgroups.Backend:
+    backend = cgroups.detect()
+    missing = set(features) - backend.supports()
+    if missing:
+        reason = f"this host/user cannot write cgroups with {sorted(missing)}: {backend.reason}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return backend
+
+
+def _spawn_into(run: cgroups.RunCgroup, code: str) -> subprocess.Popen[bytes]:
+    """Start a process that waits on a pipe until it was attached (like the sandbox child)."""
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.read({read_end}, 1)\n{code}"],
+        pass_fds=(read_end,), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    os.close(read_end)
+    run.attach(proc.pid)
+    os.close(write_end)
+    return proc
+
+
+@pytest.mark.cgroup2
+def test_memory_hog_is_oom_killed_at_the_limit_and_counted() -> None:
+    backend = _backend_or_skip(cgroups.MEMORY)
+    run = backend.create(cgroups.Request(memory=48 << 20, pids=32))
+    try:
+        proc = _spawn_into(run, "x = bytearray(200 << 20); print('survived')")
+        out, _ = proc.communicate(timeout=60)
+        usage = run.usage()
+    finally:
+        run.destroy()
+    assert proc.returncode == -signal.SIGKILL and b"survived" not in out
+    assert usage.oom_kills >= 1
+    assert usage.peak_memory is not None and usage.peak_memory <= 48 << 20
+
+
+@pytest.mark.cgroup2
+def test_destroy_kills_everything_inside_and_removes_the_cgroup() -> None:
+    backend = _backend_or_skip(cgroups.KILL)
+    run = backend.create(cgroups.Request(pids=32))
+    # A process that forks a grandchild which leaves its session: only the cgroup still knows it.
+    proc = _spawn_into(run, textwrap.dedent("""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(300)
+        time.sleep(300)
+    """))
+    assert cgroups._fs.wait_until(lambda: len(run.pids()) == 2)
+    pids = run.pids()
+    run.destroy()
+    proc.wait(timeout=10)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
+    assert not [d for d in _run_dirs(backend, run.name) if os.path.exists(d)]
+    run.destroy()  # idempotent
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _run_dirs(backend: cgroups.Backend, name: str) -> list[str]:
+    info = backend.describe()
+    bases = list(info.get("cgroups", {}).values()) + [info.get("unified"), info.get("cgroup")]
+    return [os.path.join(b, name) for b in bases if b]
+
+
+@pytest.mark.cgroup2
+def test_a_dead_owners_cgroup_is_reclaimed_with_its_processes() -> None:
+    backend = _backend_or_skip(cgroups.KILL)
+    # The owner creates a run cgroup, puts a sleeper into it, reports both, and is SIGKILLed.
+    owner = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import subprocess, sys, time
+            from nsbox import cgroups
+            run = cgroups.detect().create(cgroups.Request(pids=8))
+            sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+            run.attach(sleeper.pid)
+            print(run.name, sleeper.pid, flush=True)
+            time.sleep(300)
+        """)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert owner.stdout is not None
+    name, sleeper = owner.stdout.readline().split()
+    owner.kill()
+    owner.wait()
+    dirs = _run_dirs(backend, name)
+    assert any(os.path.isdir(d) for d in dirs)
+    # Another live owner's cgroup must survive the reclaim.
+    mine = backend.create(cgroups.Request(pids=8))
+    try:
+        reclaimed = backend.reclaim()
+        assert name in reclaimed and mine.name not in reclaimed
+        assert all(os.path.isdir(d) for d in _run_dirs(backend, mine.name))
+    finally:
+        mine.destroy()
+    assert not any(os.path.exists(d) for d in dirs)
+    time.sleep(0)  # the sleeper was reparented to init, which reaps it
+    assert cgroups._fs.wait_until(lambda: _zombie(int(sleeper)))
+
+
+def test_unprivileged_user_without_delegation_gets_the_null_backend_and_a_reason() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to an unprivileged uid")
+    out = subprocess.run(
+        ["/usr/bin/python3", "-I", "-c", "import json, sys; sys.path.insert(0, sys.argv[1]); "
+         "from nsbox import cgroups; print(json.dumps(cgroups.describe_host()))", ROOT],
+        user=65534, group=65534, extra_groups=[], capture_output=True, text=True, check=True,
+        cwd="/",
+    ).stdout
+    import json
+
+    info = json.loads(out)
+    backend = cgroups.detect()
+    if info["writable"]:
+        pytest.skip(f"uid 65534 can write cgroups here: {info}")
+    assert backend.kind != "none"  # root can, so the host has cgroups
+    assert info["backend"] == "none" and info["supports"] == []
+    assert "65534" in info["reason"]
