@@ -235,3 +235,55 @@ def test_unprivileged_user_without_delegation_gets_the_null_backend_and_a_reason
     assert backend.kind != "none"  # root can, so the host has cgroups
     assert info["backend"] == "none" and info["supports"] == []
     assert "65534" in info["reason"]
+
+
+@pytest.mark.cgroup2
+def test_v2_moves_only_its_own_processes_into_a_leaf_to_enable_controllers() -> None:
+    backend = cgroups.detect()
+    if backend.kind != "v2":
+        pytest.skip(f"needs cgroup v2 with controllers (this host: {backend.kind})")
+    base = backend.describe()["cgroup"]
+    app = os.path.join(base, f"nsbox-test-app-{os.getpid()}")
+    os.mkdir(app)
+    owner_code = textwrap.dedent("""
+        import os, sys
+        from nsbox import cgroups
+        os.read(0, 1)  # wait until the test moved us into the app cgroup
+        try:
+            run = cgroups.detect().create(cgroups.Request(memory=32 << 20, pids=8))
+        except OSError as exc:
+            print("refused", exc, flush=True)
+            sys.exit(0)
+        print("created", run.name, open("/proc/self/cgroup").read().strip(), flush=True)
+        run.destroy()
+    """)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        # 1. The app cgroup holds a process that is not nsbox's: nothing is moved, a clear error.
+        cgroups._fs.write(os.path.join(app, "cgroup.procs"), other.pid)
+        owner = subprocess.Popen([sys.executable, "-c", owner_code], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        cgroups._fs.write(os.path.join(app, "cgroup.procs"), owner.pid)
+        out, _ = owner.communicate("x", timeout=60)
+        assert out.startswith("refused") and "no-internal-processes" in out, out
+        assert str(other.pid) in out
+        assert cgroups._fs.procs(app) == [other.pid]
+        # 2. Only the owner (and its parent, not in there) in the app cgroup: it moves into a leaf.
+        other.kill()
+        other.wait()
+        owner = subprocess.Popen([sys.executable, "-c", owner_code], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        cgroups._fs.write(os.path.join(app, "cgroup.procs"), owner.pid)
+        out, _ = owner.communicate("x", timeout=60)
+        assert out.startswith("created"), out
+        assert out.strip().endswith("-leaf"), out  # /proc/self/cgroup of the owner
+        assert "memory" in cgroups._fs.read(os.path.join(app, "cgroup.subtree_control"))
+    finally:
+        other.kill()
+        other.wait()
+        for name in os.listdir(app):
+            if name.startswith("nsbox-") and os.path.isdir(os.path.join(app, name)):
+                assert cgroups._fs.wait_until(lambda n=name: not cgroups._fs.procs(
+                    os.path.join(app, n)))
+                os.rmdir(os.path.join(app, name))
+        os.rmdir(app)
