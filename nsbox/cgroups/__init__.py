@@ -19,6 +19,7 @@ identifies its owner (see ``_names``), so a later process can reclaim the cgroup
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,10 +142,15 @@ def detect(layout: Layout | None = None) -> Backend:
 
 
 def get_backend() -> Backend:
-    """The backend of this process, detected on first use."""
+    """The backend of this process, detected on first use; the cgroups that dead owners left
+    behind (a launcher or helper that was SIGKILLed mid-run) are reclaimed then."""
     global _backend
     if _backend is None:
         _backend = detect()
+        # Best effort: a leftover that cannot be removed now is tried again by the next process,
+        # and must not stop this one from running.
+        with contextlib.suppress(OSError):
+            _backend.reclaim()
     return _backend
 
 

@@ -13,7 +13,9 @@ the pids are collected.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from typing import Any
 
 from nsbox.cgroups import (
@@ -152,6 +154,11 @@ class V1Backend(Backend):
                 f"the v1 cgroups of this process ({', '.join(sorted(v1))}) are not writable by "
                 f"uid {os.geteuid()}"
             )
+        elif importlib.util.find_spec("cgroupspy") is None:
+            # The launcher puts cgroupspy on the helper's path; an interpreter without it
+            # cannot drive v1 here, and says so instead of limiting less in silence.
+            self.bases, self.unified_base = {}, None
+            self.reason = f"cgroupspy (for cgroup v1) cannot be imported by {sys.executable}"
 
     def supports(self) -> frozenset[str]:
         found = set()
