@@ -205,9 +205,14 @@ class V1Backend(Backend):
             except OSError:
                 continue
             names.update(n for n in entries if _names.owner_is_dead(n))
+        removed = []
         for name in sorted(names):
-            self._open(name).destroy()
-        return sorted(names)
+            try:
+                self._open(name).destroy()
+            except OSError:
+                continue  # tried again by the next process
+            removed.append(name)
+        return removed
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -19,6 +19,7 @@ Leaves are only ever removed when empty, never killed: they hold the launcher.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from typing import Any
@@ -208,10 +209,14 @@ class V2Backend(Backend):
             if _names.is_leaf(name):
                 # A leaf may still hold the launcher that outlived its helper: never kill it.
                 if not _fs.procs(path):
-                    _fs.rmdir(path)
-                    removed.append(name)
+                    with contextlib.suppress(OSError):
+                        _fs.rmdir(path)
+                        removed.append(name)
                 continue
-            V2Run(path).destroy()
+            try:
+                V2Run(path).destroy()
+            except OSError:
+                continue  # tried again by the next process
             removed.append(name)
         return removed
 
