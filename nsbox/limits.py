@@ -154,6 +154,7 @@ class RunLimits:
         """The outcome after the run's main process exited (JSON-able, for the Result)."""
         outcome: dict[str, Any] = {
             "degraded": self.degraded,
+            "cpu_time": self.cpu_time,
             "cpu_time_exceeded": self.cpu_time_exceeded,
             "accounting": "rusage",
         }
@@ -181,7 +182,7 @@ class RunLimits:
             cgroup.destroy()
 
 
-def apply_outcome(result: Result, outcome: dict[str, Any], limits: Limits) -> None:
+def apply_outcome(result: Result, outcome: dict[str, Any]) -> None:
     """Fill the Result from a RunLimits outcome and set ML / TO where a limit ended the run."""
     result.degraded.extend(outcome.get("degraded", []))
     if outcome.get("accounting") == "cgroup":
@@ -200,9 +201,12 @@ def apply_outcome(result: Result, outcome: dict[str, Any], limits: Limits) -> No
     if result.oom_killed:
         result.status = Status.ML
         return
-    cpu_signal = result.signal == signal.SIGXCPU or (
-        result.signal == signal.SIGKILL and limits.cpu_time is not None
-        and result.cpu_user + result.cpu_system >= limits.cpu_time
+    # Without a cgroup, RLIMIT_CPU ends the run: SIGXCPU at the soft limit, or SIGKILL at the
+    # hard one if SIGXCPU was caught or ignored.
+    cpu_time = outcome.get("cpu_time")
+    cpu_signal = cpu_time is not None and (
+        result.signal == signal.SIGXCPU
+        or (result.signal == signal.SIGKILL and result.cpu_user + result.cpu_system >= cpu_time)
     )
     if outcome.get("cpu_time_exceeded") or cpu_signal:
         result.status = Status.TO
