@@ -61,6 +61,11 @@ def build_sandbox(ctx: Context) -> None:
     """
     ctx.step = "wait for id maps"
     wait_for_maps(ctx)
+    ctx.step = "cgroup namespace"
+    # The helper moved us into the run's cgroup before releasing us; a cgroup namespace made
+    # now is rooted there, so the sandbox sees only its own cgroup as "/"
+    # (cgroup_namespaces(7)). The one from clone was rooted at the helper's cgroup.
+    _libc.unshare(_libc.CLONE_NEWCGROUP)
     ctx.step = "set identity"
     set_identity(ctx)
     ctx.step = "die with the launcher"

@@ -41,7 +41,9 @@ import time
 from typing import Any
 
 from nsbox import _child, _libc, _netns
+from nsbox import limits as _limits
 from nsbox._seccomp_notify import DeniedSyscalls
+from nsbox.errors import HostError
 
 NAMESPACES = (
     _libc.CLONE_NEWUSER | _libc.CLONE_NEWNS | _libc.CLONE_NEWPID | _libc.CLONE_NEWNET
@@ -77,6 +79,7 @@ class Launch:
         self.denied: DeniedSyscalls | None = None
         self.notify_table: dict[str, Any] | None = None
         self.net_sock: socket.socket | None = None  # allow mode, until the listener is passed
+        self.limits: _limits.RunLimits | None = None  # the run's cgroup and rlimits
 
     def send(self, message: dict[str, Any]) -> None:
         try:
@@ -132,12 +135,18 @@ class Helper:
                     launch.timed_out = True
                     launch.kill("timeout")
                     launch.deadline = None
+                if launch.limits is not None and launch.limits.poll():
+                    launch.kill("cpu time")
 
     def next_timeout(self) -> float | None:
+        now = time.monotonic()
         deadlines = [x.deadline for x in self.launches if x.deadline is not None]
+        # CPU-time limits are polled from the run's cgroup (limits.RunLimits.poll).
+        deadlines += [now + interval for x in self.launches
+                      if x.limits is not None and (interval := x.limits.poll_interval())]
         if not deadlines:
             return None
-        return max(0.0, min(deadlines) - time.monotonic())
+        return max(0.0, min(deadlines) - now)
 
     def on_control(self, sock: socket.socket) -> None:
         fds = array.array("i")
@@ -157,6 +166,10 @@ class Helper:
             launch.send({"event": "exit", "setup_error": {
                 "step": exc.step, "errno": exc.errno, "message": exc.message}})
             launch_sock.close()
+        except HostError as exc:  # e.g. cgroup limits required but not available
+            launch.send({"event": "exit", "host_error": {
+                "feature": exc.feature, "message": str(exc.args[0]), "hint": exc.hint}})
+            launch_sock.close()
         finally:
             for fd in fds[1:]:
                 os.close(fd)
@@ -166,12 +179,21 @@ class Helper:
             launch.kill("launcher gone")
         for launch in list(self.launches):
             os.waitpid(launch.pid, 0)
+            self.close_limits(launch)
         sys.exit(0)
 
     # --- one launch ----------------------------------------------------------------------
 
     def start(self, launch: Launch, plan: dict[str, Any], stdio: list[int]) -> None:
-        source_fds = self.open_sources(plan)
+        # The run's cgroup, with its limits written, exists before the child does; the child
+        # applies the rlimits, including the fallbacks for what the cgroup cannot limit here.
+        limits = launch.limits = _limits.RunLimits(plan["cgroup"], plan["rlimits"])
+        plan["rlimits"] = limits.rlimits
+        try:
+            source_fds = self.open_sources(plan)
+        except BaseException:
+            self.close_limits(launch)
+            raise
         sync_r, sync_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         notify_child: socket.socket | None = None
@@ -192,6 +214,7 @@ class Helper:
             for sock in (notify_child, net_child, launch.net_sock):
                 if sock is not None:
                     sock.close()
+            self.close_limits(launch)
             raise StepFailed("create namespaces", exc.errno or 0, str(exc)) from None
         if pid == 0:
             self.become_child(plan, stdio, sync_r, err_w, source_fds, (sync_w, err_r),
@@ -216,10 +239,13 @@ class Helper:
         if launch.net_sock is not None:
             self.selector.register(launch.net_sock, selectors.EVENT_READ,
                                    lambda _f: self.pass_proxy_listener(launch))
+        step = "write id maps"
         try:
             self.write_id_maps(pid, plan)
+            step = "attach to cgroup"
+            limits.attach(pid)  # before the child runs anything of its own
         except OSError as exc:
-            launch.err_data = json.dumps({"step": "write id maps", "errno": exc.errno or 0,
+            launch.err_data = json.dumps({"step": step, "errno": exc.errno or 0,
                                           "message": str(exc)}).encode()
             launch.kill("setup failed")
             return
@@ -330,6 +356,21 @@ class Helper:
         with open(f"/proc/{pid}/gid_map", "w") as f:
             f.write(f"{plan['gid']} {host_gid} 1\n")
 
+    def close_limits(self, launch: Launch) -> dict[str, Any]:
+        """Read the run's usage, then remove its cgroup (killing what is left in it)."""
+        if launch.limits is None:
+            return {}
+        limits, launch.limits = launch.limits, None
+        try:
+            outcome = limits.finish()
+        except OSError as exc:
+            outcome = {"degraded": limits.degraded, "usage_error": str(exc)}
+        try:
+            limits.close()
+        except OSError as exc:  # left behind for the next helper to reclaim
+            outcome["cleanup_error"] = str(exc)
+        return outcome
+
     def read_error(self, launch: Launch) -> None:
         data = os.read(launch.err_fd, 65536)
         if data:
@@ -433,6 +474,7 @@ class Helper:
                 pass
             os.close(launch.err_fd)
         setup_error = json.loads(launch.err_data) if launch.err_data else None
+        limits = self.close_limits(launch)
         launch.send({
             "event": "exit",
             "wait_status": status,
@@ -444,6 +486,7 @@ class Helper:
             "kill_reason": launch.kill_reason,
             "setup_error": setup_error,
             "seccomp_denied": denied,
+            "limits": limits,
         })
         self.selector.unregister(launch.pidfd)
         os.close(launch.pidfd)

@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import _netns
+from nsbox import _netns, cgroups, limits
 from nsbox import plan as planmod
-from nsbox.errors import CommandNotFound, LaunchError, SetupError
+from nsbox.errors import CommandNotFound, HostError, LaunchError, SetupError
 from nsbox.network import RunNetwork
 from nsbox.policy import Network, Policy
 from nsbox.result import Result, Status
@@ -49,7 +49,8 @@ class _HelperClient:
     def _start(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        boot = (f"import sys; sys.path.insert(0, {package_root!r}); "
+        paths = [package_root, *cgroups.helper_paths()]  # cgroupspy, for cgroup v1
+        boot = (f"import sys; sys.path[:0] = {paths!r}; "
                 "from nsbox._helper import main; main()")
         python = sys.executable or "/usr/bin/python3"
         try:
@@ -290,6 +291,9 @@ def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
             wall: float) -> Result:
     if report.get("setup_error"):
         raise _setup_error(report["setup_error"])
+    if report.get("host_error"):
+        info = report["host_error"]
+        raise HostError(info["message"], feature=info["feature"], hint=info.get("hint"))
     code = os.waitstatus_to_exitcode(report["wait_status"])
     out, err = streams
     result = Result(
@@ -319,4 +323,9 @@ def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
         result.status = Status.SG
     elif code != 0:
         result.status = Status.RE
+    # cgroup accounting, ML for an OOM kill, TO for the CPU-time limit, degraded limits.
+    limits.apply_outcome(result, report.get("limits") or {})
+    for key in ("usage_error", "cleanup_error"):
+        if (report.get("limits") or {}).get(key):
+            result.extra[f"cgroup_{key}"] = report["limits"][key]
     return result

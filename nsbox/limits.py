@@ -18,15 +18,17 @@ break runtimes that reserve large address ranges (Go, Java, sanitizers) for no g
 from __future__ import annotations
 
 import math
-import re
 import resource
 import signal
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from nsbox import cgroups
+from nsbox import cgroups, units
 from nsbox.errors import HostError, PolicyError
-from nsbox.policy import Limits
-from nsbox.result import Result, Status
+
+if TYPE_CHECKING:  # the launch helper imports this module: keep its start small
+    from nsbox.policy import Limits
+    from nsbox.result import Result
 
 # Why each missing cgroup feature leaves the sandbox weaker, for Result.degraded and the docs.
 _DEGRADED = {
@@ -184,6 +186,8 @@ class RunLimits:
 
 def apply_outcome(result: Result, outcome: dict[str, Any]) -> None:
     """Fill the Result from a RunLimits outcome and set ML / TO where a limit ended the run."""
+    from nsbox.result import Status
+
     result.degraded.extend(outcome.get("degraded", []))
     if outcome.get("accounting") == "cgroup":
         result.accounting = "cgroup"
@@ -213,61 +217,47 @@ def apply_outcome(result: Result, outcome: dict[str, Any]) -> None:
         result.timed_out = True
 
 
-# --- sizes and durations, as written in options and profiles ------------------------------------
+# --- option values: sizes, durations, counts ----------------------------------------------------
+# The syntax is nsbox.units' (shared with profiles); a limit also has to be more than zero, and a
+# bad value is a PolicyError naming the option.
 
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_TIME_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-_NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
+
+def _positive(parse: Callable[[str], Any], text: str, key: str, what: str, example: str) -> Any:
+    try:
+        value = parse(text)
+    except ValueError as exc:
+        raise PolicyError(str(exc), key=key, hint=f"write {what}, e.g. {example}") from None
+    if not value > 0 or math.isinf(value):
+        raise PolicyError(f"{text!r} must be more than zero", key=key,
+                          hint="to have no limit, leave the option out")
+    return value
 
 
 def parse_size(text: str, *, key: str = "size") -> int:
-    """``256M``, ``1.5G``, ``64k``, ``4096`` (binary units; a trailing ``B``/``iB`` is allowed)."""
-    match = re.fullmatch(_NUMBER + r"\s*([kmgt]?)(?:i?b)?", str(text).strip(), re.IGNORECASE)
-    if not match:
-        raise PolicyError(
-            f"{text!r} is not a size", key=key, hint="write a number with an optional unit: "
-            "4096, 64K, 256M, 1.5G",
-        )
-    value = int(float(match[1]) * _SIZE_UNITS[match[2].lower()])
-    if value <= 0:
-        raise PolicyError(f"{text!r} must be more than zero", key=key,
-                          hint="leave the option out for no limit")
-    return value
+    """``256M``, ``1.5G``, ``64KiB``, ``4096`` -> bytes, more than zero."""
+    return int(_positive(units.parse_size, text, key, "a size", "64K, 256M, 1.5G"))
 
 
 def parse_duration(text: str, *, key: str = "duration") -> float:
-    """``10s``, ``500ms``, ``2m``, ``1h``, ``2.5`` (seconds)."""
-    match = re.fullmatch(_NUMBER + r"\s*(ms|s|min|m|h|)", str(text).strip(), re.IGNORECASE)
-    if not match:
-        raise PolicyError(
-            f"{text!r} is not a duration", key=key,
-            hint="write a number with an optional unit: 10, 10s, 500ms, 2m, 1h",
-        )
-    value = float(match[1]) * _TIME_UNITS[match[2].lower()]
-    if value <= 0:
-        raise PolicyError(f"{text!r} must be more than zero", key=key,
-                          hint="leave the option out for no limit")
-    return value
+    """``10s``, ``500ms``, ``2m``, ``2.5`` -> seconds, more than zero."""
+    return float(_positive(units.parse_duration, text, key, "a duration", "10, 10s, 500ms, 2m"))
+
+
+def _number(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return kind(str(text).strip())
+        except ValueError:
+            raise ValueError(f"{text!r} is not a number") from None
+
+    return parse
 
 
 def parse_cpus(text: str, *, key: str = "cpus") -> float:
     """A share of cores: ``0.5``, ``2``."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise PolicyError(f"{text!r} is not a share of cores", key=key,
-                          hint="write a positive number, e.g. 0.5 for half a core")
-    return value
+    return float(_positive(_number(float), text, key, "a share of cores", "0.5"))
 
 
 def parse_count(text: str, *, key: str = "count") -> int:
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise PolicyError(f"{text!r} is not a positive whole number", key=key,
-                          hint="write e.g. 64")
-    return value
+    """A whole number of processes or files: ``64``."""
+    return int(_positive(_number(int), text, key, "a whole number", "64"))

@@ -19,6 +19,7 @@ from typing import Any
 from nsbox import network as netmod
 from nsbox import seccomp as seccompmod
 from nsbox.errors import PolicyError, SetupError
+from nsbox.limits import plan_limits
 from nsbox.policy import Bind, Dir, File, Mount, Policy, Symlink, Tmpfs
 
 WORKSPACE = "/workspace"
@@ -171,6 +172,7 @@ def build(
         # the bytes. A cache inside a directory the sandbox can write is not used.
         writable = [op["source"] for op in mounts if op["op"] == "bind" and op["writable"]]
         program = seccompmod.load(policy.seccomp, untrusted_dirs=writable)
+    limits = plan_limits(policy.limits)  # rlimits for the child, the cgroup request (limits.py)
     return Plan(
         argv=list(argv),
         env=_environment(policy, env),
@@ -184,4 +186,6 @@ def build(
         net=netmod.plan_net(policy.network),
         seccomp_bpf=program.bpf.hex() if program else None,
         seccomp_notify=program.notify if program and program.listener else None,
+        rlimits=limits["rlimits"],
+        cgroup=limits["cgroup"],
     )

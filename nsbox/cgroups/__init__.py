@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +113,17 @@ class Backend(abc.ABC):
 
 
 _backend: Backend | None = None
+
+
+def helper_paths() -> list[str]:
+    """Where the launch helper, which runs isolated (``python3 -I -S``), finds cgroupspy: the
+    directory this process would import it from. Found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("cgroupspy")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [os.path.dirname(list(spec.submodule_search_locations)[0])]
 
 
 def detect(layout: Layout | None = None) -> Backend:
