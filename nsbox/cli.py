@@ -21,7 +21,8 @@ from typing import Any
 import click
 
 import nsbox
-from nsbox.errors import CommandNotFound, NsboxError, SetupError
+from nsbox import limits
+from nsbox.errors import CommandNotFound, NsboxError, PolicyError, SetupError
 from nsbox.network import from_options
 from nsbox.policy import Bind, Policy
 from nsbox.result import Result, Status
@@ -90,6 +91,50 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
         ctx.exit()
 
 
+# --- resource limit options (limits.py; docs/limits.md) ---------------------------------------
+# One parser per kind of value, shared by every option of that kind; a bad value (``--memory 0``,
+# ``--memory lots``) is a usage error that names the option and says what to write.
+_LIMIT_PARSERS: dict[str, Any] = {
+    "memory": limits.parse_size, "pids": limits.parse_count, "cpus": limits.parse_cpus,
+    "cpu_time": limits.parse_duration, "open_files": limits.parse_count,
+    "file_size": limits.parse_size, "tmp_size": limits.parse_size,
+    "workspace_size": limits.parse_size,
+}
+
+
+def _limit(_ctx: Any, param: click.Parameter, value: str | None) -> Any:
+    if value is None or param.name is None:
+        return None
+    try:
+        return _LIMIT_PARSERS[param.name](value, key=param.opts[0])
+    except PolicyError as exc:
+        hint = f" ({exc.hint})" if exc.hint else ""
+        raise click.BadParameter(f"{exc.message}{hint}", param=param) from None
+
+
+def _limit_options(command: Any) -> Any:
+    specs = [
+        ("--memory", "SIZE", "Memory limit, swap off (e.g. 256M); past it: OOM kill (ML)."),
+        ("--pids", "N", "Most processes and threads at once."),
+        ("--cpus", "SHARE", "Share of cores (e.g. 0.5)."),
+        ("--cpu-time", "DURATION", "Total CPU time (e.g. 10s); over it the run ends (TO)."),
+        ("--open-files", "N", "Most open file descriptors per process."),
+        ("--file-size", "SIZE", "Largest file a process may write."),
+        ("--tmp-size", "SIZE", "Size of the tmpfs at /tmp."),
+        ("--workspace-size", "SIZE", "Size of the tmpfs at /workspace (without --workspace)."),
+    ]
+    for flag, metavar, text in reversed(specs):
+        command = click.option(flag, callback=_limit, metavar=metavar, help=text)(command)
+    return command
+
+
+def _with_limits(policy: Policy, values: dict[str, Any]) -> Policy:
+    changes = {k: v for k, v in values.items() if k in _LIMIT_PARSERS and v is not None}
+    return policy.with_limits(**changes) if changes else policy
+
+# --- end of resource limit options ---------------------------------------------------------------
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True,
               callback=_print_version, help="Show the version and the commit, then exit.")
@@ -125,18 +170,20 @@ def main() -> None:
               help="Reachable through the proxy (implies --net allow); '*.example.org' for "
               "sub-domains. Repeatable.")
 # --- end network ---
+@_limit_options
 @click.argument("command", nargs=-1, required=True)
 def run(wall_time: float | None, output_limit: int | None, workspace: str | None,
         ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
         pass_env: tuple[str, ...], cwd: str | None, as_json: bool, seccomp_log: bool,
-        net_mode: str | None, allow_host: tuple[str, ...], command: tuple[str, ...]) -> None:
+        net_mode: str | None, allow_host: tuple[str, ...], command: tuple[str, ...],
+        **limit_values: Any) -> None:
     """Run COMMAND in a new sandbox.
 
     \b
     Example:
       nsbox run --time 10 -- python3 -c 'print("hello from the sandbox")'
     """
-    policy = Policy()
+    policy = _with_limits(Policy(), limit_values)
     extra = tuple(_split_bind(s, False) for s in ro_bind)
     extra += tuple(_split_bind(s, True) for s in rw_bind)
     env_set: dict[str, str] = {}
@@ -173,10 +220,12 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
     elif "seccomp_denied" in result.extra:
         denied = ", ".join(result.extra["seccomp_denied"]) or "nothing"
         click.echo(f"nsbox: seccomp denied: {denied}", err=True)
-    elif result.status in (Status.TO, Status.OL):
+    elif result.status in (Status.TO, Status.OL, Status.ML):
+        reason = {"memory": "memory limit reached (OOM kill)",
+                  "cpu_time": "CPU-time limit reached"}.get(result.extra.get("limit", ""))
         click.echo(f"nsbox: {result.status.value}: "
-                   + ("wall-clock limit reached" if result.status is Status.TO
-                      else "output limit reached"), err=True)
+                   + (reason or ("wall-clock limit reached" if result.status is Status.TO
+                                 else "output limit reached")), err=True)
     sys.exit(_exit_code(result))
 
 

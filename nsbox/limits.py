@@ -204,6 +204,7 @@ def apply_outcome(result: Result, outcome: dict[str, Any]) -> None:
     # An OOM kill is a SIGKILL like any other; the cgroup's count tells them apart.
     if result.oom_killed:
         result.status = Status.ML
+        result.extra["limit"] = "memory"
         return
     # Without a cgroup, RLIMIT_CPU ends the run: SIGXCPU at the soft limit, or SIGKILL at the
     # hard one if SIGXCPU was caught or ignored.
@@ -215,6 +216,7 @@ def apply_outcome(result: Result, outcome: dict[str, Any]) -> None:
     if outcome.get("cpu_time_exceeded") or cpu_signal:
         result.status = Status.TO
         result.timed_out = True
+        result.extra["limit"] = "cpu_time"
 
 
 # --- option values: sizes, durations, counts ----------------------------------------------------
@@ -226,7 +228,9 @@ def _positive(parse: Callable[[str], Any], text: str, key: str, what: str, examp
     try:
         value = parse(text)
     except ValueError as exc:
-        raise PolicyError(str(exc), key=key, hint=f"write {what}, e.g. {example}") from None
+        message = str(exc)
+        hint = None if "e.g." in message else f"write {what}, e.g. {example}"
+        raise PolicyError(message, key=key, hint=hint) from None
     if not value > 0 or math.isinf(value):
         raise PolicyError(f"{text!r} must be more than zero", key=key,
                           hint="to have no limit, leave the option out")
