@@ -95,6 +95,8 @@ def decode_result(data: dict[str, Any]) -> Result:
         cls = getattr(errors, data["error_type"])
         if issubclass(cls, errors.SetupError):
             raise cls(data["step"], data["errno"], data["message"], hint=data.get("hint"))
+        if issubclass(cls, errors.HostError):
+            raise cls(data["message"], feature=data["feature"], hint=data.get("hint"))
         raise cls(data["message"])
     data["status"] = Status(data["status"])
     data["stdout"] = base64.b64decode(data.pop("stdout_b64"))

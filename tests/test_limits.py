@@ -3,14 +3,29 @@ real sandboxes) every limit enforced on this host."""
 
 from __future__ import annotations
 
+import json
+import os
 import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from conftest import PYTHON, UNPRIVILEGED_UID, Runner, processes_with, require, run_as
 
+import nsbox
 from nsbox import cgroups, limits
+from nsbox.cgroups import _names
 from nsbox.cgroups._null import NullBackend
 from nsbox.errors import HostError, PolicyError
-from nsbox.policy import Limits
+from nsbox.policy import Limits, Policy
+from nsbox.result import Status
 
 M = 1 << 20
 
@@ -31,7 +46,7 @@ def test_parse_size_rejects_bad_input_naming_the_option(text: str, problem: str)
     with pytest.raises(PolicyError) as info:
         limits.parse_size(text, key="--memory")
     assert info.value.key == "--memory" and problem in str(info.value)
-    assert info.value.hint
+    assert "e.g." in str(info.value) or "leave the option out" in str(info.value)
 
 
 @pytest.mark.parametrize(("text", "value"), [("10", 10.0), ("10s", 10.0), ("500ms", 0.5),
@@ -61,7 +76,7 @@ def test_plan_carries_the_rlimits_every_run_gets() -> None:
     assert by_resource[resource.RLIMIT_NOFILE] == (100, 100)
     assert by_resource[resource.RLIMIT_FSIZE] == (M, M)
     assert by_resource[resource.RLIMIT_NPROC] == (64, 64)
-    assert by_resource[resource.RLIMIT_CPU] == (3, 4)  # SIGXCPU at 3 s, SIGKILL at 4 s
+    assert by_resource[resource.RLIMIT_CPU] == (3, 3)  # whole seconds, SIGKILL at the limit
     assert resource.RLIMIT_AS not in by_resource  # only a fallback: see below
     assert plan["cgroup"]["memory"] == 512 * M
 
@@ -108,3 +123,348 @@ def test_with_this_hosts_cgroups_no_fallback_is_added() -> None:
         assert all(r[0] != resource.RLIMIT_AS for r in run.rlimits)
     finally:
         run.close()
+
+
+# --- through real sandboxes ----------------------------------------------------------------------
+# The tests marked cgroup2 also run on a pure cgroup v2 host (the qemu VM of .ci/run).
+
+
+def py(code: str, *args: str) -> list[str]:
+    return [PYTHON, "-c", textwrap.dedent(code), *args]
+
+
+def _bases() -> list[str]:
+    info = cgroups.describe_host()
+    bases = list(info.get("cgroups", {}).values()) + [info.get("unified"), info.get("cgroup")]
+    return sorted({b for b in bases if b})
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _our_run_cgroups() -> list[str]:
+    """Run cgroups whose owner (the launch helper) is a child of this test process."""
+    found = []
+    for base in _bases():
+        for name in os.listdir(base):
+            parsed = _names.parse(name)
+            if parsed and parsed[3] != "leaf" and _parent(parsed[1]) == os.getpid():
+                found.append(os.path.join(base, name))
+    return found
+
+
+def _cgroup_dirs(name: str) -> list[str]:
+    return [os.path.join(b, name) for b in _bases() if os.path.isdir(os.path.join(b, name))]
+
+
+def _sandbox_pid(marker: str) -> int | None:
+    """The sandbox's ``sleep MARKER`` (not a launcher that has the marker in its argv)."""
+    for pid in processes_with(marker):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\0"):
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def _run_cgroup_of(pid: int) -> str:
+    """The name of the run cgroup ``pid`` is in, read from the host side."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        name = os.path.basename(line.split(":", 2)[2])
+        if _names.parse(name):
+            return name
+    raise AssertionError(f"process {pid} is in no nsbox cgroup")
+
+
+def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _cgroup_backend(*features: str) -> cgroups.Backend:
+    backend = cgroups.detect()
+    missing = sorted(set(features) - backend.supports())
+    require(not missing, f"no writable cgroup with {missing} here: {backend.reason}")
+    return backend
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A unique word put on the sandbox's command lines; afterwards no process may carry it and
+    no run cgroup of ours may be left."""
+    word = f"6{uuid.uuid4().int % 10**8}"
+    yield word
+    assert _wait(lambda: processes_with(word) == []), processes_with(word)
+    assert _our_run_cgroups() == []
+
+
+@pytest.mark.cgroup2
+def test_memory_hog_is_stopped_at_its_limit_and_reported_ml(marker: str) -> None:
+    _cgroup_backend(cgroups.MEMORY)
+    result = nsbox.run(py("b = bytearray(256 << 20); print('survived')", marker),
+                       Policy().with_limits(memory=48 * M), timeout=60)
+    assert result.status is Status.ML and result.oom_killed
+    assert result.signal == signal.SIGKILL and b"survived" not in result.stdout
+    assert result.accounting == "cgroup" and result.degraded == []
+    assert 16 * M < result.peak_memory <= 48 * M
+
+
+@pytest.mark.cgroup2
+def test_an_ordinary_sigkill_is_not_mistaken_for_an_oom_kill(marker: str) -> None:
+    _cgroup_backend(cgroups.MEMORY)
+    results: list[nsbox.Result] = []
+    thread = threading.Thread(target=lambda: results.append(nsbox.run(
+        ["sleep", marker], Policy().with_limits(memory=64 * M), timeout=60)))
+    thread.start()
+    assert _wait(lambda: _sandbox_pid(marker) is not None)
+    os.kill(_sandbox_pid(marker), signal.SIGKILL)  # type: ignore[arg-type]
+    thread.join(60)
+    assert results[0].status is Status.SG and results[0].signal == signal.SIGKILL
+    assert not results[0].oom_killed
+
+
+BOMB = """
+    import os, sys, time
+    deadline = time.monotonic() + 1.5
+    refused = 0
+    while time.monotonic() < deadline:  # every process forks, children too
+        try:
+            os.fork()
+        except BlockingIOError:
+            refused += 1
+            time.sleep(0.01)
+    if os.getpid() == 1:
+        print("refused", refused > 0)
+    else:
+        time.sleep(60)  # held until pid 1 exits and the pid namespace ends
+"""
+
+
+@pytest.mark.cgroup2
+def test_fork_bomb_is_held_at_the_pids_limit_and_the_run_ends_cleanly(marker: str) -> None:
+    _cgroup_backend(cgroups.PIDS)
+    result = nsbox.run(py(BOMB, marker), Policy().with_limits(pids=16), timeout=30)
+    assert result.status is Status.OK, result
+    assert result.stdout == b"refused True\n"
+    assert result.peak_pids == 16
+    # The host was never short of processes: this one can still start one.
+    assert subprocess.run(["true"]).returncode == 0
+
+
+SPIN = """
+    import os, time
+    os.fork()  # two spinners: the limit is for the whole run, not per process
+    end = time.monotonic() + {seconds}
+    while time.monotonic() < end:
+        pass
+"""
+
+
+@pytest.mark.cgroup2
+def test_cpu_spinner_under_a_quarter_core_gets_about_a_quarter(marker: str) -> None:
+    _cgroup_backend(cgroups.CPUS, cgroups.CPU_ACCOUNTING)
+    result = nsbox.run(py(SPIN.format(seconds=2.0), marker),
+                       Policy().with_limits(cpus=0.25), timeout=30)
+    assert result.status is Status.OK and result.accounting == "cgroup"
+    share = (result.cpu_user + result.cpu_system) / result.wall_time
+    # Unlimited, two spinners take up to 2 cores (at least 1 on a busy machine).
+    assert 0.08 < share < 0.45, share
+
+
+@pytest.mark.cgroup2
+def test_cpu_time_limit_counts_the_whole_run_and_ends_it_with_to(marker: str) -> None:
+    _cgroup_backend(cgroups.CPU_ACCOUNTING)
+    result = nsbox.run(py(SPIN.format(seconds=60), marker),
+                       Policy().with_limits(cpu_time=1.0), timeout=30)
+    assert result.status is Status.TO and result.timed_out
+    assert result.extra["limit"] == "cpu_time" and result.accounting == "cgroup"
+    used = result.cpu_user + result.cpu_system
+    # Two spinners: RLIMIT_CPU (per process) alone would have let them use 2 s or more.
+    assert 1.0 <= used < 1.9, used
+
+
+FILL = """
+    import errno, os, sys
+    written = 0
+    chunk = b"x" * 65536
+    try:
+        fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)
+        while True:
+            written += os.write(fd, chunk)
+    except OSError as exc:
+        print(errno.errorcode[exc.errno], written)
+"""
+
+
+@pytest.mark.cgroup2
+@pytest.mark.parametrize(("path", "field"), [("/tmp/fill", "tmp_size"),
+                                             ("/workspace/fill", "workspace_size"),
+                                             ("/dev/shm/fill", "shm_size")])
+def test_disk_filler_is_stopped_at_the_tmpfs_size(path: str, field: str, marker: str) -> None:
+    size = 2 * M
+    result = nsbox.run([PYTHON, "-c", textwrap.dedent(FILL), path, marker],
+                       Policy().with_limits(**{field: size}), timeout=30)
+    name, written = result.stdout.split()
+    assert name == b"ENOSPC"
+    assert size - 128 * 1024 <= int(written) <= size
+
+
+def test_open_files_and_file_size_rlimits(sandbox: Runner) -> None:
+    code = """
+        import errno, os
+        fds = []
+        try:
+            while True:
+                fds.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError as exc:
+            print(errno.errorcode[exc.errno], len(fds))
+        for fd in fds:
+            os.close(fd)
+        try:
+            with open("/tmp/big", "wb") as f:
+                f.write(b"x" * (2 << 20))
+        except OSError as exc:
+            print(errno.errorcode[exc.errno], os.path.getsize("/tmp/big"))
+    """
+    result = sandbox.run(py(code), limit_changes={"open_files": 20, "file_size": M})
+    lines = result.stdout.decode().split("\n")
+    assert lines[0] == "EMFILE 17", result  # 0, 1, 2 are open already
+    assert lines[1] == f"EFBIG {M}"
+
+
+def test_no_core_dumps(sandbox: Runner) -> None:
+    result = sandbox.run(py("import resource; print(resource.getrlimit(resource.RLIMIT_CORE))"))
+    assert result.stdout == b"(0, 0)\n"
+
+
+@pytest.mark.cgroup2
+def test_sandbox_sees_only_its_own_cgroup_and_cannot_mount_cgroupfs(sandbox: Runner) -> None:
+    code = """
+        import ctypes, errno, os
+        print(open("/proc/self/cgroup").read().strip())
+        print("sys visible:", os.path.exists("/sys/fs/cgroup"))
+        libc = ctypes.CDLL(None, use_errno=True)
+        os.makedirs("/tmp/cg")
+        for fstype, data in ((b"cgroup2", None), (b"cgroup", b"pids")):
+            if libc.mount(b"none", b"/tmp/cg", fstype, 0, data) == 0:
+                print("mounted", fstype)
+            else:
+                print("mount", fstype.decode(), errno.errorcode[ctypes.get_errno()])
+    """
+    result = sandbox.run(py(code))
+    lines = result.stdout.decode().splitlines()
+    hierarchies = [line for line in lines if line.count(":") >= 2]
+    assert hierarchies and all(line.endswith(":/") for line in hierarchies), lines
+    assert "sys visible: False" in lines
+    assert "mount cgroup2 EPERM" in lines and "mount cgroup EPERM" in lines, lines
+
+
+# --- cleanup after the launcher or the helper is killed -------------------------------------------
+
+LAUNCHER = """
+    import sys
+    import nsbox
+    from nsbox import Policy
+    nsbox.run(["sleep", sys.argv[1]], Policy().with_limits(memory=64 << 20, pids=8),
+              timeout=120)
+"""
+
+
+def _start_launcher(marker: str) -> tuple[subprocess.Popen[bytes], int, str]:
+    """A host process that runs a sleeping sandbox; returns it, the sandbox's pid and the name
+    of its run cgroup."""
+    launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LAUNCHER), marker],
+                                stderr=subprocess.DEVNULL)
+    assert _wait(lambda: _sandbox_pid(marker) is not None), "the sandbox did not start"
+    pid = _sandbox_pid(marker)
+    assert pid is not None
+    return launcher, pid, _run_cgroup_of(pid)
+
+
+@pytest.mark.cgroup2
+def test_nothing_is_left_after_the_launcher_is_sigkilled(marker: str) -> None:
+    _cgroup_backend(cgroups.KILL)
+    launcher, _pid, name = _start_launcher(marker)
+    launcher.kill()
+    launcher.wait()
+    # The helper sees its launcher go, kills the sandbox and removes the cgroup.
+    assert _wait(lambda: processes_with(marker) == [] and _cgroup_dirs(name) == [])
+
+
+@pytest.mark.cgroup2
+def test_cgroup_of_a_killed_helper_is_reclaimed_by_the_next_run(marker: str) -> None:
+    _cgroup_backend(cgroups.KILL)
+    launcher, _pid, name = _start_launcher(marker)
+    helper = _names.parse(name)[1]  # type: ignore[index]
+    try:
+        os.kill(helper, signal.SIGKILL)  # nobody is left to clean up: the cgroup stays behind
+        launcher.wait(timeout=30)
+    finally:
+        launcher.kill()
+    assert _wait(lambda: processes_with(marker) == [])
+    assert _cgroup_dirs(name), "expected the dead helper's cgroup to be left over"
+    subprocess.run([sys.executable, "-c", "import nsbox; nsbox.run(['true'])"], check=True,
+                   timeout=60)
+    assert _cgroup_dirs(name) == []
+
+
+# --- an unprivileged user without a writable cgroup: the rlimit fallback -------------------------
+
+
+@pytest.fixture(scope="module")
+def no_cgroup_for_unprivileged(public_tree: Path) -> Path:
+    out = subprocess.run(
+        ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
+         "--clear-groups", "--", PYTHON, "-I", "-c",
+         "import json, sys; sys.path.insert(0, sys.argv[1]); from nsbox import cgroups; "
+         "print(json.dumps(cgroups.describe_host()))", str(public_tree)],
+        capture_output=True, text=True, check=True, cwd="/",
+    ).stdout
+    info = json.loads(out)
+    require(os.geteuid() == 0, "needs root to run as another uid")
+    require(not info["writable"], f"uid {UNPRIVILEGED_UID} can write cgroups here: {info}")
+    return public_tree
+
+
+def test_fallback_memory_limit_is_rlimit_as_and_the_result_says_so(
+        no_cgroup_for_unprivileged: Path) -> None:
+    result = run_as(UNPRIVILEGED_UID, no_cgroup_for_unprivileged,
+                    py("b = bytearray(256 << 20)"), limit_changes={"memory": 64 * M})
+    # Without a cgroup the allocation fails instead of being OOM-killed: RE, not ML.
+    assert result.status is Status.RE and b"MemoryError" in result.stderr
+    assert not result.oom_killed and result.accounting == "rusage"
+    assert any(line.startswith("memory: RLIMIT_AS") for line in result.degraded)
+
+
+def test_fallback_pids_limit_is_rlimit_nproc(no_cgroup_for_unprivileged: Path) -> None:
+    result = run_as(UNPRIVILEGED_UID, no_cgroup_for_unprivileged, py(BOMB),
+                    limit_changes={"pids": 16}, timeout=30)
+    assert result.status is Status.OK and result.stdout == b"refused True\n"
+    assert result.peak_pids is None  # no cgroup to count them
+    assert any(line.startswith("pids: RLIMIT_NPROC") for line in result.degraded)
+
+
+def test_fallback_cpu_time_limit_is_rlimit_cpu(no_cgroup_for_unprivileged: Path) -> None:
+    result = run_as(UNPRIVILEGED_UID, no_cgroup_for_unprivileged,
+                    py("while True: pass"), limit_changes={"cpu_time": 1.0}, timeout=30)
+    assert result.status is Status.TO and result.extra["limit"] == "cpu_time"
+    assert result.signal == signal.SIGKILL and result.accounting == "rusage"
+    assert 0.85 <= result.cpu_user + result.cpu_system < 2.0
+    assert any(line.startswith("cpu_time: RLIMIT_CPU") for line in result.degraded)
+
+
+def test_require_cgroup_without_one_is_a_host_error(no_cgroup_for_unprivileged: Path) -> None:
+    with pytest.raises(HostError) as info:
+        run_as(UNPRIVILEGED_UID, no_cgroup_for_unprivileged, ["true"],
+               limit_changes={"require_cgroup": True})
+    assert info.value.feature == "cgroup"
+    assert "not writable by uid 65534" in str(info.value)

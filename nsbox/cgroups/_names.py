@@ -26,7 +26,10 @@ def _start_time(pid: int) -> int | None:
     except OSError:
         return None
     # The command name (field 2) may contain spaces and parentheses: split after the last ")".
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):  # a zombie cleans nothing up any more: its owner is gone
+        return None
+    return int(fields[19])
 
 
 def _pidns() -> int:
