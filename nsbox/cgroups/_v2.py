@@ -7,6 +7,8 @@ exempt). So, on the first run, when B does not have the controllers enabled yet:
 
 - if B's only processes are this helper and its parent (the launcher that started it), both are
   moved into a leaf child of B, ``nsbox-<owner>-leaf``, and then the controllers are enabled in B.
+  A helper that starts in such a leaf (its launcher was moved there) uses the leaf's parent as
+  its base: several launchers in one delegated cgroup share it.
   The launcher is ours (it asked for the sandbox) and stays inside its own cgroup's subtree, so
   nothing outside it changes. This is the situation of a service started with ``Delegate=yes``,
   or of ``systemd-run --user --scope -p Delegate=yes nsbox ...`` for an unprivileged user.
@@ -117,6 +119,10 @@ class V2Backend(Backend):
 
     def __init__(self, hierarchy: Hierarchy) -> None:
         self.base = hierarchy.own_dir
+        if _names.is_leaf(os.path.basename(self.base)):
+            # Started from a process that an earlier helper moved into its leaf: the base is
+            # the same as that helper's, where the controllers are enabled already.
+            self.base = os.path.dirname(self.base)
         self.reason = ""
         self._prepared = False
         try:
