@@ -18,7 +18,15 @@ from pathlib import Path
 
 import _driver
 import pytest
-from conftest import PYTHON, UNPRIVILEGED_UID, Runner, processes_with, require, run_as
+from conftest import (
+    PYTHON,
+    UNPRIVILEGED_UID,
+    Runner,
+    decode_result,
+    processes_with,
+    require,
+    run_as,
+)
 
 import nsbox
 from nsbox import cgroups, limits
@@ -473,3 +481,43 @@ def test_require_cgroup_without_one_is_a_host_error(fallback: FallbackRun) -> No
         fallback(["true"], limit_changes={"require_cgroup": True})
     assert info.value.feature == "cgroup"
     assert f"not writable by uid {os.geteuid() or UNPRIVILEGED_UID}" in str(info.value)
+
+
+# --- an unprivileged user with a delegated cgroup v2 subtree -------------------------------------
+
+
+@pytest.mark.cgroup2
+@pytest.mark.needs_host("cgroup v2 with controllers (runs in the VM)")
+def test_unprivileged_user_with_a_delegated_v2_cgroup_gets_real_limits(public_tree: Path) -> None:
+    """What systemd's user delegation (``Delegate=yes``) gives a user: a cgroup it owns. Here
+    root makes one and hands it over the same way (cgroup-v2.rst, "Delegation Containment")."""
+    backend = cgroups.detect()
+    if backend.kind != "v2" or os.geteuid() != 0:
+        pytest.skip(f"needs root on cgroup v2 with controllers (here: {backend.kind})")
+    backend.prepare()  # type: ignore[attr-defined]  # the controllers enabled below our base
+    delegated = os.path.join(backend.describe()["cgroup"], f"nsbox-test-user-{os.getpid()}")
+    os.mkdir(delegated)
+    try:
+        for path in (delegated, *(os.path.join(delegated, f) for f in
+                                  ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads"))):
+            os.chown(path, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
+        request = json.dumps({"argv": py("b = bytearray(256 << 20)"),
+                              "kwargs": {"limit_changes": {"memory": 48 * M}}})
+        # Root moves the shell into the delegated cgroup, then it becomes the unprivileged user.
+        proc = subprocess.run(
+            ["sh", "-c", 'echo $$ > "$1/cgroup.procs" && exec setpriv --reuid=65534 '
+             '--regid=65534 --clear-groups -- /usr/bin/python3 -I "$2"', "sh", delegated,
+             str(public_tree / "_driver.py")],
+            input=request, capture_output=True, text=True, timeout=120, cwd="/",
+        )
+        assert proc.returncode == 0, proc.stderr
+        result = decode_result(json.loads(proc.stdout))
+        assert result.status is Status.ML and result.oom_killed
+        assert result.accounting == "cgroup" and result.degraded == []
+    finally:
+        for name in os.listdir(delegated):
+            path = os.path.join(delegated, name)
+            if os.path.isdir(path):
+                assert _wait(lambda p=path: cgroups._fs.procs(p) == [])
+                os.rmdir(path)
+        os.rmdir(delegated)
