@@ -178,6 +178,11 @@ def describe_host(layout: Layout | None = None) -> dict[str, Any]:
         "supports": sorted(backend.supports()),
         "missing": sorted(ALL_FEATURES - backend.supports()),
         "reason": backend.reason,
+        # A systemd user manager can give an unprivileged user a delegated cgroup:
+        # `systemd-run --user --scope -p Delegate=yes <launcher>` (systemd.resource-control(5)).
+        "systemd_user_manager": os.path.exists(
+            f"/run/user/{os.getuid()}/systemd/private"
+        ),
     }
     info.update(backend.describe())
     return info
