@@ -122,7 +122,8 @@ class RunLimits:
                 feature="cgroup",
                 hint="run `nsbox doctor`; or drop require_cgroup to accept rlimits instead",
             )
-        self.degraded = [f"{_DEGRADED[f]} [{reason}]" for f in sorted(missing)]
+        why = reason or "this host's cgroups lack the controller"
+        self.degraded = [f"{_DEGRADED[f]} [{why}]" for f in sorted(missing)]
         self.rlimits = [list(r) for r in rlimits]
         for feature in sorted(missing):
             self.rlimits.extend(spec.get("fallback_rlimits", {}).get(feature, []))
@@ -146,10 +147,6 @@ class RunLimits:
             self.cpu_time_exceeded = True
             self.cgroup.kill_all()
         return self.cpu_time_exceeded
-
-    def kill_all(self) -> None:
-        if self.cgroup is not None:
-            self.cgroup.kill_all()
 
     def finish(self) -> dict[str, Any]:
         """The outcome after the run's main process exited (JSON-able, for the Result)."""
