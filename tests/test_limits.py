@@ -32,7 +32,7 @@ import nsbox
 from nsbox import cgroups, limits
 from nsbox.cgroups import _names
 from nsbox.cgroups._null import NullBackend
-from nsbox.errors import HostError, PolicyError
+from nsbox.errors import CommandNotFound, HostError, PolicyError
 from nsbox.policy import Limits, Policy
 from nsbox.result import Status
 
@@ -375,6 +375,14 @@ def test_sandbox_sees_only_its_own_cgroup_and_cannot_mount_cgroupfs(sandbox: Run
     assert hierarchies and all(line.endswith(":/") for line in hierarchies), lines
     assert "sys visible: False" in lines
     assert "mount cgroup2 EPERM" in lines and "mount cgroup EPERM" in lines, lines
+
+
+@pytest.mark.cgroup2
+def test_the_cgroup_is_removed_when_the_sandbox_fails_to_start(marker: str) -> None:
+    _cgroup_backend(cgroups.MEMORY)
+    with pytest.raises(CommandNotFound):
+        nsbox.run([f"/no/such/command-{marker}"], Policy().with_limits(memory=64 * M))
+    # (the marker fixture checks that no run cgroup of ours is left)
 
 
 # --- cleanup after the launcher or the helper is killed -------------------------------------------
