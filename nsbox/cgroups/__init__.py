@@ -129,25 +129,26 @@ def helper_paths() -> list[str]:
 def detect(layout: Layout | None = None) -> Backend:
     """Choose the backend for this host and user. Reads the host, changes nothing.
 
-    A unified hierarchy whose own cgroup offers memory, pids and cpu wins (pure v2, or a hybrid
-    host that moved controllers to v2); then the v1 controllers; else no cgroups at all.
+    The backend that can enforce the most wins: the unified hierarchy when its own cgroup offers
+    the controllers (pure v2, or a hybrid host that moved them there), else the v1 controllers;
+    without any writable cgroup, the null backend with the reasons.
     """
     from nsbox.cgroups._null import NullBackend
     from nsbox.cgroups._v1 import V1Backend
     from nsbox.cgroups._v2 import V2Backend
 
     layout = layout if layout is not None else read_layout()
-    reasons = []
+    candidates: list[Backend] = []
     if layout.unified is not None:
-        v2 = V2Backend(layout.unified)
-        if v2.supports():
-            return v2
-        reasons.append(v2.reason)
+        candidates.append(V2Backend(layout.unified))
     if layout.v1:
-        v1 = V1Backend(layout.v1, layout.unified)
-        if v1.supports():
-            return v1
-        reasons.append(v1.reason)
+        candidates.append(V1Backend(layout.v1, layout.unified))
+    # On a hybrid host some controllers may sit on each side: take the backend that can do the
+    # most (v2 first on a tie).
+    usable = [b for b in candidates if b.supports()]
+    if usable:
+        return max(usable, key=lambda b: len(b.supports()))
+    reasons = [b.reason for b in candidates]
     if layout.kind == "none":
         reasons.append("no cgroup filesystem is mounted")
     return NullBackend("; ".join(r for r in reasons if r))
