@@ -327,6 +327,15 @@ def test_disk_filler_is_stopped_at_the_tmpfs_size(path: str, field: str, marker:
     assert size - 128 * 1024 <= int(written) <= size
 
 
+@pytest.mark.cgroup2
+def test_tmpfs_files_count_against_the_memory_limit(marker: str) -> None:
+    _cgroup_backend(cgroups.MEMORY)
+    result = nsbox.run([PYTHON, "-c", textwrap.dedent(FILL), "/tmp/fill", marker],
+                       Policy().with_limits(memory=48 * M, tmp_size=256 * M), timeout=30)
+    assert result.status is Status.ML and result.stdout == b""
+    assert result.peak_memory <= 48 * M
+
+
 def test_open_files_and_file_size_rlimits(sandbox: Runner) -> None:
     code = """
         import errno, os
