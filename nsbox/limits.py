@@ -142,7 +142,10 @@ class RunLimits:
         """Check the run's total CPU time; kill the run when it is over the limit. True then."""
         if self.cgroup is None or self.cpu_time is None or self.cpu_time_exceeded:
             return self.cpu_time_exceeded
-        used = self.cgroup.cpu_seconds()
+        try:
+            used = self.cgroup.cpu_seconds()
+        except OSError:
+            return False  # read again at the next poll; RLIMIT_CPU holds meanwhile
         if used is not None and used >= self.cpu_time:
             self.cpu_time_exceeded = True
             self.cgroup.kill_all()
