@@ -324,8 +324,9 @@ def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
     elif code != 0:
         result.status = Status.RE
     # cgroup accounting, ML for an OOM kill, TO for the CPU-time limit, degraded limits.
-    limits.apply_outcome(result, report.get("limits") or {})
+    outcome = report.get("limits") or {}
+    limits.apply_outcome(result, outcome)
     for key in ("usage_error", "cleanup_error"):
-        if (report.get("limits") or {}).get(key):
-            result.extra[f"cgroup_{key}"] = report["limits"][key]
+        if outcome.get(key):
+            result.extra[f"cgroup_{key}"] = outcome[key]
     return result
