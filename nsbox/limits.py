@@ -51,8 +51,32 @@ def _rlimit(resource_id: int, value: int) -> list[int]:
     return [resource_id, value, value]
 
 
+# Fields of Limits that must be a positive number when set, and whether a whole one.
+_POSITIVE = {
+    "memory": int, "pids": int, "cpus": float, "cpu_time": float, "open_files": int,
+    "file_size": int, "tmp_size": int, "workspace_size": int, "shm_size": int,
+}
+
+
+def check_limits(limits: Limits) -> None:
+    """A zero, negative or mistyped limit is an error, never a sandbox that cannot run (memory 0)
+    or a silently missing limit."""
+    for name, kind in _POSITIVE.items():
+        value = getattr(limits, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                kind is int and not isinstance(value, int)):
+            raise PolicyError(f"{value!r} is not a {'whole ' if kind is int else ''}number",
+                              key=f"limits.{name}")
+        if not value > 0 or math.isinf(value):
+            raise PolicyError(f"{value!r} must be more than zero", key=f"limits.{name}",
+                              hint="use None for no limit")
+
+
 def plan_limits(limits: Limits) -> dict[str, Any]:
     """The Plan's part for limits: ``rlimits`` ([resource, soft, hard] lists) and ``cgroup``."""
+    check_limits(limits)
     rlimits = [
         [resource.RLIMIT_CORE, 0, 0],  # no core dumps: they would write the sandbox's memory out
         _rlimit(resource.RLIMIT_NOFILE, limits.open_files),

@@ -78,6 +78,15 @@ def test_parse_cpus_and_counts_reject_bad_input(text: str) -> None:
         limits.parse_count(text, key="--pids")
 
 
+@pytest.mark.parametrize(("field", "value"), [("memory", 0), ("pids", -1), ("cpus", 0.0),
+                                              ("cpu_time", float("inf")), ("open_files", 1.5),
+                                              ("tmp_size", "64M"), ("memory", True)])
+def test_bad_limits_from_the_api_are_policy_errors(field: str, value: object) -> None:
+    with pytest.raises(PolicyError) as info:
+        nsbox.run(["true"], Policy().with_limits(**{field: value}))
+    assert info.value.key == f"limits.{field}"
+
+
 def test_plan_carries_the_rlimits_every_run_gets() -> None:
     plan = limits.plan_limits(Limits(open_files=100, file_size=M, pids=64, cpu_time=2.5))
     by_resource = {r: (soft, hard) for r, soft, hard in plan["rlimits"]}
