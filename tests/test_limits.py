@@ -478,6 +478,7 @@ def fallback(public_tree: Path) -> FallbackRun:
     return lambda argv, **kwargs: run_as(UNPRIVILEGED_UID, public_tree, argv, **kwargs)
 
 
+@pytest.mark.cgroup2
 def test_fallback_memory_limit_is_rlimit_as_and_the_result_says_so(
         fallback: FallbackRun) -> None:
     result = fallback(py("b = bytearray(256 << 20)"), limit_changes={"memory": 64 * M})
@@ -487,6 +488,7 @@ def test_fallback_memory_limit_is_rlimit_as_and_the_result_says_so(
     assert any(line.startswith("memory: RLIMIT_AS") for line in result.degraded)
 
 
+@pytest.mark.cgroup2
 def test_fallback_pids_limit_is_rlimit_nproc(fallback: FallbackRun) -> None:
     result = fallback(py(BOMB), limit_changes={"pids": 16}, timeout=30)
     assert result.status is Status.OK and result.stdout == b"refused True\n"
@@ -494,6 +496,7 @@ def test_fallback_pids_limit_is_rlimit_nproc(fallback: FallbackRun) -> None:
     assert any(line.startswith("pids: RLIMIT_NPROC") for line in result.degraded)
 
 
+@pytest.mark.cgroup2
 def test_fallback_cpu_time_limit_is_rlimit_cpu(fallback: FallbackRun) -> None:
     result = fallback(py("while True: pass"), limit_changes={"cpu_time": 1.0}, timeout=30)
     assert result.status is Status.TO and result.extra["limit"] == "cpu_time"
@@ -502,6 +505,7 @@ def test_fallback_cpu_time_limit_is_rlimit_cpu(fallback: FallbackRun) -> None:
     assert any(line.startswith("cpu_time: RLIMIT_CPU") for line in result.degraded)
 
 
+@pytest.mark.cgroup2
 def test_require_cgroup_without_one_is_a_host_error(fallback: FallbackRun) -> None:
     with pytest.raises(HostError) as info:
         fallback(["true"], limit_changes={"require_cgroup": True})
