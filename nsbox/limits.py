@@ -18,6 +18,7 @@ break runtimes that reserve large address ranges (Go, Java, sanitizers) for no g
 from __future__ import annotations
 
 import math
+import os
 import resource
 import signal
 from collections.abc import Callable
@@ -74,6 +75,16 @@ def check_limits(limits: Limits) -> None:
                               hint="use None for no limit")
 
 
+def _nproc_counts_per_user_namespace() -> bool:
+    """Since Linux 5.14 the count behind RLIMIT_NPROC is kept per user namespace ("ucounts"), so
+    in the sandbox's own user namespace it counts the sandbox's tasks alone."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 14)
+
+
 def plan_limits(limits: Limits) -> dict[str, Any]:
     """The Plan's part for limits: ``rlimits`` ([resource, soft, hard] lists) and ``cgroup``."""
     check_limits(limits)
@@ -83,14 +94,20 @@ def plan_limits(limits: Limits) -> dict[str, Any]:
     ]
     if limits.file_size is not None:
         rlimits.append(_rlimit(resource.RLIMIT_FSIZE, limits.file_size))
+    fallback: dict[str, list[list[int]]] = {}
     if limits.pids is not None:
-        rlimits.append(_rlimit(resource.RLIMIT_NPROC, limits.pids))
+        nproc = _rlimit(resource.RLIMIT_NPROC, limits.pids)
+        if _nproc_counts_per_user_namespace():
+            rlimits.append(nproc)
+        else:
+            # Older kernels count every process of the mapped host uid: a second line that could
+            # stop a run from forking at all, so only where no pids cgroup exists.
+            fallback[cgroups.PIDS] = [nproc]
     if limits.cpu_time is not None:
         # Whole seconds. Soft = hard: SIGKILL at the limit (setrlimit(2)). A SIGXCPU at a lower
         # soft limit would not even reach the command, which is its pid namespace's init and so
         # does not get signals it has not asked for (pid_namespaces(7)).
         rlimits.append(_rlimit(resource.RLIMIT_CPU, max(1, math.ceil(limits.cpu_time))))
-    fallback: dict[str, list[list[int]]] = {}
     if limits.memory is not None:
         fallback[cgroups.MEMORY] = [_rlimit(resource.RLIMIT_AS, limits.memory)]
     return {
