@@ -166,6 +166,32 @@ def test_destroy_kills_everything_inside_and_removes_the_cgroup() -> None:
     run.destroy()  # idempotent
 
 
+def test_v1_without_the_cgroup2_core_kills_through_the_freezer() -> None:
+    """A v1-only host has no cgroup.kill: the same backend, told there is no cgroup2 mount,
+    freezes the run, SIGKILLs every pid and thaws it."""
+    from nsbox.cgroups._v1 import V1Backend
+
+    layout = read_layout()
+    backend = V1Backend(layout.v1, None)
+    require({cgroups.PIDS, cgroups.KILL} <= backend.supports() and "freezer" in backend.bases,
+            f"no writable v1 pids and freezer cgroups here: {backend.reason or layout.kind}")
+    run = backend.create(cgroups.Request(pids=32))
+    proc = _spawn_into(run, textwrap.dedent("""
+        import os, time
+        for _ in range(3):
+            if os.fork() == 0:
+                os.setsid()
+                break
+        time.sleep(300)
+    """))
+    assert cgroups._fs.wait_until(lambda: len(run.pids()) == 4)
+    pids = run.pids()
+    run.destroy()
+    proc.wait(timeout=10)
+    assert all(_zombie(pid) for pid in pids)
+    assert not [d for d in run._all if os.path.exists(d)]  # type: ignore[attr-defined]
+
+
 def _zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
