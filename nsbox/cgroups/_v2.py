@@ -228,14 +228,18 @@ class V2Backend(Backend):
 
     def describe(self) -> dict[str, Any]:
         enabled: list[str] = []
+        others: list[int] = []
         try:
             enabled = sorted(self._enabled())
-            procs = len(_fs.procs(self.base))
+            if not set(self.controllers) <= set(enabled):
+                # This process stands for the launcher; anything else here would stop the
+                # controllers from being enabled (see _move_into_leaf).
+                others = sorted(set(_fs.procs(self.base)) - {os.getpid()})
         except OSError:
-            procs = 0
+            pass
         return {
             "cgroup": self.base,
             "controllers": self.controllers,
             "subtree_control": enabled,
-            "processes_in_base": procs,
+            "blocking_processes": others,
         }
