@@ -19,7 +19,8 @@ from conftest import require
 
 from nsbox import cgroups
 from nsbox.cgroups import _names
-from nsbox.cgroups._host import read_layout
+from nsbox.cgroups._host import Hierarchy, read_layout
+from nsbox.cgroups._v2 import V2Backend
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 HYBRID_MOUNTINFO = """\
@@ -285,6 +286,11 @@ def test_v2_moves_only_its_own_processes_into_a_leaf_to_enable_controllers() -> 
     try:
         # 1. The app cgroup holds a process that is not nsbox's: nothing is moved, a clear error.
         cgroups._fs.write(os.path.join(app, "cgroup.procs"), other.pid)
+        unified = read_layout().unified
+        assert unified is not None
+        seen_from_app = V2Backend(Hierarchy(2, (), unified.mount_point,
+                                            "/" + os.path.relpath(app, unified.mount_point)))
+        assert seen_from_app.describe()["blocking_processes"] == [other.pid]  # for doctor
         owner = subprocess.Popen([sys.executable, "-c", owner_code], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
         cgroups._fs.write(os.path.join(app, "cgroup.procs"), owner.pid)
