@@ -501,7 +501,7 @@ def test_fallback_cpu_time_limit_is_rlimit_cpu(fallback: FallbackRun) -> None:
     result = fallback(py("while True: pass"), limit_changes={"cpu_time": 1.0}, timeout=30)
     assert result.status is Status.TO and result.extra["limit"] == "cpu_time"
     assert result.signal == signal.SIGKILL and result.accounting == "rusage"
-    assert 0.85 <= result.cpu_user + result.cpu_system < 2.0
+    assert 0.5 <= result.cpu_user + result.cpu_system < 2.0
     assert any(line.startswith("cpu_time: RLIMIT_CPU") for line in result.degraded)
 
 
