@@ -22,7 +22,6 @@ from nsbox.cgroups import _names
 from nsbox.cgroups._host import Hierarchy, read_layout
 from nsbox.cgroups._v2 import V2Backend
 
-ROOT = str(Path(__file__).resolve().parent.parent)
 HYBRID_MOUNTINFO = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
 32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
@@ -241,12 +240,14 @@ def test_a_dead_owners_cgroup_is_reclaimed_with_its_processes() -> None:
     assert cgroups._fs.wait_until(lambda: _zombie(int(sleeper)))
 
 
-def test_unprivileged_user_without_delegation_gets_the_null_backend_and_a_reason() -> None:
+def test_unprivileged_user_without_delegation_gets_the_null_backend_and_a_reason(
+        public_tree: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to an unprivileged uid")
     out = subprocess.run(
         ["/usr/bin/python3", "-I", "-c", "import json, sys; sys.path.insert(0, sys.argv[1]); "
-         "from nsbox import cgroups; print(json.dumps(cgroups.describe_host()))", ROOT],
+         "from nsbox import cgroups; print(json.dumps(cgroups.describe_host()))",
+         str(public_tree)],
         user=65534, group=65534, extra_groups=[], capture_output=True, text=True, check=True,
         cwd="/",
     ).stdout
