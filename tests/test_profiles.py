@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -427,3 +428,23 @@ def test_repository_profiles_dir_is_the_package_data() -> None:
     top = Path(__file__).resolve().parent.parent / "profiles"
     assert os.path.realpath(top) == str(Path(__file__).resolve().parent.parent / "nsbox"
                                         / "profiles")
+
+
+def test_docs_list_every_key_with_the_schema_default() -> None:
+    from nsbox import _schema
+    from nsbox.profiles import tomllib
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "profiles.md").read_text()
+    rows = dict(re.findall(r"^\| `([a-z_.]+)` \| `([^`]+)` \|", docs, re.MULTILINE))
+    for key in (*_schema.FIELDS, *_schema.LIST_KEYS, "filesystem.inherit"):
+        assert f"`{key}`" in docs, key
+    defaults = Policy()
+    checked = 0
+    for key, spec in _schema.FIELDS.items():
+        if key in rows:
+            value: object = defaults
+            for attr in spec.attr:
+                value = getattr(value, attr)
+            assert tomllib.loads(f"x = {rows[key]}")["x"] == spec.to_toml(value), key
+            checked += 1
+    assert checked == len(_schema.FIELDS) - 1  # all but workspace.path, whose default is none
