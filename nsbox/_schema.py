@@ -204,8 +204,10 @@ def env_table(origin: Origin, key: str, raw: Any) -> dict[str, str]:
 
 # --- paths ---------------------------------------------------------------------------------------
 
-# The kernel interfaces nsbox mounts itself: binding anything of the host there is refused.
-RESERVED_TARGETS = ("/proc", "/dev")
+# What nsbox mounts itself after the policy's mounts (nsbox/plan.py): a mount there would be
+# covered, so it is refused. The whole trees, and the synthetic files of /etc.
+RESERVED_TARGETS = ("/proc", "/dev", "/tmp", "/workspace")
+RESERVED_FILES = ("/etc/passwd", "/etc/group", "/etc/hostname", "/etc/hosts")
 # Giving the sandbox write access to these (or to /) would hand it the host.
 SYSTEM_DIRS = frozenset({
     "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/proc", "/root",
@@ -228,7 +230,10 @@ def target_path(origin: Origin, key: str, raw: Any) -> str:
                            "the root is nsbox's own tmpfs; mount below it")
     for reserved in RESERVED_TARGETS:
         if value == reserved or value.startswith(reserved + "/"):
-            raise origin.error(key, f"{value} is set up by nsbox itself and cannot be a target")
+            raise origin.error(key, f"{value} is set up by nsbox itself and cannot be a target",
+                               "for /workspace use workspace.path; for /tmp limits.tmp_size")
+    if value in RESERVED_FILES:
+        raise origin.error(key, f"{value} is written by nsbox itself (from [identity])")
     return value
 
 

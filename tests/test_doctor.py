@@ -9,22 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import require
 
 from nsbox.doctor import Report, run_doctor
 from nsbox.hostfacts import HostFacts
 from nsbox.profiles import load_profile
-
-try:
-    from tests.conftest import require  # type: ignore[import-not-found]
-except ImportError:  # until the core's conftest provides it
-
-    def require(condition: object, reason: str) -> None:
-        if not condition:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"required in CI: {reason}")
-            pytest.skip(reason)
-
 
 ACTIONS = "kill_process kill_thread trap errno user_notif trace log allow"
 UID = 1000  # the simulated unprivileged user

@@ -106,6 +106,10 @@ target = "/first"
          "the root itself cannot be a mount target", None),
         ('type = "dir"\ntarget = "/proc/sys"\n', "filesystem.mounts[1].target", 7,
          "/proc/sys is set up by nsbox itself", None),
+        ('type = "dir"\ntarget = "/workspace/in"\n', "filesystem.mounts[1].target", 7,
+         "/workspace/in is set up by nsbox itself", "workspace.path"),
+        ('type = "file"\ntarget = "/etc/passwd"\ncontent = "root::0:0::/:/bin/sh"\n',
+         "filesystem.mounts[1].target", 7, "/etc/passwd is written by nsbox itself", None),
         ('type = "bind"\nsource = "/nonexistent/x"\ntarget = "/x"\n',
          "filesystem.mounts[1].source", 7, "/nonexistent/x does not exist", "optional = true"),
         ('type = "bnd"\ntarget = "/x"\n', "filesystem.mounts[1].type", 6,
@@ -316,7 +320,7 @@ def test_extends_chains_and_merges(tmp_path: Path) -> None:
     policy = load_profile(str(child))
     env = dict(policy.env)
     assert env["MPLBACKEND"] == "svg"  # the child's value wins
-    assert env["EXTRA"] == "1" and env["HOME"] == "/workspace"  # merged with the parents'
+    assert env["EXTRA"] == "1" and env["TMPDIR"] == "/tmp"  # merged with the parents'
     assert policy.limits.pids == 7
     assert policy.limits.memory == 300 * MiB
     assert policy.limits.wall_time == python.limits.wall_time  # from python
@@ -375,7 +379,7 @@ def test_overrides_use_the_same_keys_and_checks(tmp_path: Path,
     assert policy.limits.cpu_time is None
     assert policy.network.mode == "loopback"
     assert policy.workspace == str(tmp_path / "ws")
-    assert dict(policy.env)["A"] == "b" and dict(policy.env)["HOME"] == "/workspace"
+    assert dict(policy.env)["A"] == "b" and dict(policy.env)["TMPDIR"] == "/tmp"
     assert policy.hostname == "box"
     assert policy.mounts[-1] == Bind(str(tmp_path / "ws"), "/data")
 
