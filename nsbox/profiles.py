@@ -17,25 +17,28 @@ checks are in nsbox/_schema.py.
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import os
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nsbox import _schema as schema
 from nsbox import _tomltext
 from nsbox.errors import PolicyError
 from nsbox.policy import Mount, Policy, SeccompRule
 
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
@@ -136,23 +139,40 @@ def _check_not_hidden(origin: schema.Origin, key: str, mounts: list[Mount], new:
 # --- finding and reading profile files -----------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Source:
+    """Where one profile's text comes from: the package's data (also inside nsbox.pyz) or a
+    file the caller named."""
+
+    display: str  # for messages: "profiles/python.toml" or the file's path
+    resource: Traversable
+    base_dir: str | None  # relative host paths and extends are taken from here (files only)
+
+
+def _shipped(name: str) -> Traversable:
+    return importlib.resources.files("nsbox").joinpath("profiles").joinpath(f"{name}.toml")
+
+
 def shipped_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+    directory = importlib.resources.files("nsbox").joinpath("profiles")
+    return sorted(p.name[:-len(".toml")] for p in directory.iterdir() if p.name.endswith(".toml"))
 
 
 def _is_path(ref: str) -> bool:
     return "/" in ref or ref.endswith(".toml")
 
 
-def _locate(ref: str, origin: schema.Origin | None, key: str) -> Path:
+def _locate(ref: str, origin: schema.Origin | None, key: str) -> _Source:
     if _is_path(ref):
         path = Path(ref)
         if not path.is_absolute() and origin is not None and origin.base_dir:
             path = Path(origin.base_dir) / path
-        return path.resolve()
+        path = path.resolve()
+        return _Source(str(path), path, str(path.parent))
     names = shipped_profiles()
     if _NAME.match(ref) and ref in names:
-        return PROFILE_DIR / f"{ref}.toml"
+        # Shipped profiles must not depend on where they are read from: absolute paths only.
+        return _Source(f"profiles/{ref}.toml", _shipped(ref), None)
     hint = schema.suggest(ref, names) or f"shipped profiles: {', '.join(names)}; or give a path"
     message = f"no shipped profile named {ref!r}"
     if origin is None:
@@ -160,47 +180,41 @@ def _locate(ref: str, origin: schema.Origin | None, key: str) -> Path:
     raise origin.error(key, message, hint)
 
 
-def _read(path: Path, display: str) -> tuple[dict[str, Any], schema.Origin]:
+def _read(source: _Source) -> tuple[dict[str, Any], schema.Origin]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = source.resource.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise PolicyError("profile file not found", file=display,
+        raise PolicyError("profile file not found", file=source.display,
                           hint="give an existing file or a shipped profile's name") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"cannot read the profile: {exc}", file=display) from None
+        raise PolicyError(f"cannot read the profile: {exc}", file=source.display) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         match = re.search(r"line (\d+)", str(exc))
-        raise PolicyError(f"not valid TOML: {exc}", file=display,
+        raise PolicyError(f"not valid TOML: {exc}", file=source.display,
                           line=int(match.group(1)) if match else None) from None
-    # Shipped profiles must not depend on where they are read from: absolute paths only.
-    base = None if path.parent == PROFILE_DIR else str(path.parent)
-    return data, schema.Origin(display, _tomltext.KeyLines(text).line, base)
-
-
-def _display(path: Path) -> str:
-    return f"profiles/{path.name}" if path.parent == PROFILE_DIR else str(path)
+    return data, schema.Origin(source.display, _tomltext.KeyLines(text).line, source.base_dir)
 
 
 def load_layers(ref: str) -> tuple[str, list[Layer]]:
     """The chain of layers for a profile, root first, and the profile's name."""
     chain: list[Layer] = []
-    seen: list[Path] = []
-    path = _locate(ref, None, "extends")
+    seen: list[str] = []
+    source = _locate(ref, None, "extends")
     while True:
-        if path in seen:
-            cycle = " -> ".join(_display(p) for p in [*seen, path])
+        if source.display in seen:
+            cycle = " -> ".join([*seen, source.display])
             raise chain[-1].origin.error("extends", f"profiles extend each other in a cycle: "
                                          f"{cycle}")
-        seen.append(path)
-        data, origin = _read(path, _display(path))
+        seen.append(source.display)
+        data, origin = _read(source)
         chain.append(parse_layer(data, origin))
         parent = data.get("extends")
         if parent is None:
             break
         parent = schema.string(origin, "extends", parent)
-        path = _locate(parent, origin, "extends")
+        source = _locate(parent, origin, "extends")
     name = ref if not _is_path(ref) else Path(ref).stem
     return name, chain[::-1]
 
@@ -217,7 +231,7 @@ def load_profile(ref: str, overrides: Mapping[str, Any] | None = None) -> Policy
 
 def profile_description(name: str) -> str:
     """The first line of a shipped profile's description (its parents are not loaded)."""
-    data, _ = _read(PROFILE_DIR / f"{name}.toml", name)
+    data, _ = _read(_Source(f"profiles/{name}.toml", _shipped(name), None))
     lines = str(data.get("description", "")).strip().splitlines()
     return lines[0] if lines else ""
 
