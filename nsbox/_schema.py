@@ -8,10 +8,8 @@ overrides, so both doors lead to the same validated values. Defaults are Policy'
 from __future__ import annotations
 
 import ctypes
-import difflib
 import errno
 import functools
-import ipaddress
 import math
 import os
 import posixpath
@@ -42,6 +40,8 @@ class Origin:
 
 def suggest(word: str, choices: Iterable[str]) -> str | None:
     """A "did you mean" hint for a misspelled key or value."""
+    import difflib  # only on the error path
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f'did you mean "{close[0]}"?' if close else None
 
@@ -454,6 +454,8 @@ def allow_list(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
             host, port = entry.split(":")
         if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
             raise origin.error(item_key, f"{entry!r}: the port must be 1..65535")
+        import ipaddress  # ~2 ms; only profiles with an allow-list need it
+
         try:
             ipaddress.ip_address(host)
             continue
