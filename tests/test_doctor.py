@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import require
+from conftest import PYTHON, require
 
-from nsbox.doctor import Report, run_doctor
+from nsbox.doctor import Check, Report, run_doctor
 from nsbox.hostfacts import HostFacts
 from nsbox.profiles import load_profile
 
@@ -82,7 +82,7 @@ def facts(root: Path, uid: int = UID) -> HostFacts:
     return HostFacts(str(root), uid=uid, python=(3, 11, 7), libseccomp="2.5.4")
 
 
-def by_name(report: Report) -> dict[str, object]:
+def by_name(report: Report) -> dict[str, Check]:
     return {check.name: check for check in report.checks}
 
 
@@ -93,58 +93,58 @@ def test_a_well_equipped_v2_host(tmp_path: Path) -> None:
     assert {c.name: c.status for c in report.checks} == {
         "python": "ok", "kernel": "ok", "user namespaces": "ok", "container": "ok",
         "seccomp": "ok", "libseccomp": "ok", "cgroups": "ok", "live probe": "info"}
-    assert checks["kernel"].detail == "Linux 6.8.0-45-generic"  # type: ignore[attr-defined]
-    assert checks["cgroups"].detail.startswith(  # type: ignore[attr-defined]
+    assert checks["kernel"].detail == "Linux 6.8.0-45-generic"
+    assert checks["cgroups"].detail.startswith(
         "v2 layout; controllers: cpu, cpuset, io, memory, pids; writable here: memory (v2)")
-    assert checks["live probe"].detail == "not run (simulated host)"  # type: ignore[attr-defined]
+    assert checks["live probe"].detail == "not run (simulated host)"
 
 
 def test_user_namespaces_disabled(tmp_path: Path) -> None:
     report = run_doctor(facts(fake_host(tmp_path, max_userns="0")))
     check = by_name(report)["user namespaces"]
     assert not report.ok
-    assert check.status == "fail"  # type: ignore[attr-defined]
-    assert check.detail == "user.max_user_namespaces is 0"  # type: ignore[attr-defined]
-    assert check.remedy.startswith(  # type: ignore[attr-defined]
+    assert check.status == "fail"
+    assert check.detail == "user.max_user_namespaces is 0"
+    assert (check.remedy or "").startswith(
         "sysctl -w user.max_user_namespaces=15000")
-    assert any("privilege confinement" in a for a in check.affects)  # type: ignore[attr-defined]
+    assert any("privilege confinement" in a for a in check.affects)
 
 
 def test_kernel_without_user_namespaces(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, max_userns=None))))["user namespaces"]
-    assert check.status == "fail"  # type: ignore[attr-defined]
-    assert "CONFIG_USER_NS" in check.detail  # type: ignore[attr-defined]
+    assert check.status == "fail"
+    assert "CONFIG_USER_NS" in check.detail
 
 
 def test_debian_sysctl_blocks_unprivileged_but_not_root(tmp_path: Path) -> None:
     root = fake_host(tmp_path, userns_clone="0")
     check = by_name(run_doctor(facts(root)))["user namespaces"]
-    assert check.status == "fail"  # type: ignore[attr-defined]
-    assert check.remedy.startswith(  # type: ignore[attr-defined]
+    assert check.status == "fail"
+    assert (check.remedy or "").startswith(
         "sysctl -w kernel.unprivileged_userns_clone=1")
     as_root = by_name(run_doctor(facts(root, uid=0)))["user namespaces"]
-    assert as_root.status == "ok"  # type: ignore[attr-defined]
-    assert "root is not affected" in as_root.detail  # type: ignore[attr-defined]
+    assert as_root.status == "ok"
+    assert "root is not affected" in as_root.detail
 
 
 def test_apparmor_restriction(tmp_path: Path) -> None:
     report = run_doctor(facts(fake_host(tmp_path, apparmor="1")))
     check = by_name(report)["user namespaces"]
     assert not report.ok
-    assert check.status == "fail"  # type: ignore[attr-defined]
-    assert "apparmor_restrict_unprivileged_userns=1" in check.detail  # type: ignore
-    assert "userns," in check.remedy  # type: ignore[attr-defined]
-    assert os.path.realpath(sys.executable) in check.remedy  # type: ignore[attr-defined]
-    assert "apparmor_parser -r /etc/apparmor.d/nsbox" in check.remedy  # type: ignore
+    assert check.status == "fail"
+    assert "apparmor_restrict_unprivileged_userns=1" in check.detail
+    assert "userns," in (check.remedy or "")
+    assert os.path.realpath(sys.executable) in (check.remedy or "")
+    assert "apparmor_parser -r /etc/apparmor.d/nsbox" in (check.remedy or "")
 
 
 def test_no_seccomp(tmp_path: Path) -> None:
     report = run_doctor(facts(fake_host(tmp_path, seccomp=False)))
     check = by_name(report)["seccomp"]
     assert not report.ok
-    assert check.status == "fail"  # type: ignore[attr-defined]
-    assert "no Seccomp field" in check.detail  # type: ignore[attr-defined]
-    assert check.affects == ["syscall filter (seccomp)"]  # type: ignore[attr-defined]
+    assert check.status == "fail"
+    assert "no Seccomp field" in check.detail
+    assert check.affects == ["syscall filter (seccomp)"]
     # A profile that turns seccomp off can still run: the loss is a warning then.
     relaxed = load_profile("default", {"seccomp.enabled": False})
     assert run_doctor(facts(fake_host(tmp_path / "b", seccomp=False)), relaxed).ok
@@ -152,29 +152,29 @@ def test_no_seccomp(tmp_path: Path) -> None:
 
 def test_seccomp_without_filters_or_actions(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, actions=""))))["seccomp"]
-    assert (check.status, "actions_avail" in check.detail) == ("fail", True)  # type: ignore
+    assert (check.status, "actions_avail" in check.detail) == ("fail", True)
     old = fake_host(tmp_path / "b", actions="kill trap errno trace allow")
     check = by_name(run_doctor(facts(old)))["seccomp"]
-    assert check.status == "fail"  # type: ignore[attr-defined]
-    assert check.detail == "the kernel lacks the actions kill_process"  # type: ignore
+    assert check.status == "fail"
+    assert check.detail == "the kernel lacks the actions kill_process"
 
 
 def test_missing_libseccomp(tmp_path: Path) -> None:
     host = HostFacts(str(fake_host(tmp_path)), uid=UID, python=(3, 11, 7), libseccomp=None)
     check = by_name(run_doctor(host))["libseccomp"]
-    assert check.status == "fail"  # type: ignore[attr-defined]
-    assert "apt-get install libseccomp2" in check.remedy  # type: ignore[attr-defined]
+    assert check.status == "fail"
+    assert "apt-get install libseccomp2" in (check.remedy or "")
 
 
 def test_cgroup_v1_only_not_writable(tmp_path: Path) -> None:
     report = run_doctor(facts(fake_host(tmp_path, cgroups="v1", writable=False)))
     check = by_name(report)["cgroups"]
     assert report.ok  # rlimits are the fallback; the default profile does not require cgroups
-    assert check.status == "warn"  # type: ignore[attr-defined]
-    assert check.detail.startswith(  # type: ignore[attr-defined]
+    assert check.status == "warn"
+    assert check.detail.startswith(
         "v1 layout; controllers: cpu, cpuacct, memory, pids; not writable by uid 1000: "
         "memory, pids, cpu; the launch falls back to rlimits")
-    assert "cgcreate" in check.remedy  # type: ignore[attr-defined]
+    assert "cgcreate" in (check.remedy or "")
     strict = load_profile("default", {"limits.require_cgroup": True})
     assert not run_doctor(facts(fake_host(tmp_path / "b", cgroups="v1", writable=False)),
                           strict).ok
@@ -182,8 +182,8 @@ def test_cgroup_v1_only_not_writable(tmp_path: Path) -> None:
 
 def test_cgroup_v1_writable(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, cgroups="v1"))))["cgroups"]
-    assert check.status == "ok"  # type: ignore[attr-defined]
-    assert check.detail.endswith(  # type: ignore[attr-defined]
+    assert check.status == "ok"
+    assert check.detail.endswith(
         "writable here: memory (v1), pids (v1), cpu (v1)")
 
 
@@ -193,21 +193,21 @@ def test_hybrid_layout_uses_v1_controllers(tmp_path: Path) -> None:
     assert info.layout == "hybrid"
     assert info.v2_controllers == ()
     assert info.v1["memory"] == ("/sys/fs/cgroup/memory/nsbox", True)
-    assert by_name(run_doctor(host))["cgroups"].status == "ok"  # type: ignore[attr-defined]
+    assert by_name(run_doctor(host))["cgroups"].status == "ok"
 
 
 def test_pure_v2_without_delegation(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, writable=False))))["cgroups"]
-    assert check.status == "warn"  # type: ignore[attr-defined]
-    assert "not writable by uid 1000: memory, pids, cpu" in check.detail  # type: ignore
-    assert "systemd-run --user --scope -p Delegate=yes" in check.remedy  # type: ignore
+    assert check.status == "warn"
+    assert "not writable by uid 1000: memory, pids, cpu" in check.detail
+    assert "systemd-run --user --scope -p Delegate=yes" in (check.remedy or "")
 
 
 def test_pure_v2_with_missing_controllers(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, controllers="memory"))))["cgroups"]
-    assert check.status == "warn"  # type: ignore[attr-defined]
-    assert "not available: pids, cpu" in check.detail  # type: ignore[attr-defined]
-    assert check.affects == ["process-count limit (cgroup pids)",  # type: ignore
+    assert check.status == "warn"
+    assert "not available: pids, cpu" in check.detail
+    assert check.affects == ["process-count limit (cgroup pids)",
                              "CPU share limit (cgroup cpu)"]
 
 
@@ -218,21 +218,21 @@ def test_container_with_masked_proc(tmp_path: Path) -> None:
     ])
     report = run_doctor(facts(root))
     checks = by_name(report)
-    assert checks["container"].status == "info"  # type: ignore[attr-defined]
-    assert "/.dockerenv; /proc/1/cgroup names docker" in checks["container"].detail  # type: ignore
+    assert checks["container"].status == "info"
+    assert "/.dockerenv; /proc/1/cgroup names docker" in checks["container"].detail
     masked = checks["/proc mounts"]
-    assert masked.status == "fail"  # type: ignore[attr-defined]
-    assert "(/proc/kcore)" in masked.detail  # type: ignore[attr-defined]
-    assert "systempaths=unconfined" in masked.remedy  # type: ignore[attr-defined]
+    assert masked.status == "fail"
+    assert "(/proc/kcore)" in masked.detail
+    assert "systempaths=unconfined" in (masked.remedy or "")
     assert not report.ok
 
 
 def test_old_kernel(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, release="5.10.0-28-amd64"))))["kernel"]
-    assert check.status == "warn"  # type: ignore[attr-defined]
-    assert "mount_setattr" in check.detail  # type: ignore[attr-defined]
+    assert check.status == "warn"
+    assert "mount_setattr" in check.detail
     check = by_name(run_doctor(facts(fake_host(tmp_path / "b", release="4.19.0"))))["kernel"]
-    assert check.status == "fail"  # type: ignore[attr-defined]
+    assert check.status == "fail"
 
 
 def test_failed_probe_step_gives_its_remedy(tmp_path: Path) -> None:
@@ -243,8 +243,8 @@ def test_failed_probe_step_gives_its_remedy(tmp_path: Path) -> None:
     report = run_doctor(host)
     check = by_name(report)["live probe"]
     assert not report.ok
-    assert check.detail.startswith("mount /proc failed: mount('proc'")  # type: ignore
-    assert "systempaths=unconfined" in check.remedy  # type: ignore[attr-defined]
+    assert check.detail.startswith("mount /proc failed: mount('proc'")
+    assert "systempaths=unconfined" in (check.remedy or "")
 
 
 def test_report_as_json_and_table(tmp_path: Path) -> None:
@@ -274,26 +274,25 @@ def _unshare_works(*prefix: str) -> bool:
 def test_doctor_on_this_host() -> None:
     report = run_doctor()
     checks = by_name(report)
-    assert checks["kernel"].detail == f"Linux {os.uname().release}"  # type: ignore
+    assert checks["kernel"].detail == f"Linux {os.uname().release}"
     # The live probe really ran: it agrees with unshare(1) doing the same.
     works = _unshare_works()
     require(works, "this host cannot create user, mount and PID namespaces")
-    assert checks["live probe"].status == "ok", checks["live probe"]  # type: ignore
+    assert checks["live probe"].status == "ok", checks["live probe"]
     require(report.ok, f"this host cannot run the default profile safely:\n"
             f"{report.format_table()}")
 
 
-def test_doctor_on_this_host_unprivileged() -> None:
+def test_doctor_on_this_host_unprivileged(public_tree: Path) -> None:
     setpriv = shutil.which("setpriv")
-    require(os.geteuid() == 0 and setpriv, "needs root and setpriv to drop to uid 65534")
+    require(os.geteuid() == 0 and bool(setpriv), "needs root and setpriv to drop to uid 65534")
     assert setpriv
     drop = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
-    code = ("import json; from nsbox.doctor import run_doctor; "
-            "print(json.dumps(run_doctor().to_dict()))")
-    done = subprocess.run([*drop, sys.executable, "-c", code], capture_output=True, text=True,
+    # The package copy that uid 65534 can read, run by the host's python3 (see conftest).
+    code = (f"import json, sys; sys.path.insert(0, {str(public_tree)!r}); "
+            "from nsbox.doctor import run_doctor; print(json.dumps(run_doctor().to_dict()))")
+    done = subprocess.run([*drop, PYTHON, "-I", "-c", code], capture_output=True, text=True,
                           check=False, cwd="/")
-    require(done.returncode == 0 or "Permission denied" not in done.stderr,
-            "the test's Python is not usable by uid 65534")
     assert done.returncode == 0, done.stderr
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
     assert checks["live probe"]["status"] == ("ok" if _unshare_works(*drop) else "fail")
