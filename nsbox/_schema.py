@@ -83,7 +83,8 @@ def integer(low: int, high: int = 2**63 - 1) -> Parser:
     def parse(origin: Origin, key: str, raw: Any) -> int:
         expect(origin, key, raw, int, "an integer")
         if not low <= raw <= high:
-            raise origin.error(key, f"{raw} is out of range (must be {low}..{high})")
+            bound = f"at least {low}" if high == 2**63 - 1 else f"{low}..{high}"
+            raise origin.error(key, f"{raw} is out of range (must be {bound})")
         return int(raw)
     return parse
 

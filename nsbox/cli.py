@@ -167,17 +167,14 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
         # --- network (docs/network.md) ---
         policy = policy.replace(network=from_options(policy.network, net_mode, allow_host))
         # --- end network ---
-    except NsboxError as error:
-        _fail(error)
-    if print_profile:
-        from nsbox.profiles import to_toml
+        if print_profile:
+            from nsbox.profiles import to_toml
 
-        click.echo(to_toml(policy), nl=False)
-        return
-    if not command:
-        raise click.UsageError("missing COMMAND (or --print-profile)")
-    # --- end profiles ---------------------------------------------------------------------------
-    try:
+            click.echo(to_toml(policy), nl=False)
+            return
+        if not command:
+            raise click.UsageError("missing COMMAND (or --print-profile)")
+        # --- end profiles -----------------------------------------------------------------------
         result = nsbox.run(
             list(command), policy, stdin=None if as_json else 0, cwd=cwd,
             passthrough=not as_json,
@@ -204,8 +201,7 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
 
 def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ...]) -> Policy:
     """The profile with the options applied; ``--set KEY=VALUE`` takes a TOML value (a bare
-    word is a string) and comes last. A bad profile or option exits 125 with the file, key and
-    line."""
+    word is a string) and comes last. Raises PolicyError naming the file, key and line."""
     from nsbox.profiles import apply_overrides, load_profile, tomllib
 
     for item in settings:
@@ -216,23 +212,19 @@ def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, .
             overrides[key.strip()] = tomllib.loads(f"value = {text}")["value"]
         except tomllib.TOMLDecodeError:
             overrides[key.strip()] = text
-    try:
-        policy = load_profile(profile)
-        env = dict(overrides.pop("environment.set", None) or {})
-        # PATH and LANG have keys of their own in the schema.
-        for name in ("PATH", "LANG"):
-            if name in env:
-                overrides[f"environment.{name.lower()}"] = env.pop(name)
-        if env:
-            overrides["environment.set"] = env
-        if overrides.get("environment.passthrough"):
-            overrides["environment.passthrough"] = [
-                *policy.env_passthrough, *overrides["environment.passthrough"]]
-        return apply_overrides(policy, {k: v for k, v in overrides.items()
-                                        if v is not None and v != []})
-    except NsboxError as error:
-        _fail(error)
-        raise  # not reached: _fail exits
+    policy = load_profile(profile)
+    env = dict(overrides.pop("environment.set", None) or {})
+    # PATH and LANG have keys of their own in the schema.
+    for name in ("PATH", "LANG"):
+        if name in env:
+            overrides[f"environment.{name.lower()}"] = env.pop(name)
+    if env:
+        overrides["environment.set"] = env
+    if overrides.get("environment.passthrough"):
+        overrides["environment.passthrough"] = [
+            *policy.env_passthrough, *overrides["environment.passthrough"]]
+    return apply_overrides(policy, {k: v for k, v in overrides.items()
+                                    if v is not None and v != []})
 
 
 @main.group(invoke_without_command=True)

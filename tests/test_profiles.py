@@ -48,6 +48,8 @@ def error_of(path: Path) -> PolicyError:
         ('[limits]\npids = "many"\n', "limits.pids", 2,
          "expected an integer, got a string ('many')", None),
         ("[limits]\npids = true\n", "limits.pids", 2, "expected an integer, got a boolean", None),
+        ("[limits]\npids = 0\n", "limits.pids", 2, "0 is out of range (must be at least 1)",
+         None),
         ("[limits]\n\nmemory = 0\n", "limits.memory", 3, "must be at least 1 byte, got 0", None),
         ('[limits]\nmemory = "12XB"\n', "limits.memory", 2, "'12XB' is not a size", "256M"),
         ("[limits]\nwall_time = -1\n", "limits.wall_time", 2,
