@@ -239,10 +239,9 @@ def target_path(origin: Origin, key: str, raw: Any) -> str:
 
 
 def host_path(origin: Origin, key: str, raw: Any) -> str:
-    """An absolute host path, canonical: the directories leading to it are resolved now, so no
-    later change to a symlink on the way can redirect the mount. A symlink as the last component
-    is kept, and the sandbox gets the same symlink (resolved inside the sandbox, never on the
-    host)."""
+    """An absolute host path, canonical: the directories leading to it are resolved now (with
+    realpath), so no later change to a symlink on the way can redirect the mount. The last
+    component is kept as it is; ``mount`` decides whether a symlink there is resolved too."""
     value = string(origin, key, raw)
     if value.startswith("~"):
         raise origin.error(key, f"{value!r}: ~ is not expanded in profiles",
@@ -251,13 +250,10 @@ def host_path(origin: Origin, key: str, raw: Any) -> str:
         if origin.base_dir is None:
             raise origin.error(key, f"{value!r} is a relative path; host paths are absolute")
         value = os.path.join(origin.base_dir, value)
-    value = posixpath.normpath(value)
-    if value == "/":
-        return value
-    parent, name = posixpath.split(value)
-    if name == "..":
+    parent, name = posixpath.split(value.rstrip("/"))
+    if name in ("", ".", ".."):
         return os.path.realpath(value)
-    return posixpath.join(os.path.realpath(parent), name)
+    return posixpath.join(os.path.realpath(parent or "/"), name)
 
 
 def host_dir(origin: Origin, key: str, raw: Any) -> str:
@@ -306,6 +302,11 @@ def mount(origin: Origin, key: str, raw: Any) -> Mount:
         writable = boolean(origin, f"{key}.writable", raw.get("writable", False))
         optional = boolean(origin, f"{key}.optional", raw.get("optional", False))
         source = host_path(origin, f"{key}.source", require(origin, key, raw, "source"))
+        # The launch reproduces a symlink only for a read-only bind onto the same path (the
+        # merged-usr /bin -> usr/bin); any other symlink is resolved now, so the policy names
+        # the file that will be bound, whatever is later written where the link was.
+        if os.path.islink(source) and (writable or source != target):
+            source = os.path.realpath(source)
         if not os.path.lexists(source) and not optional:
             raise origin.error(f"{key}.source", f"{source} does not exist",
                                "fix the path, or set optional = true to skip it when missing")

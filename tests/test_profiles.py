@@ -72,6 +72,13 @@ def error_of(path: Path) -> PolicyError:
          "'deny' is not an action", None),
         ("[filesystem]\nmounts = 3\n", "filesystem.mounts", 2, "expected an array of tables",
          None),
+        ('description = "x"\nlimits = 5\n', "limits", 2, "expected a table [limits]", None),
+        # Dotted and quoted keys, a table header with spaces, and keys after a multi-line string.
+        ('description = """\n[limits]\nmemory = 0\n"""\nlimits.memory = 0\n',
+         "limits.memory", 5, "must be at least 1 byte", None),
+        ('[ "identity" ]\n"uid" = -1\n', "identity.uid", 2, "-1 is out of range", None),
+        ('[seccomp]\nrules = [\n  { syscall = "ptrace", action = "nope" },\n]\n',
+         "seccomp.rules[0].action", 2, "'nope' is not an action", None),
     ],
 )
 def test_validation_error_names_file_key_and_line(
@@ -256,9 +263,12 @@ def test_bind_source_is_canonical_and_optional_is_kept(tmp_path: Path) -> None:
     (tmp_path / "via").symlink_to(real)
     (real / "link").symlink_to("data")
     path = write(tmp_path, f"""
+        [filesystem]
+        inherit = false
+
         [[filesystem.mounts]]
         type = "bind"
-        source = "{tmp_path}/via/./data"
+        source = "{tmp_path}/via/./data/"
         target = "/data"
 
         [[filesystem.mounts]]
@@ -268,16 +278,22 @@ def test_bind_source_is_canonical_and_optional_is_kept(tmp_path: Path) -> None:
 
         [[filesystem.mounts]]
         type = "bind"
+        source = "/bin"
+        target = "/bin"
+
+        [[filesystem.mounts]]
+        type = "bind"
         source = "missing-here"
         target = "/maybe"
         optional = true
     """)
-    mounts = load_profile(str(path)).mounts[len(DEFAULT_MOUNTS):]
-    # The directories on the way are resolved now; a symlink as the last part stays a symlink
-    # (the sandbox gets the same link, resolved inside it).
-    assert mounts == (
+    # Every symlink on the way is resolved at load time, also a symlink as the last part: the
+    # policy names what will be bound. The exception is a read-only bind onto the same path,
+    # which the launch reproduces as the same link (the merged-usr /bin -> usr/bin).
+    assert load_profile(str(path)).mounts == (
         Bind(str(real / "data"), "/data"),
-        Bind(str(real / "link"), "/link"),
+        Bind(str(real / "data"), "/link"),
+        Bind("/bin", "/bin"),
         Bind(str(tmp_path / "missing-here"), "/maybe", optional=True),
     )
 

@@ -146,6 +146,22 @@ def test_cli_print_profile_applies_options(tmp_path: Path) -> None:
     assert dict(policy.env)["A"] == "b" and dict(policy.env)["CC"] == "cc"
 
 
+def test_cli_set_takes_toml_values_and_pass_env_adds_to_the_profile(tmp_path: Path) -> None:
+    profile = tmp_path / "mine.toml"
+    profile.write_text('extends = "default"\n[environment]\npassthrough = ["TZ"]\n')
+    done = nsbox_cli("run", "-p", str(profile), "--pass-env", "TERM",
+                     "--set", 'network.allow=["pypi.org:443"]', "--set", "network.mode=allow",
+                     "--set", "limits.cpu_time=none", "--print-profile")
+    assert done.returncode == 0, done.stderr
+    assert 'passthrough = ["TZ", "TERM"]' in done.stdout
+    assert 'allow = ["pypi.org:443"]' in done.stdout
+    assert 'cpu_time = "none"' in done.stdout
+    bad = nsbox_cli("run", "--set", "network.mode=everywhere", "--", "true")
+    assert bad.returncode == 125
+    assert bad.stderr == ("nsbox: network.mode: 'everywhere' is not one of none, loopback, "
+                          "allow\n")
+
+
 def test_cli_reports_a_bad_profile_with_file_key_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('extends = "default"\n\n[limits]\nmemory = 0\n')
