@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from nsbox import units
 from nsbox.errors import PolicyError
 from nsbox.policy import Bind, Dir, File, Mount, SeccompArg, SeccompRule, Symlink, Tmpfs
 
@@ -96,22 +97,14 @@ def number(origin: Origin, key: str, raw: Any) -> float:
     return float(raw)
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
 def size(minimum: int = 1) -> Parser:
     """Bytes as an integer or a string with a binary unit: 4096, "512K", "256M", "1.5G"."""
     def parse(origin: Origin, key: str, raw: Any) -> int:
         expect(origin, key, raw, (int, str), 'a size such as "256M" or a number of bytes')
-        if isinstance(raw, int):
-            value = raw
-        else:
-            match = _SIZE.match(raw)
-            if not match:
-                raise origin.error(key, f"{raw!r} is not a size",
-                                   'write a number of bytes or use K, M, G, T: "256M", "1G"')
-            value = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+        try:
+            value = units.parse_size(raw)
+        except ValueError as exc:
+            raise origin.error(key, str(exc)) from None
         if value < minimum:
             raise origin.error(key, f"must be at least {minimum} byte{'s' * (minimum != 1)}, "
                                f"got {raw!r}")
@@ -119,21 +112,13 @@ def size(minimum: int = 1) -> Parser:
     return parse
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}
-
-
 def duration(origin: Origin, key: str, raw: Any) -> float:
     """Seconds as a number or a string with a unit: 10, 2.5, "500ms", "10s", "2m", "1h"."""
     expect(origin, key, raw, (int, float, str), 'a duration such as "10s" or a number of seconds')
-    if isinstance(raw, str):
-        match = _DURATION.match(raw)
-        if not match:
-            raise origin.error(key, f"{raw!r} is not a duration",
-                               'use a number of seconds or ms, s, m, h: "500ms", "10s", "2m"')
-        value = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    else:
-        value = float(raw)
+    try:
+        value = units.parse_duration(raw)
+    except ValueError as exc:
+        raise origin.error(key, str(exc)) from None
     if not math.isfinite(value) or value <= 0:
         raise origin.error(key, f"must be a positive duration, got {raw!r}")
     return value
@@ -347,10 +332,14 @@ def mount_to_toml(item: Mount) -> dict[str, Any]:
     return entries
 
 
+_SIZE_FACTORS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
 def format_size(value: int) -> str | int:
     for unit in ("T", "G", "M", "K"):
-        if value >= _SIZE_UNITS[unit] and value % _SIZE_UNITS[unit] == 0:
-            return f"{value // _SIZE_UNITS[unit]}{unit}"
+        factor = _SIZE_FACTORS[unit]
+        if value >= factor and value % factor == 0:
+            return f"{value // factor}{unit}"
     return value
 
 
