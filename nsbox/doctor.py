@@ -113,15 +113,12 @@ def check_kernel(facts: HostFacts, policy: Policy) -> list[Check]:
     version = _version(release)
     if not version:
         return [Check("kernel", "warn", f"cannot tell the kernel version ({release!r})")]
-    # pidfd_open (5.3) lets the supervisor wait and kill without pid reuse races;
-    # mount_setattr (5.12) makes recursive binds read-only and maps the workspace's owner.
-    if version < (5, 3):
-        return [Check("kernel", "fail", f"Linux {release}; nsbox needs 5.3 or later (pidfd)",
-                      [CLEANUP], "upgrade the kernel to 5.12 or later")]
+    # The launch uses pidfd_open(2) (5.3) to wait and kill without pid-reuse races,
+    # close_range(2) with CLOSE_RANGE_CLOEXEC (5.11), and mount_setattr(2) (5.12) to make binds
+    # read-only recursively and to map a writable workspace's owner when run as root.
     if version < (5, 12):
-        return [Check("kernel", "warn", f"Linux {release}: no mount_setattr(2) (5.12)",
-                      ["read-only binds of trees with sub-mounts",
-                       "workspace ownership when the launcher is root (idmapped mounts)"],
+        return [Check("kernel", "fail", f"Linux {release}; nsbox needs 5.12 or later "
+                      "(mount_setattr, close_range, pidfd)", [FILESYSTEM, CLEANUP],
                       "upgrade the kernel to 5.12 or later")]
     return [Check("kernel", "ok", f"Linux {release}")]
 

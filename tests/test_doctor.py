@@ -229,10 +229,11 @@ def test_container_with_masked_proc(tmp_path: Path) -> None:
 
 def test_old_kernel(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, release="5.10.0-28-amd64"))))["kernel"]
-    assert check.status == "warn"
-    assert "mount_setattr" in check.detail
-    check = by_name(run_doctor(facts(fake_host(tmp_path / "b", release="4.19.0"))))["kernel"]
     assert check.status == "fail"
+    assert check.detail == ("Linux 5.10.0-28-amd64; nsbox needs 5.12 or later (mount_setattr, "
+                            "close_range, pidfd)")
+    check = by_name(run_doctor(facts(fake_host(tmp_path / "b", release="5.15.0"))))["kernel"]
+    assert (check.status, check.detail) == ("ok", "Linux 5.15.0")
 
 
 def test_failed_probe_step_gives_its_remedy(tmp_path: Path) -> None:
