@@ -141,7 +141,10 @@ class HostFacts:
             return CgroupInfo(layout, v1=v1)
         directory = _below(v2_mount, own[""])
         controllers = tuple((self.read(f"{directory}/cgroup.controllers") or "").split())
-        writable = self.writable(directory) and self.writable(f"{directory}/cgroup.procs")
+        # Delegation (cgroup-v2.rst): creating children, moving processes and enabling the
+        # controllers for the children.
+        writable = all(self.writable(f"{directory}/{name}")
+                       for name in ("", "cgroup.procs", "cgroup.subtree_control"))
         return CgroupInfo(layout, directory, controllers, writable, v1)
 
     # --- facts that are not files ---------------------------------------------------------------

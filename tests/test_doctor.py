@@ -56,6 +56,7 @@ def fake_host(
         put(f"{where.lstrip('/')}{own}/cgroup.controllers",
             (controllers if cgroups == "v2" else "") + "\n")
         put(f"{where.lstrip('/')}{own}/cgroup.procs", "")
+        put(f"{where.lstrip('/')}{own}/cgroup.subtree_control", "")
     if cgroups in ("v1", "hybrid"):
         for number, controller in enumerate(("memory", "pids", "cpu,cpuacct", "name=systemd")):
             mountinfo.append(f"{40 + number} 23 0:{40 + number} / /sys/fs/cgroup/{controller} "
@@ -69,7 +70,7 @@ def fake_host(
     for directory in (root / "sys/fs/cgroup").rglob("*"):
         if directory.is_dir():
             directory.chmod(0o777 if writable else 0o755)
-            for name in ("cgroup.procs",):
+            for name in ("cgroup.procs", "cgroup.subtree_control"):
                 if (directory / name).exists():
                     (directory / name).chmod(0o666 if writable else 0o644)
     if container:
@@ -201,6 +202,15 @@ def test_pure_v2_without_delegation(tmp_path: Path) -> None:
     assert check.status == "warn"
     assert "not writable by uid 1000: memory, pids, cpu" in check.detail
     assert "systemd-run --user --scope -p Delegate=yes" in (check.remedy or "")
+
+
+def test_pure_v2_delegation_needs_subtree_control(tmp_path: Path) -> None:
+    root = fake_host(tmp_path)
+    (control,) = root.rglob("cgroup.subtree_control")
+    control.chmod(0o644)  # the directory and cgroup.procs stay writable
+    check = by_name(run_doctor(facts(root)))["cgroups"]
+    assert check.status == "warn"
+    assert "not writable by uid 1000: memory, pids, cpu" in check.detail
 
 
 def test_pure_v2_with_missing_controllers(tmp_path: Path) -> None:
