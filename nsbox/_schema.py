@@ -428,7 +428,8 @@ def rule_to_toml(item: SeccompRule) -> dict[str, Any]:
 
 # --- network -------------------------------------------------------------------------------------
 
-_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+# RFC 1123 labels, and the underscore that real service names use.
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
 
 
 def allow_list(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
@@ -452,7 +453,8 @@ def allow_list(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
             continue
         except ValueError:
             pass
-        labels = host[2:].split(".") if host.startswith("*.") else host.split(".")
+        name = host[2:] if host.startswith("*.") else host
+        labels = (name[:-1] if name.endswith(".") else name).split(".")
         if not host or len(host) > 253 or not all(_LABEL.match(label) for label in labels):
             raise origin.error(item_key, f"{entry!r} is not host[:port]",
                                'e.g. "pypi.org:443" or "*.githubusercontent.com"')

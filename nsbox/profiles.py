@@ -273,8 +273,8 @@ def apply_overrides(policy: Policy, overrides: Mapping[str, Any]) -> Policy:
 
     Keys are schema keys ("limits.memory") or their short names ("memory"); values take the
     same forms as in a profile ("1G", "10s", "none" for no limit) and are checked the same way.
-    ``None`` also means "no limit". Mounts given here are appended; relative host paths are
-    taken from the current directory.
+    ``None`` also means "no limit". Mounts (tables like a profile's, or Bind/Tmpfs/... objects)
+    are appended; relative host paths are taken from the current directory.
     """
     data: dict[str, Any] = {}
     for name, value in overrides.items():
@@ -283,6 +283,9 @@ def apply_overrides(policy: Policy, overrides: Mapping[str, Any]) -> Policy:
             known = sorted({*schema.FIELDS, *schema.LIST_KEYS, *ALIASES})
             raise PolicyError("not an option that can be overridden", key=name,
                               hint=schema.suggest(name, known))
+        if key == "filesystem.mounts":  # API callers may pass Bind(...) and friends
+            value = [schema.mount_to_toml(m) if dataclasses.is_dataclass(m) else m
+                     for m in value]
         section, _, leaf = key.rpartition(".")
         data.setdefault(section, {})[leaf] = "none" if value is None else value
     origin = schema.Origin(None, None, os.getcwd())

@@ -62,6 +62,9 @@ def error_of(path: Path) -> PolicyError:
          "'loopbak' is not one of none, loopback, allow", 'did you mean "loopback"?'),
         ('[network]\nmode = "allow"\nallow = ["pypi.org:99999"]\n', "network.allow[0]", 3,
          "the port must be 1..65535", None),
+        ('[network]\nallow = ["ok.example.org.", "_svc.example.org:8443", "[::1]:80", '
+         '"*.example.org", "bad..example.org"]\n', "network.allow[4]", 2,
+         "'bad..example.org' is not host[:port]", "pypi.org:443"),
         ("[identity]\nhost_uid = 0\n", "identity.host_uid", 2,
          "0 is out of range (must be 1..4294967294)", None),
         ('[identity]\nhostname = "bad host"\n', "identity.hostname", 2,
@@ -472,3 +475,35 @@ def test_docs_list_every_key_with_the_schema_default() -> None:
             assert tomllib.loads(f"x = {rows[key]}")["x"] == spec.to_toml(value), key
             checked += 1
     assert checked == len(_schema.FIELDS) - 1  # all but workspace.path, whose default is none
+
+
+def test_api_overrides_take_mount_objects_and_check_them(tmp_path: Path) -> None:
+    policy = apply_overrides(Policy(), {"mounts": [Tmpfs("/cache", size=MiB), Bind("/usr", "/u")]})
+    assert policy.mounts[-2:] == (Tmpfs("/cache", size=MiB), Bind("/usr", "/u"))
+    with pytest.raises(PolicyError) as info:
+        apply_overrides(Policy(), {"mounts": [Bind("/etc", "/e", writable=True)]})
+    assert str(info.value).startswith("filesystem.mounts[0].source: refusing to bind /etc")
+
+
+def test_every_policy_field_is_a_schema_key() -> None:
+    """The schema is the one description of a sandbox: a field added to Policy (or to its
+    parts) without a key in nsbox/_schema.py fails here."""
+    import dataclasses
+
+    from nsbox import _schema
+
+    reachable = {spec.attr for spec in _schema.FIELDS.values()}
+    reachable |= {("mounts",), ("seccomp", "rules"), ("name",)}  # lists; name: the file's
+
+    def fields(cls: type, prefix: tuple[str, ...]) -> set[tuple[str, ...]]:
+        found = set()
+        for f in dataclasses.fields(cls):
+            default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
+                       else f.default)
+            if dataclasses.is_dataclass(default) and not isinstance(default, type):
+                found |= fields(type(default), (*prefix, f.name))
+            else:
+                found.add((*prefix, f.name))
+        return found
+
+    assert fields(Policy, ()) - reachable == set()
