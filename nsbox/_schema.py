@@ -349,7 +349,7 @@ def format_duration(value: float) -> str:
 
 # --- seccomp -------------------------------------------------------------------------------------
 
-ACTIONS = ("allow", "kill", "log")
+ACTIONS = ("allow", "kill")
 ARG_OPS = ("eq", "ne", "lt", "le", "gt", "ge", "masked_eq")
 RULE_KEYS = ("syscall", "action", "args")
 ARG_KEYS = ("index", "op", "value", "mask")
@@ -384,7 +384,7 @@ def action(origin: Origin, key: str, raw: Any) -> str:
                                suggest(name, errno.errorcode.values()) or 'e.g. "errno:EPERM"')
         return value
     if value not in ACTIONS:
-        raise origin.error(key, f"{value!r} is not an action (allow, kill, log, errno:NAME)",
+        raise origin.error(key, f"{value!r} is not an action (allow, kill, errno:NAME)",
                            suggest(value, ACTIONS))
     return value
 

@@ -218,12 +218,13 @@ def check_seccomp(facts: HostFacts, policy: Policy) -> list[Check]:
                       "(no /proc/sys/kernel/seccomp/actions_avail)", [SYSCALLS],
                       "use a kernel built with CONFIG_SECCOMP_FILTER=y")]
     missing = [a for a in ("allow", "errno", "kill_process") if a not in actions]
-    if policy.seccomp.log_denied and "log" not in actions:
-        missing.append("log")
+    # Learning mode reports denied syscalls through a user-notification listener.
+    if policy.seccomp.log_denied and "user_notif" not in actions:
+        missing.append("user_notif")
     checks = []
     if missing:
         checks.append(Check("seccomp", bad, f"the kernel lacks the actions {', '.join(missing)}",
-                            [SYSCALLS], "upgrade the kernel (kill_process: 4.14, log: 4.14)"))
+                            [SYSCALLS], "upgrade the kernel (kill_process: 4.14, user_notif: 5.0)"))
     else:
         detail = "filters available"
         if mode == "2":

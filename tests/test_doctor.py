@@ -160,6 +160,14 @@ def test_seccomp_without_filters_or_actions(tmp_path: Path) -> None:
     assert check.detail == "the kernel lacks the actions kill_process"
 
 
+def test_learning_mode_needs_user_notification(tmp_path: Path) -> None:
+    root = fake_host(tmp_path, actions="kill_process kill_thread trap errno trace log allow")
+    assert by_name(run_doctor(facts(root)))["seccomp"].status == "ok"
+    learning = load_profile("default", {"seccomp.log_denied": True})
+    check = by_name(run_doctor(facts(root), learning))["seccomp"]
+    assert (check.status, check.detail) == ("fail", "the kernel lacks the actions user_notif")
+
+
 def test_missing_libseccomp(tmp_path: Path) -> None:
     host = HostFacts(str(fake_host(tmp_path)), uid=UID, python=(3, 11, 7), libseccomp=None)
     check = by_name(run_doctor(host))["libseccomp"]
