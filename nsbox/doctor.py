@@ -246,15 +246,23 @@ def check_seccomp(facts: HostFacts, policy: Policy) -> list[Check]:
     return checks
 
 
+# What a run gets instead when a controller cannot be used (docs/limits.md, per host type).
+_FALLBACK = {
+    "memory": "memory: RLIMIT_AS per process (address space, not memory; no total, no OOM "
+              "report, no peak memory)",
+    "pids": "pids: RLIMIT_NPROC (counts the sandbox's own tasks from Linux 5.14 on, all of "
+            "the mapped uid's before)",
+    "cpu": "cpus: not limited",
+}
+
+
 def check_cgroups(facts: HostFacts, policy: Policy) -> list[Check]:
     info = facts.cgroups()
     bad = "fail" if policy.limits.require_cgroup else "warn"
-    fallback = ("the launch falls back to rlimits: RLIMIT_AS caps address space, not memory "
-                "in use; RLIMIT_NPROC counts all of the user's processes; no OOM report, no "
-                "peak memory")
     wanted = {"memory": MEMORY, "pids": PIDS, "cpu": CPU}
     if info.layout == "none":
-        return [Check("cgroups", bad, "no cgroup hierarchy is mounted", list(wanted.values()),
+        return [Check("cgroups", bad, "no cgroup hierarchy is mounted; instead: "
+                      + "; ".join(_FALLBACK.values()), list(wanted.values()),
                       "mount cgroup2 on /sys/fs/cgroup (systemd does by default)")]
     usable: dict[str, str] = {}
     found: set[str] = set()  # controllers the host has (named v1 hierarchies are not ones)
@@ -269,29 +277,28 @@ def check_cgroups(facts: HostFacts, policy: Policy) -> list[Check]:
         found.add(controller)
         if controller in wanted and writable and controller not in usable:
             usable[controller] = "v1"
-    where = {"v2": info.v2_path or "", "v1": "v1 hierarchies"}
-    layout = f"{info.layout} layout"
-    detail = f"{layout}; controllers: {', '.join(sorted(found)) or 'none'}"
+    detail = f"{info.layout} layout; controllers: {', '.join(sorted(found)) or 'none'}"
     missing = [c for c in wanted if c not in usable]
     if not missing:
         via = ", ".join(f"{c} ({usable[c]})" for c in wanted)
         return [Check("cgroups", "ok", f"{detail}; writable here: {via}")]
+    unwritable = [c for c in missing if c in found]
+    absent = [c for c in missing if c not in found]
+    if unwritable:
+        detail += f"; not writable by uid {facts.uid}: {', '.join(unwritable)}"
+    if absent:
+        detail += f"; not available: {', '.join(absent)}"
+    detail += "; instead: " + "; ".join(_FALLBACK[c] for c in missing)
     if info.v2_path and not info.v1:
-        remedy = (f"delegate a cgroup to this user: run under 'systemd-run --user --scope "
-                  f"-p Delegate=yes', or have root create and chown a cgroup below "
-                  f"{where['v2']} with +memory +pids +cpu in its parent's "
-                  f"cgroup.subtree_control")
+        remedy = ("delegate a cgroup to this user: run nsbox under 'systemd-run --user --scope "
+                  "-p Delegate=yes', or have root create and chown a cgroup below "
+                  f"{info.v2_path} with +memory +pids +cpu in its parent's "
+                  "cgroup.subtree_control")
     else:
         remedy = ("run as root, or have root create cgroups owned by this user in the "
                   "memory, pids and cpu hierarchies (e.g. cgcreate -a USER -t USER -g "
                   "memory,pids,cpu:nsbox) and start nsbox inside them")
-    not_there = [c for c in missing if c not in found]
-    reason = (f"not writable by uid {facts.uid}: {', '.join(c for c in missing if c in found)}"
-              if len(not_there) < len(missing) else "")
-    if not_there:
-        reason = "; ".join(filter(None, [reason, f"not available: {', '.join(not_there)}"]))
-    return [Check("cgroups", bad, f"{detail}; {reason}; {fallback}",
-                  [wanted[c] for c in missing], remedy)]
+    return [Check("cgroups", bad, detail, [wanted[c] for c in missing], remedy)]
 
 
 # Per failed probe step: the guarantees lost and what to do.

@@ -182,7 +182,8 @@ def test_cgroup_v1_only_not_writable(tmp_path: Path) -> None:
     assert check.status == "warn"
     assert check.detail.startswith(
         "v1 layout; controllers: cpu, cpuacct, memory, pids; not writable by uid 1000: "
-        "memory, pids, cpu; the launch falls back to rlimits")
+        "memory, pids, cpu; instead: memory: RLIMIT_AS per process")
+    assert check.detail.endswith("; cpus: not limited")
     assert "cgcreate" in (check.remedy or "")
     strict = load_profile("default", {"limits.require_cgroup": True})
     assert not run_doctor(facts(fake_host(tmp_path / "b", cgroups="v1", writable=False)),
@@ -224,7 +225,9 @@ def test_pure_v2_delegation_needs_subtree_control(tmp_path: Path) -> None:
 def test_pure_v2_with_missing_controllers(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, controllers="memory"))))["cgroups"]
     assert check.status == "warn"
-    assert "not available: pids, cpu" in check.detail
+    assert check.detail == ("v2 layout; controllers: memory; not available: pids, cpu; "
+                            "instead: pids: RLIMIT_NPROC (counts the sandbox's own tasks from "
+                            "Linux 5.14 on, all of the mapped uid's before); cpus: not limited")
     assert check.affects == ["process-count limit (cgroup pids)",
                              "CPU share limit (cgroup cpu)"]
 
