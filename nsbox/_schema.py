@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import units
+from nsbox import seccomp, units
 from nsbox.errors import PolicyError
 from nsbox.policy import Bind, Dir, File, Mount, SeccompArg, SeccompRule, Symlink, Tmpfs
 
@@ -349,8 +349,7 @@ def format_duration(value: float) -> str:
 
 # --- seccomp -------------------------------------------------------------------------------------
 
-ACTIONS = ("allow", "kill")
-ARG_OPS = ("eq", "ne", "lt", "le", "gt", "ge", "masked_eq")
+ACTIONS = ("allow", "kill")  # and errno:NAME
 RULE_KEYS = ("syscall", "action", "args")
 ARG_KEYS = ("index", "op", "value", "mask")
 
@@ -376,16 +375,15 @@ def syscall_names() -> frozenset[str]:
 
 
 def action(origin: Origin, key: str, raw: Any) -> str:
+    """allow, kill or errno:NAME, as the filter compiler (nsbox/seccomp.py) reads them."""
     value = string(origin, key, raw)
-    if value.startswith("errno:"):
-        name = value[len("errno:"):]
-        if name not in errno.errorcode.values():
-            raise origin.error(key, f"{name!r} is not an errno name",
-                               suggest(name, errno.errorcode.values()) or 'e.g. "errno:EPERM"')
-        return value
-    if value not in ACTIONS:
-        raise origin.error(key, f"{value!r} is not an action (allow, kill, errno:NAME)",
-                           suggest(value, ACTIONS))
+    try:
+        seccomp.parse_action(value, key)
+    except PolicyError as exc:
+        kind, _, name = value.partition(":")
+        hint = (suggest(name, errno.errorcode.values()) if kind == "errno"
+                else suggest(value, ACTIONS))
+        raise origin.error(key, exc.message, hint or exc.hint) from None
     return value
 
 
@@ -408,7 +406,7 @@ def rule_arg(origin: Origin, key: str, raw: Any) -> SeccompArg:
     expect(origin, key, raw, dict, "a table such as { index = 0, op = \"eq\", value = 1 }")
     check_keys(origin, key, raw, ARG_KEYS)
     index = integer(0, 5)(origin, f"{key}.index", require(origin, key, raw, "index"))
-    op = choice(*ARG_OPS)(origin, f"{key}.op", require(origin, key, raw, "op"))
+    op = choice(*seccomp.OPS)(origin, f"{key}.op", require(origin, key, raw, "op"))
     value = integer(0, 2**64 - 1)(origin, f"{key}.value", require(origin, key, raw, "value"))
     if "mask" in raw and op != "masked_eq":
         raise origin.error(f"{key}.mask", 'a mask is only used with op = "masked_eq"')

@@ -7,7 +7,6 @@ come from the running process on the real host and from the constructor on a sim
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import platform
@@ -152,18 +151,10 @@ class HostFacts:
     def libseccomp_version(self) -> str | None:
         if self._libseccomp != "real":
             return self._libseccomp
-        try:
-            lib = ctypes.CDLL("libseccomp.so.2")
-        except OSError:
-            return None
+        from nsbox.seccomp import libseccomp_version
 
-        class Version(ctypes.Structure):
-            _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint),
-                        ("micro", ctypes.c_uint)]
-
-        lib.seccomp_version.restype = ctypes.POINTER(Version)
-        version = lib.seccomp_version().contents
-        return f"{version.major}.{version.minor}.{version.micro}"
+        version = libseccomp_version()
+        return None if version == "unknown" else version
 
     def probe(self) -> dict[str, object] | None:
         """The live probe's outcome (see nsbox/_probe.py); None on a simulated host unless the

@@ -74,7 +74,7 @@ def error_of(path: Path) -> PolicyError:
         ('[environment.set]\nPATH = "/x"\n', "environment.set.PATH", 2, "PATH has its own key",
          "environment.path"),
         ('[seccomp]\ndefault_action = "deny"\n', "seccomp.default_action", 2,
-         "'deny' is not an action", None),
+         "unknown action 'deny'", "use allow, kill or errno:NAME"),
         ("[filesystem]\nmounts = 3\n", "filesystem.mounts", 2, "expected an array of tables",
          None),
         ('description = "x"\nlimits = 5\n', "limits", 2, "expected a table [limits]", None),
@@ -83,7 +83,7 @@ def error_of(path: Path) -> PolicyError:
          "limits.memory", 5, "must be at least 1 byte", None),
         ('[ "identity" ]\n"uid" = -1\n', "identity.uid", 2, "-1 is out of range", None),
         ('[seccomp]\nrules = [\n  { syscall = "ptrace", action = "nope" },\n]\n',
-         "seccomp.rules[0].action", 2, "'nope' is not an action", None),
+         "seccomp.rules[0].action", 2, "unknown action 'nope'", None),
     ],
 )
 def test_validation_error_names_file_key_and_line(
