@@ -355,14 +355,28 @@ ARG_KEYS = ("index", "op", "value", "mask")
 
 
 @functools.lru_cache(maxsize=1)
-def syscall_names() -> frozenset[str]:
-    """The native architecture's syscall names, as libseccomp knows them (empty without it).
-
-    Loaded with ctypes directly: importing pyseccomp costs ~35 ms (it runs ldconfig).
-    """
+def _libseccomp() -> ctypes.CDLL | None:
+    # Loaded with ctypes directly: importing pyseccomp costs ~35 ms (it runs ldconfig).
     try:
-        lib = ctypes.CDLL("libseccomp.so.2")
+        return ctypes.CDLL("libseccomp.so.2")
     except OSError:
+        return None
+
+
+def known_syscall(name: str) -> bool:
+    """Whether libseccomp knows the name, on any architecture (``vm86`` is accepted on x86_64
+    and has no effect there, as docs/seccomp.md says). Without libseccomp every name passes:
+    compiling the filter then fails with its own error."""
+    lib = _libseccomp()
+    # seccomp_syscall_resolve_name(3): __NR_SCMP_ERROR (-1) for an unknown name.
+    return lib is None or lib.seccomp_syscall_resolve_name(name.encode()) != -1
+
+
+@functools.lru_cache(maxsize=1)
+def native_syscall_names() -> frozenset[str]:
+    """The native architecture's syscall names, for "did you mean" (empty without libseccomp)."""
+    lib = _libseccomp()
+    if lib is None:
         return frozenset()
     resolve = lib.seccomp_syscall_resolve_num_arch
     resolve.restype = ctypes.c_void_p
@@ -391,10 +405,9 @@ def rule(origin: Origin, key: str, raw: Any) -> SeccompRule:
     expect(origin, key, raw, dict, "a table")
     check_keys(origin, key, raw, RULE_KEYS)
     name = string(origin, f"{key}.syscall", require(origin, key, raw, "syscall"))
-    known = syscall_names()
-    if known and name not in known:
-        raise origin.error(f"{key}.syscall", f"{name!r} is not a system call of this "
-                           "architecture", suggest(name, known))
+    if not known_syscall(name):
+        raise origin.error(f"{key}.syscall", f"{name!r} is not a system call libseccomp knows",
+                           suggest(name, native_syscall_names()))
     act = action(origin, f"{key}.action", require(origin, key, raw, "action"))
     args = raw.get("args", [])
     expect(origin, f"{key}.args", args, list, "an array of tables")

@@ -189,7 +189,11 @@ def test_seccomp_rule_errors(tmp_path: Path) -> None:
     """)
     err = error_of(path)
     assert (err.key, err.line) == ("seccomp.rules[0].syscall", 2)
+    assert err.message == "'ptrce' is not a system call libseccomp knows"
     assert err.hint == 'did you mean "ptrace"?'
+    # A syscall of another architecture is accepted (and has no effect here).
+    path = write(tmp_path, '[[seccomp.rules]]\nsyscall = "vm86"\naction = "errno:EPERM"\n')
+    assert load_profile(str(path)).seccomp.rules[0].syscall == "vm86"
 
     path = write(tmp_path, """
         [[seccomp.rules]]
