@@ -105,6 +105,24 @@ def test_profile_limit_applies_in_the_sandbox(sandbox: Runner) -> None:
     assert result.timed_out
 
 
+def test_profile_file_with_a_seccomp_rule_and_a_file_mount(sandbox: Runner,
+                                                            unprivileged_tmp: Path) -> None:
+    profile = unprivileged_tmp / "strict.toml"
+    profile.write_text(
+        'extends = "shell"\n'
+        "[[filesystem.mounts]]\n"
+        'type = "file"\ntarget = "/etc/motd"\ncontent = "from the profile\\n"\n'
+        "[[seccomp.rules]]\n"
+        'syscall = "mkdir"\naction = "errno:EACCES"\n'
+        "[[seccomp.rules]]\n"
+        'syscall = "mkdirat"\naction = "errno:EACCES"\n')
+    profile.chmod(0o644)
+    script = "cat /etc/motd; mkdir /tmp/x 2>&1 | grep -c 'Permission denied'; ls /tmp | wc -l"
+    result = sandbox.run(["sh", "-c", script], profile=str(profile))
+    assert result.status is Status.OK, result.stderr
+    assert result.stdout == b"from the profile\n1\n0\n"
+
+
 # --- the command line --------------------------------------------------------------------------
 
 
