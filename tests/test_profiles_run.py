@@ -123,6 +123,15 @@ def test_profile_file_with_a_seccomp_rule_and_a_file_mount(sandbox: Runner,
     assert result.stdout == b"from the profile\n1\n0\n"
 
 
+def test_identity_keys_reach_the_sandbox(sandbox: Runner) -> None:
+    overrides = {"uid": 0, "gid": 0, "user": "agent", "hostname": "box",
+                 "environment.set": {"GREETING": "hi"}}
+    result = sandbox.run(["sh", "-c", "id -u; id -g; id -un; hostname; echo $GREETING"],
+                         profile="shell", overrides=overrides)
+    assert result.status is Status.OK, result.stderr
+    assert result.stdout == b"0\n0\nagent\nbox\nhi\n"
+
+
 # --- the command line --------------------------------------------------------------------------
 
 
