@@ -197,8 +197,13 @@ RESERVED_FILES = ("/etc/passwd", "/etc/group", "/etc/hostname", "/etc/hosts")
 # Giving the sandbox write access to these (or to /) would hand it the host.
 SYSTEM_DIRS = frozenset({
     "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/proc", "/root",
-    "/run", "/sbin", "/sys", "/usr", "/var",
+    "/run", "/sbin", "/sys", "/usr", "/var", "/tmp", "/var/tmp", "/dev/shm",
 })
+# Trees that hold the host's unix sockets (/run/docker.sock, /tmp/.X11-unix, ...) or its kernel
+# interfaces. connect(2) to a socket file needs no network and works through a read-only bind
+# (unix(7): only write permission on the socket is checked), so even a read-only bind of these
+# opens a way out of the sandbox: refused.
+EXPOSING_DIRS = frozenset({"/", "/run", "/tmp", "/var/tmp", "/dev", "/dev/shm", "/proc", "/sys"})
 
 
 def target_path(origin: Origin, key: str, raw: Any) -> str:
@@ -295,6 +300,10 @@ def mount(origin: Origin, key: str, raw: Any) -> Mount:
         if not os.path.lexists(source) and not optional:
             raise origin.error(f"{key}.source", f"{source} does not exist",
                                "fix the path, or set optional = true to skip it when missing")
+        if os.path.realpath(source) in EXPOSING_DIRS:
+            raise origin.error(f"{key}.source", f"refusing to bind {source}: it holds the "
+                               "host's unix sockets or kernel interfaces",
+                               "bind the one file or directory the sandbox needs")
         if writable and os.path.realpath(source) in SYSTEM_DIRS:
             raise origin.error(f"{key}.source", f"refusing to bind {source} writable",
                                "bind it read-only, or bind a directory of its own")
