@@ -448,36 +448,18 @@ def rule_to_toml(item: SeccompRule) -> dict[str, Any]:
 
 # --- network -------------------------------------------------------------------------------------
 
-# RFC 1123 labels, and the underscore that real service names use.
-_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
-
-
 def allow_list(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
-    """``host[:port]`` entries: DNS names (a leading ``*.`` for subdomains), IPs, [IPv6]."""
+    """``host[:port]`` entries, checked one by one by the proxy's own rules (nsbox/netrules.py),
+    so an error names the entry's index and line."""
+    from nsbox import netrules  # loads ipaddress; only profiles with an allow-list need it
+
     expect(origin, key, raw, list, 'an array of "host[:port]"')
     for i, entry in enumerate(raw):
         item_key = f"{key}[{i}]"
-        entry = string(origin, item_key, entry)
-        host, port = entry, None
-        if entry.startswith("["):
-            host, _, rest = entry[1:].partition("]")
-            port = rest[1:] if rest.startswith(":") else (None if not rest else "bad")
-        elif entry.count(":") == 1:
-            host, port = entry.split(":")
-        if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
-            raise origin.error(item_key, f"{entry!r}: the port must be 1..65535")
-        import ipaddress  # ~2 ms; only profiles with an allow-list need it
-
         try:
-            ipaddress.ip_address(host)
-            continue
-        except ValueError:
-            pass
-        name = host[2:] if host.startswith("*.") else host
-        labels = (name[:-1] if name.endswith(".") else name).split(".")
-        if not host or len(host) > 253 or not all(_LABEL.match(label) for label in labels):
-            raise origin.error(item_key, f"{entry!r} is not host[:port]",
-                               'e.g. "pypi.org:443" or "*.githubusercontent.com"')
+            netrules.parse_entry(string(origin, item_key, entry))
+        except PolicyError as exc:
+            raise origin.error(item_key, exc.message, exc.hint) from None
     return tuple(raw)
 
 
@@ -523,6 +505,11 @@ FIELDS: dict[str, Field] = {
     "limits.require_cgroup": Field(("limits", "require_cgroup"), boolean),
     "network.mode": Field(("network", "mode"), choice("none", "loopback", "allow")),
     "network.allow": Field(("network", "allow"), allow_list, list),
+    "network.proxy_port": Field(("network", "proxy_port"), integer(1, 65535)),
+    "network.max_connections": Field(("network", "max_connections"), integer(1)),
+    "network.max_bytes": Field(("network", "max_bytes"), size(), format_size),
+    "network.connect_timeout": Field(("network", "connect_timeout"), duration, format_duration),
+    "network.idle_timeout": Field(("network", "idle_timeout"), duration, format_duration),
     "seccomp.enabled": Field(("seccomp", "enabled"), boolean),
     "seccomp.default_action": Field(("seccomp", "default_action"), action),
     "seccomp.log_denied": Field(("seccomp", "log_denied"), boolean),

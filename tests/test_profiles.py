@@ -61,10 +61,10 @@ def error_of(path: Path) -> PolicyError:
         ('[network]\nmode = "loopbak"\n', "network.mode", 2,
          "'loopbak' is not one of none, loopback, allow", 'did you mean "loopback"?'),
         ('[network]\nmode = "allow"\nallow = ["pypi.org:99999"]\n', "network.allow[0]", 3,
-         "the port must be 1..65535", None),
+         "port 99999 is outside 1-65535", None),
         ('[network]\nallow = ["ok.example.org.", "_svc.example.org:8443", "[::1]:80", '
          '"*.example.org", "bad..example.org"]\n', "network.allow[4]", 2,
-         "'bad..example.org' is not host[:port]", "pypi.org:443"),
+         "'bad..example.org' is not a valid host name", "write host[:port]"),
         ("[identity]\nhost_uid = 0\n", "identity.host_uid", 2,
          "0 is out of range (must be 1..4294967294)", None),
         ('[identity]\nhostname = "bad host"\n', "identity.hostname", 2,

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from conftest import PYTHON, Runner, require
+from netservers import HTTPServer
 
 from nsbox.result import Status
 
@@ -83,11 +84,24 @@ def test_minimal_profile_runs_a_static_binary_and_nothing_else(sandbox: Runner,
     assert result.stdout == b"static usr=0 sh=0\n"
 
 
-def test_net_allow_profile_validates_and_runs(sandbox: Runner) -> None:
-    result = sandbox.run(["python3", "-c", "import socket; print(socket.gethostname())"],
-                         profile="net-allow")
+def test_net_allow_profile_reaches_only_its_allow_list(sandbox: Runner) -> None:
+    fetch = ("import sys, urllib.request, urllib.error\n"
+             "for url in sys.argv[1:]:\n"
+             "    try:\n"
+             "        print(urllib.request.urlopen(url, timeout=10).read().decode(), end='')\n"
+             "    except urllib.error.HTTPError as e:\n"
+             "        print(e.code, e.read().decode().strip())\n")
+    with HTTPServer() as server:
+        listed = f"127.0.0.1:{server.port}"
+        # The override replaces the profile's list: the package index is not reachable now,
+        # and the proxy answers for it without any lookup.
+        result = sandbox.run(["python3", "-c", fetch, f"http://{listed}/data",
+                              "http://pypi.org/simple/"],
+                             profile="net-allow", overrides={"allow": [listed]})
     assert result.status is Status.OK, result.stderr
-    assert result.stdout == b"nsbox\n"
+    assert result.stdout == (b"hello from the host\n"
+                             b"403 nsbox proxy: pypi.org:80 is not in the allow-list\n")
+    assert [r["line"] for r in server.requests] == ["GET /data HTTP/1.1"]
 
 
 def test_build_profile_compiles_and_runs_c(sandbox: Runner) -> None:
