@@ -158,12 +158,12 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
         "limits.wall_time": wall_time, "limits.output": output_limit,
         "workspace.path": workspace, "environment.set": env_set or None,
         "environment.passthrough": pass_env or None,
-        "filesystem.mounts": [_bind_override(s, False) for s in ro_bind]
-        + [_bind_override(s, True) for s in rw_bind],
         "seccomp.log_denied": True if seccomp_log else None,
     }
+    binds = [("--ro-bind", spec, False) for spec in ro_bind]
+    binds += [("--bind", spec, True) for spec in rw_bind]
     try:
-        policy = _load_policy(profile, overrides, settings)
+        policy = _load_policy(profile, overrides, settings, binds)
         # --- network (docs/network.md) ---
         policy = policy.replace(network=from_options(policy.network, net_mode, allow_host))
         # --- end network ---
@@ -199,9 +199,12 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
 # --- profiles and doctor (nsbox/profiles.py, nsbox/doctor.py); imported only when used ---------
 
 
-def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ...]) -> Policy:
+def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ...],
+                 binds: list[tuple[str, str, bool]]) -> Policy:
     """The profile with the options applied; ``--set KEY=VALUE`` takes a TOML value (a bare
-    word is a string) and comes last. Raises PolicyError naming the file, key and line."""
+    word is a string) and comes last. Raises PolicyError naming the file, key and line, or the
+    option."""
+    from nsbox.errors import PolicyError
     from nsbox.profiles import apply_overrides, load_profile, tomllib
 
     for item in settings:
@@ -223,6 +226,11 @@ def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, .
     if overrides.get("environment.passthrough"):
         overrides["environment.passthrough"] = [
             *policy.env_passthrough, *overrides["environment.passthrough"]]
+    for option, spec, writable in binds:
+        try:
+            policy = apply_overrides(policy, {"mounts": [_bind_override(spec, writable)]})
+        except PolicyError as exc:
+            raise PolicyError(exc.message, key=f"{option} {spec}") from None
     return apply_overrides(policy, {k: v for k, v in overrides.items()
                                     if v is not None and v != []})
 

@@ -203,6 +203,15 @@ def test_cli_set_takes_toml_values_and_pass_env_adds_to_the_profile(tmp_path: Pa
                           "allow\n")
 
 
+def test_cli_bind_errors_name_the_option() -> None:
+    done = nsbox_cli("run", "--ro-bind", "/nonexistent-dir:/data", "--", "true")
+    assert done.returncode == 125
+    assert done.stderr == ("nsbox: --ro-bind /nonexistent-dir:/data: /nonexistent-dir does not "
+                           "exist\n")
+    done = nsbox_cli("run", "--bind", "/etc:/e", "--", "true")
+    assert done.stderr == "nsbox: --bind /etc:/e: refusing to bind /etc writable\n"
+
+
 def test_cli_reports_a_bad_profile_with_file_key_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('extends = "default"\n\n[limits]\nmemory = 0\n')
