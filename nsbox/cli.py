@@ -12,7 +12,6 @@ for what nsbox decided:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ import nsbox
 from nsbox import limits
 from nsbox.errors import CommandNotFound, NsboxError, PolicyError, SetupError
 from nsbox.network import from_options
-from nsbox.policy import Bind, Policy
+from nsbox.policy import Policy
 from nsbox.result import Result, Status
 from nsbox.units import parse_duration, parse_size
 
@@ -55,11 +54,12 @@ def _exit_code(result: Result) -> int:
     return result.exit_code or 0
 
 
-def _split_bind(spec: str, writable: bool) -> Bind:
+def _bind_override(spec: str, writable: bool) -> dict[str, Any]:
     source, _, target = spec.partition(":")
     if not source:
         raise click.BadParameter(f"{spec!r}: expected SRC[:DST]")
-    return Bind(os.path.abspath(source), target or os.path.abspath(source), writable=writable)
+    return {"type": "bind", "source": source, "target": target or os.path.abspath(source),
+            "writable": writable}
 
 
 def _size(_ctx: Any, param: click.Parameter, value: str | None) -> int | None:
@@ -170,44 +170,60 @@ def main() -> None:
               help="Reachable through the proxy (implies --net allow); '*.example.org' for "
               "sub-domains. Repeatable.")
 # --- end network ---
+# --- profiles (nsbox/profiles.py) ---------------------------------------------------------------
+@click.option("-p", "--profile", default="default", show_default=True, metavar="NAME|FILE",
+              help="A shipped profile's name or a profile file (see `nsbox profiles`).")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="Override any profile key: --set limits.memory=1G --set network.mode=loopback.")
+@click.option("--print-profile", is_flag=True,
+              help="Print the effective policy (profile plus options) as TOML and exit.")
+# --- end profiles -------------------------------------------------------------------------------
 @_limit_options
-@click.argument("command", nargs=-1, required=True)
+@click.argument("command", nargs=-1)
 def run(wall_time: float | None, output_limit: int | None, workspace: str | None,
         ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
         pass_env: tuple[str, ...], cwd: str | None, as_json: bool, seccomp_log: bool,
-        net_mode: str | None, allow_host: tuple[str, ...], command: tuple[str, ...],
+        net_mode: str | None, allow_host: tuple[str, ...], profile: str,
+        settings: tuple[str, ...], print_profile: bool, command: tuple[str, ...],
         **limit_values: Any) -> None:
     """Run COMMAND in a new sandbox.
+
+    Every option is an override of a profile key (docs/profiles.md).
 
     \b
     Example:
       nsbox run --time 10 -- python3 -c 'print("hello from the sandbox")'
     """
-    policy = _with_limits(Policy(), limit_values)
-    extra = tuple(_split_bind(s, False) for s in ro_bind)
-    extra += tuple(_split_bind(s, True) for s in rw_bind)
     env_set: dict[str, str] = {}
     for item in env:
         key, sep, value = item.partition("=")
         if not key or not sep:
             raise click.BadParameter(f"{item!r}: expected KEY=VAL", param_hint="--env")
         env_set[key] = value
-    policy = policy.replace(
-        mounts=policy.mounts + extra,
-        env_passthrough=policy.env_passthrough + pass_env,
-    )
-    if seccomp_log:
-        policy = policy.replace(seccomp=dataclasses.replace(policy.seccomp, log_denied=True))
-    # --- network (docs/network.md) ---
+    # --- profiles: the options become overrides of the profile's keys ---------------------------
+    overrides: dict[str, Any] = {
+        "limits.wall_time": wall_time, "limits.output": output_limit,
+        "workspace.path": workspace, "environment.set": env_set or None,
+        "environment.passthrough": pass_env or None,
+        "seccomp.log_denied": True if seccomp_log else None,
+    }
+    binds = [("--ro-bind", spec, False) for spec in ro_bind]
+    binds += [("--bind", spec, True) for spec in rw_bind]
     try:
+        policy = _with_limits(_load_policy(profile, overrides, settings, binds), limit_values)
+        # --- network (docs/network.md) ---
         policy = policy.replace(network=from_options(policy.network, net_mode, allow_host))
-    except NsboxError as error:
-        _fail(error)
-    # --- end network ---
-    try:
+        # --- end network ---
+        if print_profile:
+            from nsbox.profiles import to_toml
+
+            click.echo(to_toml(policy), nl=False)
+            return
+        if not command:
+            raise click.UsageError("missing COMMAND (or --print-profile)")
+        # --- end profiles -----------------------------------------------------------------------
         result = nsbox.run(
-            list(command), policy, stdin=None if as_json else 0, timeout=wall_time,
-            output_limit=output_limit, env=env_set, workspace=workspace, cwd=cwd,
+            list(command), policy, stdin=None if as_json else 0, cwd=cwd,
             passthrough=not as_json,
         )
     except NsboxError as error:
@@ -227,6 +243,92 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
                    + (reason or ("wall-clock limit reached" if result.status is Status.TO
                                  else "output limit reached")), err=True)
     sys.exit(_exit_code(result))
+
+
+# --- profiles and doctor (nsbox/profiles.py, nsbox/doctor.py); imported only when used ---------
+
+
+def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ...],
+                 binds: list[tuple[str, str, bool]]) -> Policy:
+    """The profile with the options applied; ``--set KEY=VALUE`` takes a TOML value (a bare
+    word is a string) and comes last. Raises PolicyError naming the file, key and line, or the
+    option."""
+    from nsbox.errors import PolicyError
+    from nsbox.profiles import apply_overrides, load_profile, tomllib
+
+    for item in settings:
+        key, sep, text = item.partition("=")
+        if not key or not sep:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
+        try:
+            overrides[key.strip()] = tomllib.loads(f"value = {text}")["value"]
+        except tomllib.TOMLDecodeError:
+            overrides[key.strip()] = text
+    policy = load_profile(profile)
+    env = dict(overrides.pop("environment.set", None) or {})
+    # PATH and LANG have keys of their own in the schema.
+    for name in ("PATH", "LANG"):
+        if name in env:
+            overrides[f"environment.{name.lower()}"] = env.pop(name)
+    if env:
+        overrides["environment.set"] = env
+    if overrides.get("environment.passthrough"):
+        overrides["environment.passthrough"] = [
+            *policy.env_passthrough, *overrides["environment.passthrough"]]
+    for option, spec, writable in binds:
+        try:
+            policy = apply_overrides(policy, {"mounts": [_bind_override(spec, writable)]})
+        except PolicyError as exc:
+            raise PolicyError(exc.message, key=f"{option} {spec}") from None
+    return apply_overrides(policy, {k: v for k, v in overrides.items()
+                                    if v is not None and v != []})
+
+
+@main.group(invoke_without_command=True)
+@click.pass_context
+def profiles(ctx: click.Context) -> None:
+    """List the shipped profiles (`nsbox profiles show NAME` prints one)."""
+    if ctx.invoked_subcommand is None:
+        from nsbox.profiles import profile_description, shipped_profiles
+
+        names = shipped_profiles()
+        width = max(len(name) for name in names)
+        for name in names:
+            click.echo(f"{name:<{width}}  {profile_description(name)}")
+
+
+@profiles.command("show")
+@click.argument("name", metavar="NAME|FILE")
+def profiles_show(name: str) -> None:
+    """Print a profile with its parents merged in, as TOML."""
+    from nsbox.profiles import load_profile, to_toml
+
+    try:
+        click.echo(to_toml(load_profile(name)), nl=False)
+    except NsboxError as error:
+        _fail(error)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("-p", "--profile", default="default", show_default=True, metavar="NAME|FILE",
+              help="Judge the host for this profile.")
+def doctor(as_json: bool, profile: str) -> None:
+    """Check what this host offers and what is missing; exit 1 when the profile cannot run
+    safely here."""
+    from nsbox.doctor import run_doctor
+    from nsbox.profiles import load_profile
+
+    try:
+        report = run_doctor(policy=load_profile(profile))
+    except NsboxError as error:
+        _fail(error)
+        return
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format_table())
+    sys.exit(0 if report.ok else 1)
+
+
+# --- end profiles and doctor --------------------------------------------------------------------
 
 
 if __name__ == "__main__":

@@ -176,6 +176,7 @@ class Seccomp:
 @dataclass(frozen=True)
 class Policy:
     name: str = "default"
+    description: str = ""  # one line first, as `nsbox profiles` lists it
     mounts: tuple[Mount, ...] = DEFAULT_MOUNTS
     env: tuple[tuple[str, str], ...] = ()
     env_passthrough: tuple[str, ...] = ()

@@ -20,6 +20,10 @@ def invoke(argv: list, kwargs: dict) -> nsbox.Result:
     if "stdin_b64" in kwargs:
         kwargs["stdin"] = base64.b64decode(kwargs.pop("stdin_b64"))
     policy = nsbox.Policy()
+    if "profile" in kwargs:  # a shipped profile or a file, with overrides (nsbox/profiles.py)
+        from nsbox.profiles import load_profile
+
+        policy = load_profile(kwargs.pop("profile"), kwargs.pop("overrides", None))
     changes = dict(kwargs.pop("policy_changes", {}))
     if isinstance(changes.get("network"), dict):  # JSON carries the network policy as a dict
         net = dict(changes["network"], allow=tuple(changes["network"].get("allow", ())))

@@ -1,0 +1,524 @@
+"""The profile schema: every key, how its value is checked, and which Policy field it fills.
+
+One table (FIELDS) describes the scalar keys; mounts and seccomp rules, being ordered lists of
+tables, have their own parsers below. The same parsers check profile files and the caller's
+overrides, so both doors lead to the same validated values. Defaults are Policy's field defaults.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import math
+import os
+import posixpath
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from nsbox import seccomp, units
+from nsbox.errors import PolicyError
+from nsbox.policy import Bind, Dir, File, Mount, SeccompArg, SeccompRule, Symlink, Tmpfs
+
+# --- where an error is reported ------------------------------------------------------------------
+
+
+class Origin:
+    """The file (or the caller's options) that values come from, for error messages."""
+
+    def __init__(self, file: str | None, line_of: Callable[[str], int | None] | None = None,
+                 base_dir: str | None = None) -> None:
+        self.file = file
+        self._line_of = line_of
+        self.base_dir = base_dir
+
+    def error(self, key: str, message: str, hint: str | None = None) -> PolicyError:
+        line = self._line_of(key) if self._line_of else None
+        return PolicyError(message, key=key, file=self.file, line=line, hint=hint)
+
+
+def suggest(word: str, choices: Iterable[str]) -> str | None:
+    """A "did you mean" hint for a misspelled key or value."""
+    import difflib  # only on the error path
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f'did you mean "{close[0]}"?' if close else None
+
+
+# --- value parsers: (origin, key, raw TOML value) -> Policy value --------------------------------
+
+Parser = Callable[[Origin, str, Any], Any]
+
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+               list: "an array", dict: "a table"}
+
+
+def type_name(raw: Any) -> str:
+    return _TYPE_NAMES.get(type(raw), type(raw).__name__)
+
+
+def expect(origin: Origin, key: str, raw: Any, kind: type | tuple[type, ...], what: str) -> None:
+    # bool is an int in Python; TOML keeps them apart, and so do we.
+    if isinstance(raw, bool) and kind is not bool and bool not in (
+            kind if isinstance(kind, tuple) else (kind,)):
+        raise origin.error(key, f"expected {what}, got a boolean ({str(raw).lower()})")
+    if not isinstance(raw, kind):
+        raise origin.error(key, f"expected {what}, got {type_name(raw)} ({raw!r})")
+
+
+def boolean(origin: Origin, key: str, raw: Any) -> bool:
+    expect(origin, key, raw, bool, "true or false")
+    return bool(raw)
+
+
+def string(origin: Origin, key: str, raw: Any) -> str:
+    expect(origin, key, raw, str, "a string")
+    if "\0" in raw:
+        raise origin.error(key, "contains a NUL character")
+    return str(raw)
+
+
+def integer(low: int, high: int = 2**63 - 1) -> Parser:
+    def parse(origin: Origin, key: str, raw: Any) -> int:
+        expect(origin, key, raw, int, "an integer")
+        if not low <= raw <= high:
+            bound = f"at least {low}" if high == 2**63 - 1 else f"{low}..{high}"
+            raise origin.error(key, f"{raw} is out of range (must be {bound})")
+        return int(raw)
+    return parse
+
+
+def number(origin: Origin, key: str, raw: Any) -> float:
+    expect(origin, key, raw, (int, float), "a number")
+    if not math.isfinite(raw) or raw <= 0:
+        raise origin.error(key, f"must be a positive number, got {raw}")
+    return float(raw)
+
+
+def size(minimum: int = 1) -> Parser:
+    """Bytes as an integer or a string with a binary unit: 4096, "512K", "256M", "1.5G"."""
+    def parse(origin: Origin, key: str, raw: Any) -> int:
+        expect(origin, key, raw, (int, str), 'a size such as "256M" or a number of bytes')
+        try:
+            value = units.parse_size(raw)
+        except ValueError as exc:
+            raise origin.error(key, str(exc)) from None
+        if value < minimum:
+            raise origin.error(key, f"must be at least {minimum} byte{'s' * (minimum != 1)}, "
+                               f"got {raw!r}")
+        return value
+    return parse
+
+
+def duration(origin: Origin, key: str, raw: Any) -> float:
+    """Seconds as a number or a string with a unit: 10, 2.5, "500ms", "10s", "2m", "1h"."""
+    expect(origin, key, raw, (int, float, str), 'a duration such as "10s" or a number of seconds')
+    try:
+        value = units.parse_duration(raw)
+    except ValueError as exc:
+        raise origin.error(key, str(exc)) from None
+    if not math.isfinite(value) or value <= 0:
+        raise origin.error(key, f"must be a positive duration, got {raw!r}")
+    return value
+
+
+def nullable(parser: Parser) -> Parser:
+    """The string "none" (TOML has no null) means "no limit of this kind"."""
+    def parse(origin: Origin, key: str, raw: Any) -> Any:
+        if raw is None or raw == "none":
+            return None
+        return parser(origin, key, raw)
+    return parse
+
+
+def choice(*choices: str) -> Parser:
+    def parse(origin: Origin, key: str, raw: Any) -> str:
+        value = string(origin, key, raw)
+        if value not in choices:
+            raise origin.error(key, f"{value!r} is not one of {', '.join(choices)}",
+                               suggest(value, choices))
+        return value
+    return parse
+
+
+def mode(origin: Origin, key: str, raw: Any) -> int:
+    """File mode bits: a TOML integer (0o755) or an octal string ("0755")."""
+    expect(origin, key, raw, (int, str), 'a mode such as 0o755 or "0755"')
+    try:
+        value = int(raw, 8) if isinstance(raw, str) else raw
+    except ValueError:
+        raise origin.error(key, f"{raw!r} is not an octal mode", 'write it as "0755"') from None
+    if not 0 <= value <= 0o7777:
+        raise origin.error(key, f"{raw!r} is not a file mode (0..0o7777)")
+    return int(value)
+
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$")
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def pattern(regex: re.Pattern[str], what: str) -> Parser:
+    def parse(origin: Origin, key: str, raw: Any) -> str:
+        value = string(origin, key, raw)
+        if not regex.match(value):
+            raise origin.error(key, f"{value!r} is not {what}")
+        return value
+    return parse
+
+
+def env_names(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
+    expect(origin, key, raw, list, "an array of variable names")
+    for i, name in enumerate(raw):
+        pattern(ENV_NAME, "a variable name")(origin, f"{key}[{i}]", name)
+    return tuple(raw)
+
+
+def env_table(origin: Origin, key: str, raw: Any) -> dict[str, str]:
+    expect(origin, key, raw, dict, 'a table of NAME = "value"')
+    for name, value in raw.items():
+        if not ENV_NAME.match(name):
+            raise origin.error(f"{key}.{name}", f"{name!r} is not a variable name")
+        if name in ("PATH", "LANG"):
+            raise origin.error(f"{key}.{name}", f"{name} has its own key",
+                               f"set environment.{name.lower()} instead")
+        string(origin, f"{key}.{name}", value)
+    return dict(raw)
+
+
+# --- paths ---------------------------------------------------------------------------------------
+
+# What nsbox mounts itself after the policy's mounts (nsbox/plan.py): a mount there would be
+# covered, so it is refused. The whole trees, and the synthetic files of /etc.
+RESERVED_TARGETS = ("/proc", "/dev", "/tmp", "/workspace")
+RESERVED_FILES = ("/etc/passwd", "/etc/group", "/etc/hostname", "/etc/hosts")
+# Giving the sandbox write access to these (or to /) would hand it the host.
+SYSTEM_DIRS = frozenset({
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/proc", "/root",
+    "/run", "/sbin", "/sys", "/usr", "/var", "/tmp", "/var/tmp", "/dev/shm",
+})
+# Trees that hold the host's unix sockets (/run/docker.sock, /tmp/.X11-unix, ...) or its kernel
+# interfaces. connect(2) to a socket file needs no network and works through a read-only bind
+# (unix(7): only write permission on the socket is checked), so even a read-only bind of these
+# opens a way out of the sandbox: refused.
+EXPOSING_DIRS = frozenset({"/", "/run", "/tmp", "/var/tmp", "/dev", "/dev/shm", "/proc", "/sys"})
+
+
+def target_path(origin: Origin, key: str, raw: Any) -> str:
+    """A path inside the sandbox: absolute, without "..", not the root or a reserved tree."""
+    value = string(origin, key, raw)
+    if not value.startswith("/"):
+        raise origin.error(key, f"{value!r} is a relative path; mount targets are absolute",
+                           f'write "/{value}"')
+    if ".." in value.split("/"):
+        raise origin.error(key, f"{value!r} contains \"..\"; targets must stay inside the "
+                           "sandbox's root")
+    value = posixpath.normpath(value).replace("//", "/")
+    if value == "/":
+        raise origin.error(key, "the root itself cannot be a mount target",
+                           "the root is nsbox's own tmpfs; mount below it")
+    for reserved in RESERVED_TARGETS:
+        if value == reserved or value.startswith(reserved + "/"):
+            raise origin.error(key, f"{value} is set up by nsbox itself and cannot be a target",
+                               "for /workspace use workspace.path; for /tmp limits.tmp_size")
+    if value in RESERVED_FILES:
+        raise origin.error(key, f"{value} is written by nsbox itself (from [identity])")
+    return value
+
+
+def host_path(origin: Origin, key: str, raw: Any) -> str:
+    """An absolute host path, canonical: the directories leading to it are resolved now (with
+    realpath), so no later change to a symlink on the way can redirect the mount. The last
+    component is kept as it is; ``mount`` decides whether a symlink there is resolved too."""
+    value = string(origin, key, raw)
+    if value.startswith("~"):
+        raise origin.error(key, f"{value!r}: ~ is not expanded in profiles",
+                           "write the absolute path")
+    if not value.startswith("/"):
+        if origin.base_dir is None:
+            raise origin.error(key, f"{value!r} is a relative path; host paths are absolute")
+        value = os.path.join(origin.base_dir, value)
+    parent, name = posixpath.split(value.rstrip("/"))
+    if name in ("", ".", ".."):
+        return os.path.realpath(value)
+    return posixpath.join(os.path.realpath(parent or "/"), name)
+
+
+def host_dir(origin: Origin, key: str, raw: Any) -> str:
+    """A host directory the sandbox may write: must exist, and must not be a system tree."""
+    value = os.path.realpath(host_path(origin, key, raw))
+    if not os.path.isdir(value):
+        raise origin.error(key, f"{value} does not exist or is not a directory",
+                           "create it first")
+    if value in SYSTEM_DIRS:
+        raise origin.error(key, f"refusing to let the sandbox write {value}",
+                           "give it a directory of its own")
+    return value
+
+
+# --- mounts --------------------------------------------------------------------------------------
+
+MOUNT_KEYS: dict[str, tuple[str, ...]] = {
+    "bind": ("type", "source", "target", "writable", "optional"),
+    "tmpfs": ("type", "target", "size", "mode"),
+    "file": ("type", "target", "content", "mode"),
+    "symlink": ("type", "target", "points_to"),
+    "dir": ("type", "target", "mode"),
+}
+
+
+def check_keys(origin: Origin, key: str, table: dict[str, Any], known: Iterable[str]) -> None:
+    known = tuple(known)
+    for name in table:
+        if name not in known:
+            raise origin.error(f"{key}.{name}" if key else name, "unknown key",
+                               suggest(name, known))
+
+
+def require(origin: Origin, key: str, table: dict[str, Any], name: str) -> Any:
+    if name not in table:
+        raise origin.error(key, f'missing "{name}"')
+    return table[name]
+
+
+def mount(origin: Origin, key: str, raw: Any) -> Mount:
+    expect(origin, key, raw, dict, "a table")
+    kind = choice(*MOUNT_KEYS)(origin, f"{key}.type", require(origin, key, raw, "type"))
+    check_keys(origin, key, raw, MOUNT_KEYS[kind])
+    target = target_path(origin, f"{key}.target", require(origin, key, raw, "target"))
+    if kind == "bind":
+        writable = boolean(origin, f"{key}.writable", raw.get("writable", False))
+        optional = boolean(origin, f"{key}.optional", raw.get("optional", False))
+        source = host_path(origin, f"{key}.source", require(origin, key, raw, "source"))
+        # The launch reproduces a symlink only for a read-only bind onto the same path (the
+        # merged-usr /bin -> usr/bin); any other symlink is resolved now, so the policy names
+        # the file that will be bound, whatever is later written where the link was.
+        if os.path.islink(source) and (writable or source != target):
+            source = os.path.realpath(source)
+        if not os.path.lexists(source) and not optional:
+            raise origin.error(f"{key}.source", f"{source} does not exist",
+                               "fix the path, or set optional = true to skip it when missing")
+        if os.path.realpath(source) in EXPOSING_DIRS:
+            raise origin.error(f"{key}.source", f"refusing to bind {source}: it holds the "
+                               "host's unix sockets or kernel interfaces",
+                               "bind the one file or directory the sandbox needs")
+        if writable and os.path.realpath(source) in SYSTEM_DIRS:
+            raise origin.error(f"{key}.source", f"refusing to bind {source} writable",
+                               "bind it read-only, or bind a directory of its own")
+        return Bind(source, target, writable=writable, optional=optional)
+    if kind == "tmpfs":
+        return Tmpfs(target, size=size()(origin, f"{key}.size", raw.get("size", Tmpfs.size)),
+                     mode=mode(origin, f"{key}.mode", raw.get("mode", Tmpfs.mode)))
+    if kind == "file":
+        content = string(origin, f"{key}.content", require(origin, key, raw, "content"))
+        return File(target, content, mode=mode(origin, f"{key}.mode", raw.get("mode", File.mode)))
+    if kind == "symlink":
+        points_to = string(origin, f"{key}.points_to", require(origin, key, raw, "points_to"))
+        if not points_to:
+            raise origin.error(f"{key}.points_to", "is empty")
+        return Symlink(target, points_to)
+    return Dir(target, mode=mode(origin, f"{key}.mode", raw.get("mode", Dir.mode)))
+
+
+def mount_to_toml(item: Mount) -> dict[str, Any]:
+    entries: dict[str, Any] = {"type": item.kind}
+    if isinstance(item, Bind):
+        entries.update(source=item.source, target=item.target)
+        if item.writable:
+            entries["writable"] = True
+        if item.optional:
+            entries["optional"] = True
+    elif isinstance(item, Tmpfs):
+        entries.update(target=item.target, size=format_size(item.size), mode=f"{item.mode:04o}")
+    elif isinstance(item, File):
+        entries.update(target=item.target, content=item.content, mode=f"{item.mode:04o}")
+    elif isinstance(item, Symlink):
+        entries.update(target=item.target, points_to=item.points_to)
+    else:
+        entries.update(target=item.target, mode=f"{item.mode:04o}")
+    return entries
+
+
+_SIZE_FACTORS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def format_size(value: int) -> str | int:
+    for unit in ("T", "G", "M", "K"):
+        factor = _SIZE_FACTORS[unit]
+        if value >= factor and value % factor == 0:
+            return f"{value // factor}{unit}"
+    return value
+
+
+def format_duration(value: float) -> str:
+    return f"{value:g}s"
+
+
+# --- seccomp -------------------------------------------------------------------------------------
+
+ACTIONS = ("allow", "kill")  # and errno:NAME
+RULE_KEYS = ("syscall", "action", "args")
+ARG_KEYS = ("index", "op", "value", "mask")
+
+
+@functools.lru_cache(maxsize=1)
+def _libseccomp() -> ctypes.CDLL | None:
+    # Loaded with ctypes directly: importing pyseccomp costs ~35 ms (it runs ldconfig).
+    try:
+        return ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        return None
+
+
+def known_syscall(name: str) -> bool:
+    """Whether libseccomp knows the name, on any architecture (``vm86`` is accepted on x86_64
+    and has no effect there, as docs/seccomp.md says). Without libseccomp every name passes:
+    compiling the filter then fails with its own error."""
+    lib = _libseccomp()
+    # seccomp_syscall_resolve_name(3): __NR_SCMP_ERROR (-1) for an unknown name.
+    return lib is None or lib.seccomp_syscall_resolve_name(name.encode()) != -1
+
+
+@functools.lru_cache(maxsize=1)
+def native_syscall_names() -> frozenset[str]:
+    """The native architecture's syscall names, for "did you mean" (empty without libseccomp)."""
+    lib = _libseccomp()
+    if lib is None:
+        return frozenset()
+    resolve = lib.seccomp_syscall_resolve_num_arch
+    resolve.restype = ctypes.c_void_p
+    names = set()
+    for number in range(1024):
+        pointer = resolve(0, number)  # 0: SCMP_ARCH_NATIVE
+        if pointer:
+            names.add(ctypes.string_at(pointer).decode())
+    return frozenset(names)
+
+
+def action(origin: Origin, key: str, raw: Any) -> str:
+    """allow, kill or errno:NAME, as the filter compiler (nsbox/seccomp.py) reads them."""
+    value = string(origin, key, raw)
+    try:
+        seccomp.parse_action(value, key)
+    except PolicyError as exc:
+        kind, _, name = value.partition(":")
+        hint = (suggest(name, errno.errorcode.values()) if kind == "errno"
+                else suggest(value, ACTIONS))
+        raise origin.error(key, exc.message, hint or exc.hint) from None
+    return value
+
+
+def rule(origin: Origin, key: str, raw: Any) -> SeccompRule:
+    expect(origin, key, raw, dict, "a table")
+    check_keys(origin, key, raw, RULE_KEYS)
+    name = string(origin, f"{key}.syscall", require(origin, key, raw, "syscall"))
+    if not known_syscall(name):
+        raise origin.error(f"{key}.syscall", f"{name!r} is not a system call libseccomp knows",
+                           suggest(name, native_syscall_names()))
+    act = action(origin, f"{key}.action", require(origin, key, raw, "action"))
+    args = raw.get("args", [])
+    expect(origin, f"{key}.args", args, list, "an array of tables")
+    return SeccompRule(name, act, tuple(rule_arg(origin, f"{key}.args[{i}]", a)
+                                        for i, a in enumerate(args)))
+
+
+def rule_arg(origin: Origin, key: str, raw: Any) -> SeccompArg:
+    expect(origin, key, raw, dict, "a table such as { index = 0, op = \"eq\", value = 1 }")
+    check_keys(origin, key, raw, ARG_KEYS)
+    index = integer(0, 5)(origin, f"{key}.index", require(origin, key, raw, "index"))
+    op = choice(*seccomp.OPS)(origin, f"{key}.op", require(origin, key, raw, "op"))
+    value = integer(0, 2**64 - 1)(origin, f"{key}.value", require(origin, key, raw, "value"))
+    if "mask" in raw and op != "masked_eq":
+        raise origin.error(f"{key}.mask", 'a mask is only used with op = "masked_eq"')
+    mask = integer(0, 2**64 - 1)(origin, f"{key}.mask", raw.get("mask", 0))
+    return SeccompArg(index, op, value, mask)
+
+
+def rule_to_toml(item: SeccompRule) -> dict[str, Any]:
+    entries: dict[str, Any] = {"syscall": item.syscall, "action": item.action}
+    if item.args:
+        entries["args"] = [
+            {"index": a.index, "op": a.op, "value": a.value, **({"mask": a.mask} if a.mask else {})}
+            for a in item.args
+        ]
+    return entries
+
+
+# --- network -------------------------------------------------------------------------------------
+
+def allow_list(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
+    """``host[:port]`` entries, checked one by one by the proxy's own rules (nsbox/netrules.py),
+    so an error names the entry's index and line."""
+    from nsbox import netrules  # loads ipaddress; only profiles with an allow-list need it
+
+    expect(origin, key, raw, list, 'an array of "host[:port]"')
+    for i, entry in enumerate(raw):
+        item_key = f"{key}[{i}]"
+        try:
+            netrules.parse_entry(string(origin, item_key, entry))
+        except PolicyError as exc:
+            raise origin.error(item_key, exc.message, exc.hint) from None
+    return tuple(raw)
+
+
+# --- the scalar keys -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Field:
+    attr: tuple[str, ...]  # where the value goes in a Policy, e.g. ("limits", "memory")
+    parse: Parser
+    to_toml: Callable[[Any], Any] = lambda value: value
+
+
+def _none_or(fmt: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: "none" if value is None else fmt(value)
+
+
+FIELDS: dict[str, Field] = {
+    "description": Field(("description",), string),
+    "environment.set": Field(("env",), env_table, dict),
+    "environment.passthrough": Field(("env_passthrough",), env_names, list),
+    "environment.path": Field(("path",), string),
+    "environment.lang": Field(("lang",), string),
+    "identity.uid": Field(("uid",), integer(0, 2**32 - 2)),
+    "identity.gid": Field(("gid",), integer(0, 2**32 - 2)),
+    "identity.user": Field(("user",), pattern(_USER, "a user name ([a-z_][a-z0-9_-]*)")),
+    "identity.hostname": Field(("hostname",), pattern(_HOSTNAME, "a host name")),
+    # Never host uid/gid 0: a kernel bug that leaks a file must land as nobody (DESIGN.md).
+    "identity.host_uid": Field(("host_uid",), integer(1, 2**32 - 2)),
+    "identity.host_gid": Field(("host_gid",), integer(1, 2**32 - 2)),
+    "limits.wall_time": Field(("limits", "wall_time"), nullable(duration),
+                              _none_or(format_duration)),
+    "limits.cpu_time": Field(("limits", "cpu_time"), nullable(duration),
+                             _none_or(format_duration)),
+    "limits.memory": Field(("limits", "memory"), nullable(size()), _none_or(format_size)),
+    "limits.pids": Field(("limits", "pids"), nullable(integer(1)), _none_or(int)),
+    "limits.cpus": Field(("limits", "cpus"), nullable(number), _none_or(float)),
+    "limits.output": Field(("limits", "output"), size(0), format_size),
+    "limits.open_files": Field(("limits", "open_files"), integer(3, 1 << 20)),
+    "limits.file_size": Field(("limits", "file_size"), nullable(size()), _none_or(format_size)),
+    "limits.tmp_size": Field(("limits", "tmp_size"), size(), format_size),
+    "limits.shm_size": Field(("limits", "shm_size"), size(), format_size),
+    "limits.require_cgroup": Field(("limits", "require_cgroup"), boolean),
+    "network.mode": Field(("network", "mode"), choice("none", "loopback", "allow")),
+    "network.allow": Field(("network", "allow"), allow_list, list),
+    "network.proxy_port": Field(("network", "proxy_port"), integer(1, 65535)),
+    "network.max_connections": Field(("network", "max_connections"), integer(1)),
+    "network.max_bytes": Field(("network", "max_bytes"), size(), format_size),
+    "network.connect_timeout": Field(("network", "connect_timeout"), duration, format_duration),
+    "network.idle_timeout": Field(("network", "idle_timeout"), duration, format_duration),
+    "seccomp.enabled": Field(("seccomp", "enabled"), boolean),
+    "seccomp.default_action": Field(("seccomp", "default_action"), action),
+    "seccomp.log_denied": Field(("seccomp", "log_denied"), boolean),
+    "workspace.path": Field(("workspace",), nullable(host_dir), _none_or(str)),
+    "workspace.size": Field(("limits", "workspace_size"), size(), format_size),
+}
+
+# Keys that hold ordered lists of tables, and the switch that drops inherited mounts.
+LIST_KEYS = ("filesystem.mounts", "seccomp.rules")
+SECTIONS = ("filesystem", "environment", "identity", "limits", "network", "seccomp", "workspace")
+TOP_KEYS = ("description", "extends", *SECTIONS)
+ALL_KEYS = (*FIELDS, *LIST_KEYS, "filesystem.inherit", "extends")

@@ -1,0 +1,341 @@
+"""``nsbox doctor``: check the host once, and say what each missing feature costs and how to fix it.
+
+Every check reads the host through a HostFacts (nsbox/hostfacts.py), so the same checks run on
+the real host and on a fake /proc and /sys tree. A check is ``ok``, ``info`` (worth knowing),
+``warn`` (the sandbox runs, with a weaker guarantee that the Result reports as degraded) or
+``fail`` (the profile cannot run safely). The library returns a Report; the CLI picks the exit
+status from ``Report.ok``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from nsbox.hostfacts import HostFacts, kernel_release
+from nsbox.policy import Policy
+
+# The guarantees of DESIGN.md's threat model, as a check names them.
+FILESYSTEM = "filesystem isolation (empty root, read-only binds)"
+PROCESSES = "process isolation (own PID namespace and /proc)"
+NETWORK = "network isolation (own network namespace)"
+PRIVILEGE = "privilege confinement (a user namespace: root inside is nobody outside)"
+SYSCALLS = "syscall filter (seccomp)"
+MEMORY = "memory limit and OOM detection (cgroup memory)"
+PIDS = "process-count limit (cgroup pids)"
+CPU = "CPU share limit (cgroup cpu)"
+CLEANUP = "cleanup of everything the command started"
+
+STATUSES = ("ok", "info", "warn", "fail")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # one of STATUSES
+    detail: str
+    affects: list[str] = field(default_factory=list)
+    remedy: str | None = None
+
+
+@dataclass
+class Report:
+    profile: str
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        """True when the profile can run safely here (warnings allowed)."""
+        return all(check.status != "fail" for check in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"profile": self.profile, "ok": self.ok,
+                "checks": [asdict(check) for check in self.checks]}
+
+    def format_table(self) -> str:
+        width = max(len(check.name) for check in self.checks)
+        lines = [f"{'STATUS':<6}  {'CHECK':<{width}}  DETAIL"]
+        for check in self.checks:
+            lines.append(f"{check.status.upper():<6}  {check.name:<{width}}  {check.detail}")
+            pad = " " * (8 + width + 2)
+            if check.affects and check.status in ("warn", "fail"):
+                lines.append(f"{pad}affects: {'; '.join(check.affects)}")
+            if check.remedy and check.status != "ok":
+                lines.append(f"{pad}remedy: {check.remedy}")
+        failed = [c.name for c in self.checks if c.status == "fail"]
+        warned = sum(c.status == "warn" for c in self.checks)
+        if failed:
+            lines.append(f"\nThe {self.profile!r} profile cannot run safely here: "
+                         f"{', '.join(failed)}.")
+        else:
+            lines.append(f"\nThe {self.profile!r} profile can run here"
+                         + (f", with {warned} weaker guarantee(s) (see WARN)." if warned else "."))
+        return "\n".join(lines)
+
+
+def run_doctor(facts: HostFacts | None = None, policy: Policy | None = None) -> Report:
+    """Check the host (the real one unless ``facts`` points elsewhere) for ``policy`` (by
+    default the shipped default profile)."""
+    if policy is None:
+        from nsbox.profiles import load_profile
+
+        policy = load_profile("default")
+    facts = facts or HostFacts()
+    checks: list[Check] = []
+    for check in CHECKS:
+        checks.extend(check(facts, policy))
+    return Report(policy.name, checks)
+
+
+# --- the checks --------------------------------------------------------------------------------
+
+
+def check_python(facts: HostFacts, policy: Policy) -> list[Check]:
+    version = ".".join(map(str, facts.python))
+    if facts.python < (3, 10):
+        return [Check("python", "fail", f"Python {version}; nsbox needs 3.10 or later",
+                      [FILESYSTEM, PROCESSES], "run nsbox with python3.10 or later")]
+    return [Check("python", "ok", f"Python {version}")]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(p or 0) for p in match.groups()) if match else ()
+
+
+def check_kernel(facts: HostFacts, policy: Policy) -> list[Check]:
+    release = kernel_release(facts)
+    version = _version(release)
+    if not version:
+        return [Check("kernel", "warn", f"cannot tell the kernel version ({release!r})")]
+    # The launch uses pidfd_open(2) (5.3) to wait and kill without pid-reuse races,
+    # close_range(2) with CLOSE_RANGE_CLOEXEC (5.11), and mount_setattr(2) (5.12) to make binds
+    # read-only recursively and to map a writable workspace's owner when run as root.
+    if version < (5, 12):
+        return [Check("kernel", "fail", f"Linux {release}; nsbox needs 5.12 or later "
+                      "(mount_setattr, close_range, pidfd)", [FILESYSTEM, CLEANUP],
+                      "upgrade the kernel to 5.12 or later")]
+    return [Check("kernel", "ok", f"Linux {release}")]
+
+
+def _apparmor_remedy() -> str:
+    python = os.path.realpath(sys.executable)
+    return (f"allow user namespaces for this Python: write /etc/apparmor.d/nsbox with "
+            f"'abi <abi/4.0>, include <tunables/global> profile nsbox {python} "
+            f"flags=(unconfined) {{ userns, }}' and run 'apparmor_parser -r "
+            f"/etc/apparmor.d/nsbox' (or, for the whole machine, 'sysctl -w "
+            f"kernel.apparmor_restrict_unprivileged_userns=0')")
+
+
+def check_userns(facts: HostFacts, policy: Policy) -> list[Check]:
+    name = "user namespaces"
+    affects = [PRIVILEGE, FILESYSTEM, PROCESSES, NETWORK]
+    maximum = facts.read_int("/proc/sys/user/max_user_namespaces")
+    if maximum is None:
+        return [Check(name, "fail", "the kernel has no user namespaces (CONFIG_USER_NS)",
+                      affects, "use a kernel built with CONFIG_USER_NS=y")]
+    if maximum == 0:
+        return [Check(name, "fail", "user.max_user_namespaces is 0", affects,
+                      "sysctl -w user.max_user_namespaces=15000 (and set it in "
+                      "/etc/sysctl.d/ to keep it)")]
+    root = facts.uid == 0
+    clone = facts.read_int("/proc/sys/kernel/unprivileged_userns_clone")
+    if clone == 0 and not root:
+        return [Check(name, "fail", "kernel.unprivileged_userns_clone is 0: only root may "
+                      "create user namespaces", affects,
+                      "sysctl -w kernel.unprivileged_userns_clone=1 (and set it in "
+                      "/etc/sysctl.d/), or run nsbox as root")]
+    restrict = facts.read_int("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+    if restrict == 1 and not root:
+        return [Check(name, "fail", "AppArmor restricts unprivileged user namespaces "
+                      "(kernel.apparmor_restrict_unprivileged_userns=1): they come without "
+                      "capabilities, so the sandbox cannot mount", affects, _apparmor_remedy())]
+    notes = [f"max {maximum}"]
+    if clone == 0 or restrict == 1:
+        notes.append("restricted for unprivileged users (root is not affected)")
+    return [Check(name, "ok", ", ".join(notes))]
+
+
+# proc(5): the kernel refuses a new proc mount in a user namespace when the existing /proc has
+# files covered by other mounts (fs/namespace.c, mount_too_revealing); binfmt_misc is fine.
+_HARMLESS_PROC_MOUNTS = ("/proc/sys/fs/binfmt_misc",)
+
+
+def check_container(facts: HostFacts, policy: Policy) -> list[Check]:
+    evidence = []
+    if facts.exists("/.dockerenv"):
+        evidence.append("/.dockerenv")
+    if facts.exists("/run/.containerenv"):
+        evidence.append("/run/.containerenv")
+    environ = facts.read("/proc/1/environ") or ""
+    for item in environ.split("\0"):
+        if item.startswith("container="):
+            evidence.append(f"PID 1 has {item}")
+    cgroup = facts.read("/proc/1/cgroup") or ""
+    for word in ("docker", "kubepods", "containerd", "libpod", "lxc"):
+        if word in cgroup:
+            evidence.append(f"/proc/1/cgroup names {word}")
+            break
+    covered = [m.mount_point for m in facts.mounts()
+               if m.mount_point.startswith("/proc/") and m.mount_point not in
+               _HARMLESS_PROC_MOUNTS]
+    checks = []
+    if not evidence:
+        checks.append(Check("container", "ok", "not inside a container"))
+    else:
+        checks.append(Check(
+            "container", "info", "inside a container (" + "; ".join(evidence) + "): its "
+            "seccomp profile may refuse unshare and mount, and masked /proc paths block a "
+            "new /proc; the probe shows what works",
+            remedy="if the probe fails: run the container with --security-opt "
+                   "seccomp=unconfined --security-opt systempaths=unconfined, or nsbox on the "
+                   "host"))
+    if covered:
+        checks.append(Check(
+            "/proc mounts", "fail", "parts of /proc are covered by other mounts ("
+            + ", ".join(covered[:4]) + (", ..." if len(covered) > 4 else "") + "): the kernel "
+            "refuses a fresh /proc in a new user namespace", [PROCESSES],
+            "unmask /proc (docker/podman: --security-opt systempaths=unconfined)"))
+    return checks
+
+
+def check_seccomp(facts: HostFacts, policy: Policy) -> list[Check]:
+    needed = policy.seccomp.enabled
+    bad = "fail" if needed else "warn"
+    mode = facts.status_field("Seccomp")
+    if mode is None:
+        return [Check("seccomp", bad, "the kernel has no seccomp (no Seccomp field in "
+                      "/proc/self/status)", [SYSCALLS],
+                      "use a kernel built with CONFIG_SECCOMP_FILTER=y")]
+    actions = (facts.read("/proc/sys/kernel/seccomp/actions_avail") or "").split()
+    if not actions:
+        return [Check("seccomp", bad, "the kernel cannot filter syscalls "
+                      "(no /proc/sys/kernel/seccomp/actions_avail)", [SYSCALLS],
+                      "use a kernel built with CONFIG_SECCOMP_FILTER=y")]
+    missing = [a for a in ("allow", "errno", "kill_process") if a not in actions]
+    # Learning mode reports denied syscalls through a user-notification listener.
+    if policy.seccomp.log_denied and "user_notif" not in actions:
+        missing.append("user_notif")
+    checks = []
+    if missing:
+        checks.append(Check("seccomp", bad, f"the kernel lacks the actions {', '.join(missing)}",
+                            [SYSCALLS], "upgrade the kernel (kill_process: 4.14, user_notif: 5.0)"))
+    else:
+        detail = "filters available"
+        if mode == "2":
+            detail += "; this process already runs under a filter, the sandbox's stacks on it"
+        checks.append(Check("seccomp", "ok", detail))
+    version = facts.libseccomp_version()
+    if version is None:
+        checks.append(Check("libseccomp", bad, "libseccomp.so.2 not found: the filter cannot "
+                            "be built", [SYSCALLS],
+                            "install libseccomp (Debian/Ubuntu: apt-get install libseccomp2)"))
+    elif _version(version) < (2, 5):
+        checks.append(Check("libseccomp", "warn", f"libseccomp {version}; 2.5 or later knows "
+                            "the newer syscalls", [SYSCALLS], "upgrade libseccomp to 2.5+"))
+    else:
+        checks.append(Check("libseccomp", "ok", f"libseccomp {version}"))
+    if not facts.simulated and importlib.util.find_spec("pyseccomp") is None:
+        checks.append(Check("pyseccomp", bad, "the pyseccomp module is not installed",
+                            [SYSCALLS], "pip install pyseccomp"))
+    return checks
+
+
+# What a run gets instead when a controller cannot be used (docs/limits.md, per host type).
+_FALLBACK = {
+    "memory": "memory: RLIMIT_AS per process (address space, not memory; no total, no OOM "
+              "report, no peak memory)",
+    "pids": "pids: RLIMIT_NPROC (counts the sandbox's own tasks from Linux 5.14 on, all of "
+            "the mapped uid's before)",
+    "cpu": "cpus: not limited",
+}
+
+
+def check_cgroups(facts: HostFacts, policy: Policy) -> list[Check]:
+    info = facts.cgroups()
+    bad = "fail" if policy.limits.require_cgroup else "warn"
+    wanted = {"memory": MEMORY, "pids": PIDS, "cpu": CPU}
+    if info.layout == "none":
+        return [Check("cgroups", bad, "no cgroup hierarchy is mounted; instead: "
+                      + "; ".join(_FALLBACK.values()), list(wanted.values()),
+                      "mount cgroup2 on /sys/fs/cgroup (systemd does by default)")]
+    usable: dict[str, str] = {}
+    found: set[str] = set()  # controllers the host has (named v1 hierarchies are not ones)
+    if info.v2_path is not None:
+        found.update(info.v2_controllers)
+        for controller in wanted:
+            if controller in info.v2_controllers and info.v2_writable:
+                usable[controller] = "v2"
+    for controller, (_directory, writable) in info.v1.items():
+        if controller.startswith("name="):
+            continue
+        found.add(controller)
+        if controller in wanted and writable and controller not in usable:
+            usable[controller] = "v1"
+    detail = f"{info.layout} layout; controllers: {', '.join(sorted(found)) or 'none'}"
+    missing = [c for c in wanted if c not in usable]
+    if not missing:
+        via = ", ".join(f"{c} ({usable[c]})" for c in wanted)
+        return [Check("cgroups", "ok", f"{detail}; writable here: {via}")]
+    unwritable = [c for c in missing if c in found]
+    absent = [c for c in missing if c not in found]
+    if unwritable:
+        detail += f"; not writable by uid {facts.uid}: {', '.join(unwritable)}"
+    if absent:
+        detail += f"; not available: {', '.join(absent)}"
+    detail += "; instead: " + "; ".join(_FALLBACK[c] for c in missing)
+    if info.v2_path and not info.v1:
+        remedy = ("delegate a cgroup to this user: run nsbox under 'systemd-run --user --scope "
+                  "-p Delegate=yes', or have root create and chown a cgroup below "
+                  f"{info.v2_path} with +memory +pids +cpu in its parent's "
+                  "cgroup.subtree_control")
+    else:
+        remedy = ("run as root, or have root create cgroups owned by this user in the "
+                  "memory, pids and cpu hierarchies (e.g. cgcreate -a USER -t USER -g "
+                  "memory,pids,cpu:nsbox) and start nsbox inside them")
+    return [Check("cgroups", bad, detail, [wanted[c] for c in missing], remedy)]
+
+
+# Per failed probe step: the guarantees lost and what to do.
+_PROBE_ADVICE: dict[str, tuple[list[str], str]] = {
+    "user namespace": ([PRIVILEGE, FILESYSTEM, PROCESSES, NETWORK],
+                       "see the user namespaces and container checks above"),
+    "uid/gid maps": ([PRIVILEGE], "check /proc/self/uid_map is writable (a security module "
+                     "may refuse it)"),
+    "mount, pid, net, ipc, uts and cgroup namespaces": (
+        [FILESYSTEM, PROCESSES, NETWORK], "a container or a security module refuses "
+        "unshare(2); run with seccomp=unconfined or on the host"),
+    "private mounts": ([FILESYSTEM], "a security module refuses mount(2) in the namespace"),
+    "tmpfs root": ([FILESYSTEM], "a security module refuses mounting tmpfs"),
+    "mount /proc": ([PROCESSES], "unmask /proc (containers: --security-opt "
+                    "systempaths=unconfined)"),
+    "pivot_root": ([FILESYSTEM], "the root is on rootfs/initramfs, where pivot_root(2) fails: "
+                   "boot with a real root filesystem"),
+    "detach the old root": ([FILESYSTEM], "a security module refuses umount2(2)"),
+    "seccomp filter": ([SYSCALLS], "a container may refuse seccomp(2); run with "
+                       "seccomp=unconfined"),
+}
+
+
+def check_probe(facts: HostFacts, policy: Policy) -> list[Check]:
+    outcome = facts.probe()
+    if outcome is None:
+        return [Check("live probe", "info", "not run (simulated host)")]
+    failed = outcome.get("failed")
+    if not failed:
+        return [Check("live probe", "ok", "namespaces, tmpfs root, /proc, pivot_root and a "
+                      "seccomp filter all worked in a child process")]
+    affects, remedy = _PROBE_ADVICE.get(str(failed), ([FILESYSTEM], "see the checks above"))
+    return [Check("live probe", "fail", f"{failed} failed: {outcome.get('error')}", affects,
+                  remedy)]
+
+
+CHECKS: tuple[Callable[[HostFacts, Policy], list[Check]], ...] = (
+    check_python, check_kernel, check_userns, check_container, check_seccomp, check_cgroups,
+    check_probe,
+)

@@ -1,0 +1,328 @@
+"""nsbox doctor: on this real host, and on simulated hosts (fake /proc and /sys trees)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import PYTHON, require
+
+from nsbox.doctor import Check, Report, run_doctor
+from nsbox.hostfacts import HostFacts
+from nsbox.profiles import load_profile
+
+ACTIONS = "kill_process kill_thread trap errno user_notif trace log allow"
+UID = 1000  # the simulated unprivileged user
+
+
+def fake_host(
+    tmp: Path, *, release: str = "6.8.0-45-generic", max_userns: str | None = "63000",
+    userns_clone: str | None = None, apparmor: str | None = None, seccomp: bool = True,
+    actions: str = ACTIONS, cgroups: str = "v2", writable: bool = True,
+    controllers: str = "cpuset cpu io memory pids", extra_mounts: list[str] | None = None,
+    container: bool = False,
+) -> Path:
+    """A /proc and /sys tree for one imagined host; the simulated user is uid 1000."""
+    root = tmp / "host"
+
+    def put(name: str, text: str) -> None:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    put("proc/sys/kernel/osrelease", release + "\n")
+    if max_userns is not None:
+        put("proc/sys/user/max_user_namespaces", max_userns + "\n")
+    if userns_clone is not None:
+        put("proc/sys/kernel/unprivileged_userns_clone", userns_clone + "\n")
+    if apparmor is not None:
+        put("proc/sys/kernel/apparmor_restrict_unprivileged_userns", apparmor + "\n")
+    put("proc/self/status", "Name:\tpython3\n" + ("Seccomp:\t0\nSeccomp_filters:\t0\n"
+                                                  if seccomp else ""))
+    if seccomp and actions:
+        put("proc/sys/kernel/seccomp/actions_avail", actions + "\n")
+    mountinfo = ["22 27 0:21 / /proc rw,relatime - proc proc rw",
+                 "23 27 0:22 / /sys rw,relatime - sysfs sysfs rw"]
+    own = "/user.slice/user-1000.slice/user@1000.service/app.slice/nsbox.scope"
+    lines = []
+    if cgroups in ("v2", "hybrid"):
+        where = "/sys/fs/cgroup" if cgroups == "v2" else "/sys/fs/cgroup/unified"
+        mountinfo.append(f"31 23 0:28 / {where} rw - cgroup2 cgroup2 rw,nsdelegate")
+        lines.append(f"0::{own}")
+        put(f"{where.lstrip('/')}{own}/cgroup.controllers",
+            (controllers if cgroups == "v2" else "") + "\n")
+        put(f"{where.lstrip('/')}{own}/cgroup.procs", "")
+        put(f"{where.lstrip('/')}{own}/cgroup.subtree_control", "")
+    if cgroups in ("v1", "hybrid"):
+        for number, controller in enumerate(("memory", "pids", "cpu,cpuacct", "name=systemd")):
+            mountinfo.append(f"{40 + number} 23 0:{40 + number} / /sys/fs/cgroup/{controller} "
+                             f"rw - cgroup cgroup rw,{controller}")
+            lines.append(f"{9 - number}:{controller}:/nsbox")
+            put(f"sys/fs/cgroup/{controller}/nsbox/cgroup.procs", "")
+    mountinfo += extra_mounts or []
+    put("proc/self/mountinfo", "\n".join(mountinfo) + "\n")
+    put("proc/self/cgroup", "\n".join(lines) + "\n")
+    # Owned by whoever runs the test; the simulated uid 1000 writes only where others may.
+    for directory in (root / "sys/fs/cgroup").rglob("*"):
+        if directory.is_dir():
+            directory.chmod(0o777 if writable else 0o755)
+            for name in ("cgroup.procs", "cgroup.subtree_control"):
+                if (directory / name).exists():
+                    (directory / name).chmod(0o666 if writable else 0o644)
+    if container:
+        put(".dockerenv", "")
+        put("proc/1/cgroup", "0::/docker/4f1c\n")
+    return root
+
+
+def facts(root: Path, uid: int = UID) -> HostFacts:
+    return HostFacts(str(root), uid=uid, python=(3, 11, 7), libseccomp="2.5.4")
+
+
+def by_name(report: Report) -> dict[str, Check]:
+    return {check.name: check for check in report.checks}
+
+
+def test_a_well_equipped_v2_host(tmp_path: Path) -> None:
+    report = run_doctor(facts(fake_host(tmp_path)))
+    checks = by_name(report)
+    assert report.ok
+    assert {c.name: c.status for c in report.checks} == {
+        "python": "ok", "kernel": "ok", "user namespaces": "ok", "container": "ok",
+        "seccomp": "ok", "libseccomp": "ok", "cgroups": "ok", "live probe": "info"}
+    assert checks["kernel"].detail == "Linux 6.8.0-45-generic"
+    assert checks["cgroups"].detail.startswith(
+        "v2 layout; controllers: cpu, cpuset, io, memory, pids; writable here: memory (v2)")
+    assert checks["live probe"].detail == "not run (simulated host)"
+
+
+def test_user_namespaces_disabled(tmp_path: Path) -> None:
+    report = run_doctor(facts(fake_host(tmp_path, max_userns="0")))
+    check = by_name(report)["user namespaces"]
+    assert not report.ok
+    assert check.status == "fail"
+    assert check.detail == "user.max_user_namespaces is 0"
+    assert (check.remedy or "").startswith(
+        "sysctl -w user.max_user_namespaces=15000")
+    assert any("privilege confinement" in a for a in check.affects)
+
+
+def test_kernel_without_user_namespaces(tmp_path: Path) -> None:
+    check = by_name(run_doctor(facts(fake_host(tmp_path, max_userns=None))))["user namespaces"]
+    assert check.status == "fail"
+    assert "CONFIG_USER_NS" in check.detail
+
+
+def test_debian_sysctl_blocks_unprivileged_but_not_root(tmp_path: Path) -> None:
+    root = fake_host(tmp_path, userns_clone="0")
+    check = by_name(run_doctor(facts(root)))["user namespaces"]
+    assert check.status == "fail"
+    assert (check.remedy or "").startswith(
+        "sysctl -w kernel.unprivileged_userns_clone=1")
+    as_root = by_name(run_doctor(facts(root, uid=0)))["user namespaces"]
+    assert as_root.status == "ok"
+    assert "root is not affected" in as_root.detail
+
+
+def test_apparmor_restriction(tmp_path: Path) -> None:
+    report = run_doctor(facts(fake_host(tmp_path, apparmor="1")))
+    check = by_name(report)["user namespaces"]
+    assert not report.ok
+    assert check.status == "fail"
+    assert "apparmor_restrict_unprivileged_userns=1" in check.detail
+    assert "userns," in (check.remedy or "")
+    assert os.path.realpath(sys.executable) in (check.remedy or "")
+    assert "apparmor_parser -r /etc/apparmor.d/nsbox" in (check.remedy or "")
+
+
+def test_no_seccomp(tmp_path: Path) -> None:
+    report = run_doctor(facts(fake_host(tmp_path, seccomp=False)))
+    check = by_name(report)["seccomp"]
+    assert not report.ok
+    assert check.status == "fail"
+    assert "no Seccomp field" in check.detail
+    assert check.affects == ["syscall filter (seccomp)"]
+    # A profile that turns seccomp off can still run: the loss is a warning then.
+    relaxed = load_profile("default", {"seccomp.enabled": False})
+    assert run_doctor(facts(fake_host(tmp_path / "b", seccomp=False)), relaxed).ok
+
+
+def test_seccomp_without_filters_or_actions(tmp_path: Path) -> None:
+    check = by_name(run_doctor(facts(fake_host(tmp_path, actions=""))))["seccomp"]
+    assert (check.status, "actions_avail" in check.detail) == ("fail", True)
+    old = fake_host(tmp_path / "b", actions="kill trap errno trace allow")
+    check = by_name(run_doctor(facts(old)))["seccomp"]
+    assert check.status == "fail"
+    assert check.detail == "the kernel lacks the actions kill_process"
+
+
+def test_learning_mode_needs_user_notification(tmp_path: Path) -> None:
+    root = fake_host(tmp_path, actions="kill_process kill_thread trap errno trace log allow")
+    assert by_name(run_doctor(facts(root)))["seccomp"].status == "ok"
+    learning = load_profile("default", {"seccomp.log_denied": True})
+    check = by_name(run_doctor(facts(root), learning))["seccomp"]
+    assert (check.status, check.detail) == ("fail", "the kernel lacks the actions user_notif")
+
+
+def test_missing_libseccomp(tmp_path: Path) -> None:
+    host = HostFacts(str(fake_host(tmp_path)), uid=UID, python=(3, 11, 7), libseccomp=None)
+    check = by_name(run_doctor(host))["libseccomp"]
+    assert check.status == "fail"
+    assert "apt-get install libseccomp2" in (check.remedy or "")
+
+
+def test_cgroup_v1_only_not_writable(tmp_path: Path) -> None:
+    report = run_doctor(facts(fake_host(tmp_path, cgroups="v1", writable=False)))
+    check = by_name(report)["cgroups"]
+    assert report.ok  # rlimits are the fallback; the default profile does not require cgroups
+    assert check.status == "warn"
+    assert check.detail.startswith(
+        "v1 layout; controllers: cpu, cpuacct, memory, pids; not writable by uid 1000: "
+        "memory, pids, cpu; instead: memory: RLIMIT_AS per process")
+    assert check.detail.endswith("; cpus: not limited")
+    assert "cgcreate" in (check.remedy or "")
+    strict = load_profile("default", {"limits.require_cgroup": True})
+    assert not run_doctor(facts(fake_host(tmp_path / "b", cgroups="v1", writable=False)),
+                          strict).ok
+
+
+def test_cgroup_v1_writable(tmp_path: Path) -> None:
+    check = by_name(run_doctor(facts(fake_host(tmp_path, cgroups="v1"))))["cgroups"]
+    assert check.status == "ok"
+    assert check.detail.endswith(
+        "writable here: memory (v1), pids (v1), cpu (v1)")
+
+
+def test_hybrid_layout_uses_v1_controllers(tmp_path: Path) -> None:
+    host = facts(fake_host(tmp_path, cgroups="hybrid"))
+    info = host.cgroups()
+    assert info.layout == "hybrid"
+    assert info.v2_controllers == ()
+    assert info.v1["memory"] == ("/sys/fs/cgroup/memory/nsbox", True)
+    assert by_name(run_doctor(host))["cgroups"].status == "ok"
+
+
+def test_pure_v2_without_delegation(tmp_path: Path) -> None:
+    check = by_name(run_doctor(facts(fake_host(tmp_path, writable=False))))["cgroups"]
+    assert check.status == "warn"
+    assert "not writable by uid 1000: memory, pids, cpu" in check.detail
+    assert "systemd-run --user --scope -p Delegate=yes" in (check.remedy or "")
+
+
+def test_pure_v2_delegation_needs_subtree_control(tmp_path: Path) -> None:
+    root = fake_host(tmp_path)
+    (control,) = root.rglob("cgroup.subtree_control")
+    control.chmod(0o644)  # the directory and cgroup.procs stay writable
+    check = by_name(run_doctor(facts(root)))["cgroups"]
+    assert check.status == "warn"
+    assert "not writable by uid 1000: memory, pids, cpu" in check.detail
+
+
+def test_pure_v2_with_missing_controllers(tmp_path: Path) -> None:
+    check = by_name(run_doctor(facts(fake_host(tmp_path, controllers="memory"))))["cgroups"]
+    assert check.status == "warn"
+    assert check.detail == ("v2 layout; controllers: memory; not available: pids, cpu; "
+                            "instead: pids: RLIMIT_NPROC (counts the sandbox's own tasks from "
+                            "Linux 5.14 on, all of the mapped uid's before); cpus: not limited")
+    assert check.affects == ["process-count limit (cgroup pids)",
+                             "CPU share limit (cgroup cpu)"]
+
+
+def test_container_with_masked_proc(tmp_path: Path) -> None:
+    root = fake_host(tmp_path, container=True, extra_mounts=[
+        "60 22 0:50 / /proc/kcore rw - tmpfs tmpfs rw",
+        "61 22 0:51 / /proc/sys/fs/binfmt_misc rw - binfmt_misc binfmt_misc rw",
+    ])
+    report = run_doctor(facts(root))
+    checks = by_name(report)
+    assert checks["container"].status == "info"
+    assert "/.dockerenv; /proc/1/cgroup names docker" in checks["container"].detail
+    masked = checks["/proc mounts"]
+    assert masked.status == "fail"
+    assert "(/proc/kcore)" in masked.detail
+    assert "systempaths=unconfined" in (masked.remedy or "")
+    assert not report.ok
+
+
+def test_old_kernel(tmp_path: Path) -> None:
+    check = by_name(run_doctor(facts(fake_host(tmp_path, release="5.10.0-28-amd64"))))["kernel"]
+    assert check.status == "fail"
+    assert check.detail == ("Linux 5.10.0-28-amd64; nsbox needs 5.12 or later (mount_setattr, "
+                            "close_range, pidfd)")
+    check = by_name(run_doctor(facts(fake_host(tmp_path / "b", release="5.15.0"))))["kernel"]
+    assert (check.status, check.detail) == ("ok", "Linux 5.15.0")
+
+
+def test_failed_probe_step_gives_its_remedy(tmp_path: Path) -> None:
+    probe = {"done": ["user namespace", "uid/gid maps"], "failed": "mount /proc", "errno": 1,
+             "error": "mount('proc', '/tmp/proc', 'proc', '0xe', None): Operation not permitted"}
+    host = HostFacts(str(fake_host(tmp_path)), uid=UID, python=(3, 11, 7), libseccomp="2.5.4",
+                     probe=probe)
+    report = run_doctor(host)
+    check = by_name(report)["live probe"]
+    assert not report.ok
+    assert check.detail.startswith("mount /proc failed: mount('proc'")
+    assert "systempaths=unconfined" in (check.remedy or "")
+
+
+def test_report_as_json_and_table(tmp_path: Path) -> None:
+    report = run_doctor(facts(fake_host(tmp_path, cgroups="v1", writable=False)))
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["ok"] is True and data["profile"] == "default"
+    assert [c["name"] for c in data["checks"]][:3] == ["python", "kernel", "user namespaces"]
+    table = report.format_table()
+    assert table.splitlines()[0].split() == ["STATUS", "CHECK", "DETAIL"]
+    assert "WARN    cgroups" in table
+    assert "remedy: run as root" in table
+    assert table.endswith("with 1 weaker guarantee(s) (see WARN).")
+
+
+# --- the real host -----------------------------------------------------------------------------
+
+
+def _unshare_works(*prefix: str) -> bool:
+    unshare = shutil.which("unshare")
+    if not unshare:
+        return False
+    done = subprocess.run([*prefix, unshare, "-Urmpf", "--mount-proc", "true"],
+                          capture_output=True, check=False)
+    return done.returncode == 0
+
+
+def test_doctor_on_this_host() -> None:
+    report = run_doctor()
+    checks = by_name(report)
+    assert checks["kernel"].detail == f"Linux {os.uname().release}"
+    # The live probe really ran: it agrees with unshare(1) doing the same.
+    works = _unshare_works()
+    require(works, "this host cannot create user, mount and PID namespaces")
+    assert checks["live probe"].status == "ok", checks["live probe"]
+    require(report.ok, f"this host cannot run the default profile safely:\n"
+            f"{report.format_table()}")
+
+
+def test_doctor_on_this_host_unprivileged(public_tree: Path) -> None:
+    setpriv = shutil.which("setpriv")
+    require(os.geteuid() == 0 and bool(setpriv), "needs root and setpriv to drop to uid 65534")
+    assert setpriv
+    drop = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    # The package copy that uid 65534 can read, run by the host's python3 (see conftest).
+    code = (f"import json, sys; sys.path.insert(0, {str(public_tree)!r}); "
+            "from nsbox.doctor import run_doctor; print(json.dumps(run_doctor().to_dict()))")
+    done = subprocess.run([*drop, PYTHON, "-I", "-c", code], capture_output=True, text=True,
+                          check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["live probe"]["status"] == ("ok" if _unshare_works(*drop) else "fail")
+    # The cgroup verdict matches what uid 65534 can really write.
+    info = HostFacts().cgroups()
+    dirs = [info.v1[c][0] for c in ("memory", "pids", "cpu") if c in info.v1]
+    if info.v2_path and not info.v1:
+        dirs = [info.v2_path]
+    can_write = all(subprocess.run([*drop, "test", "-w", d], check=False).returncode == 0
+                    for d in dirs) and bool(dirs)
+    assert (checks["cgroups"]["status"] == "ok") == can_write
