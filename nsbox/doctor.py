@@ -1,7 +1,8 @@
 """``nsbox doctor``: check the host once, and say what each missing feature costs and how to fix it.
 
 Every check reads the host through a HostFacts (nsbox/hostfacts.py), so the same checks run on
-the real host and on a fake /proc and /sys tree. A check is ``ok``, ``info`` (worth knowing),
+the real host and on a fake /proc and /sys tree; on the real host the cgroup check asks the
+launch's own backend (nsbox.cgroups.describe_host). A check is ``ok``, ``info`` (worth knowing),
 ``warn`` (the sandbox runs, with a weaker guarantee that the Result reports as degraded) or
 ``fail`` (the profile cannot run safely). The library returns a Report; the CLI picks the exit
 status from ``Report.ok``.
@@ -246,59 +247,103 @@ def check_seccomp(facts: HostFacts, policy: Policy) -> list[Check]:
     return checks
 
 
-# What a run gets instead when a controller cannot be used (docs/limits.md, per host type).
+# What a run gets instead when the cgroup backend cannot provide a feature (docs/limits.md, per
+# host type), by the feature names of nsbox.cgroups.
 _FALLBACK = {
     "memory": "memory: RLIMIT_AS per process (address space, not memory; no total, no OOM "
               "report, no peak memory)",
     "pids": "pids: RLIMIT_NPROC (counts the sandbox's own tasks from Linux 5.14 on, all of "
             "the mapped uid's before)",
-    "cpu": "cpus: not limited",
+    "cpus": "cpus: not limited",
+    "cpu_accounting": "CPU time: RLIMIT_CPU per process, rusage after exit",
+    "kill": "kill: SIGKILL of the sandbox's pid 1 (ends its PID namespace)",
 }
+_AFFECTS = {"memory": MEMORY, "pids": PIDS, "cpus": CPU,
+            "cpu_accounting": "CPU-time limit and accounting (cgroup cpu/cpuacct)",
+            "kill": CLEANUP}
+# The v2/v1 controller behind each limit feature.
+_CONTROLLER = {"memory": "memory", "pids": "pids", "cpus": "cpu"}
 
 
 def check_cgroups(facts: HostFacts, policy: Policy) -> list[Check]:
-    info = facts.cgroups()
+    """On the real host, nsbox.cgroups says what the runs would get (the backend it would pick);
+    on a simulated host the facts layer reads the fake tree for memory, pids and cpu."""
+    if facts.simulated:
+        return [_simulated_cgroups(facts, policy)]
+    from nsbox.cgroups import describe_host
+
+    info = describe_host()
+    layout, backend = info["layout"], info["backend"]
+    missing = list(info["missing"])
+    if not missing:
+        return [Check("cgroups", "ok", f"{layout} layout; backend {backend}: "
+                      + ", ".join(info["supports"]))]
+    detail = f"{layout} layout; backend {backend}"
+    if info["supports"]:
+        detail += f": {', '.join(info['supports'])}"
+    if info["reason"]:
+        detail += f"; {info['reason']}"
+    if info.get("blocking_processes"):
+        remedy = (f"the processes {info['blocking_processes']} share nsbox's cgroup "
+                  f"{info.get('cgroup')}: start nsbox in a cgroup of its own (a service with "
+                  "Delegate=yes, or 'systemd-run --user --scope -p Delegate=yes')")
+    elif layout == "v2" and info.get("systemd_user_manager"):
+        remedy = "run nsbox under 'systemd-run --user --scope -p Delegate=yes'"
+    else:
+        remedy = _cgroup_remedy(layout, info.get("cgroup"))
+    return [_cgroup_fallback(policy, detail, missing, remedy)]
+
+
+def _cgroup_remedy(layout: str, v2_path: str | None) -> str:
+    if layout == "none":
+        return "mount cgroup2 on /sys/fs/cgroup (systemd does by default)"
+    if layout == "v2":
+        return ("delegate a cgroup to this user: run nsbox under 'systemd-run --user --scope "
+                "-p Delegate=yes', or have root create and chown a cgroup below "
+                f"{v2_path or '/sys/fs/cgroup'} with +memory +pids +cpu in its parent's "
+                "cgroup.subtree_control")
+    return ("run as root, or have root create cgroups owned by this user in the memory, pids "
+            "and cpu hierarchies (e.g. cgcreate -a USER -t USER -g memory,pids,cpu:nsbox) and "
+            "start nsbox inside them")
+
+
+def _cgroup_fallback(policy: Policy, detail: str, missing: list[str], remedy: str) -> Check:
     bad = "fail" if policy.limits.require_cgroup else "warn"
-    wanted = {"memory": MEMORY, "pids": PIDS, "cpu": CPU}
+    detail += "; instead: " + "; ".join(_FALLBACK[f] for f in missing)
+    return Check("cgroups", bad, detail, [_AFFECTS[f] for f in missing], remedy)
+
+
+def _simulated_cgroups(facts: HostFacts, policy: Policy) -> Check:
+    info = facts.cgroups()
     if info.layout == "none":
-        return [Check("cgroups", bad, "no cgroup hierarchy is mounted; instead: "
-                      + "; ".join(_FALLBACK.values()), list(wanted.values()),
-                      "mount cgroup2 on /sys/fs/cgroup (systemd does by default)")]
+        return _cgroup_fallback(policy, "no cgroup hierarchy is mounted", list(_CONTROLLER),
+                                _cgroup_remedy("none", None))
     usable: dict[str, str] = {}
     found: set[str] = set()  # controllers the host has (named v1 hierarchies are not ones)
     if info.v2_path is not None:
         found.update(info.v2_controllers)
-        for controller in wanted:
+        for controller in _CONTROLLER.values():
             if controller in info.v2_controllers and info.v2_writable:
                 usable[controller] = "v2"
     for controller, (_directory, writable) in info.v1.items():
         if controller.startswith("name="):
             continue
         found.add(controller)
-        if controller in wanted and writable and controller not in usable:
+        if writable and controller not in usable:
             usable[controller] = "v1"
     detail = f"{info.layout} layout; controllers: {', '.join(sorted(found)) or 'none'}"
-    missing = [c for c in wanted if c not in usable]
+    missing = [f for f, c in _CONTROLLER.items() if c not in usable]
     if not missing:
-        via = ", ".join(f"{c} ({usable[c]})" for c in wanted)
-        return [Check("cgroups", "ok", f"{detail}; writable here: {via}")]
-    unwritable = [c for c in missing if c in found]
-    absent = [c for c in missing if c not in found]
+        via = ", ".join(f"{c} ({usable[c]})" for c in _CONTROLLER.values())
+        return Check("cgroups", "ok", f"{detail}; writable here: {via}")
+    unwritable = [_CONTROLLER[f] for f in missing if _CONTROLLER[f] in found]
+    absent = [_CONTROLLER[f] for f in missing if _CONTROLLER[f] not in found]
     if unwritable:
         detail += f"; not writable by uid {facts.uid}: {', '.join(unwritable)}"
     if absent:
         detail += f"; not available: {', '.join(absent)}"
-    detail += "; instead: " + "; ".join(_FALLBACK[c] for c in missing)
-    if info.v2_path and not info.v1:
-        remedy = ("delegate a cgroup to this user: run nsbox under 'systemd-run --user --scope "
-                  "-p Delegate=yes', or have root create and chown a cgroup below "
-                  f"{info.v2_path} with +memory +pids +cpu in its parent's "
-                  "cgroup.subtree_control")
-    else:
-        remedy = ("run as root, or have root create cgroups owned by this user in the "
-                  "memory, pids and cpu hierarchies (e.g. cgcreate -a USER -t USER -g "
-                  "memory,pids,cpu:nsbox) and start nsbox inside them")
-    return [Check("cgroups", bad, detail, [wanted[c] for c in missing], remedy)]
+    layout = "v2" if info.v2_path and not info.v1 else info.layout
+    return _cgroup_fallback(policy, detail, missing, _cgroup_remedy(layout, info.v2_path))
 
 
 # Per failed probe step: the guarantees lost and what to do.
