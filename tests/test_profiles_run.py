@@ -173,6 +173,7 @@ def test_cli_print_profile_applies_options(tmp_path: Path) -> None:
     (tmp_path / "ws").mkdir()
     done = nsbox_cli("run", "--profile", "build", "--time", "7", "--workspace", "ws",
                      "--set", "limits.memory=3G", "--set", "limits.pids=99", "-e", "A=b",
+                     "--cpus", "0.5", "--workspace-size", "64M", "--net", "loopback",
                      "--print-profile", cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr
     saved = tmp_path / "effective.toml"
@@ -185,6 +186,8 @@ def test_cli_print_profile_applies_options(tmp_path: Path) -> None:
     assert policy.limits.pids == 99
     assert policy.workspace == str(tmp_path / "ws")
     assert dict(policy.env)["A"] == "b" and dict(policy.env)["CC"] == "cc"
+    assert policy.limits.cpus == 0.5 and policy.limits.workspace_size == 64 << 20
+    assert policy.network.mode == "loopback"
 
 
 def test_cli_set_takes_toml_values_and_pass_env_adds_to_the_profile(tmp_path: Path) -> None:
