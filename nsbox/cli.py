@@ -253,7 +253,6 @@ def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, .
     """The profile with the options applied; ``--set KEY=VALUE`` takes a TOML value (a bare
     word is a string) and comes last. Raises PolicyError naming the file, key and line, or the
     option."""
-    from nsbox.errors import PolicyError
     from nsbox.profiles import apply_overrides, load_profile, tomllib
 
     for item in settings:
