@@ -181,8 +181,8 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int,
 def _supervise(sock: socket.socket, streams: list[_Stream],
                cap: int, net: RunNetwork) -> tuple[dict[str, Any], int]:
     selector = selectors.DefaultSelector()
-    for stream in streams:
-        selector.register(stream.fd, selectors.EVENT_READ, stream)
+    for each in streams:
+        selector.register(each.fd, selectors.EVENT_READ, each)
     selector.register(sock, selectors.EVENT_READ, None)
     report: dict[str, Any] | None = None
     pid = 0
