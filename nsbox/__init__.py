@@ -11,6 +11,7 @@ from nsbox.errors import (
 from nsbox.launcher import run
 from nsbox.policy import Bind, Dir, File, Limits, Network, Policy, Seccomp, Symlink, Tmpfs
 from nsbox.result import Result, Status
+from nsbox.session import CopyLimits, FileInfo, Session
 from nsbox.version import VERSION as __version__
 
 __all__ = [
@@ -18,3 +19,4 @@ __all__ = [
     "NsboxError", "Policy", "PolicyError", "Result", "Seccomp", "SetupError", "Status", "Symlink",
     "Tmpfs", "__version__", "run",
 ]
+__all__ += ["CopyLimits", "FileInfo", "Session"]

@@ -185,6 +185,10 @@ class Helper:
     # --- one launch ----------------------------------------------------------------------
 
     def start(self, launch: Launch, plan: dict[str, Any], stdio: list[int]) -> None:
+        if plan.get("session"):
+            # A session's init serves commands instead of exec (nsbox/_sessioninit.py); it is
+            # imported here, before the clone, because nothing can be imported after pivot_root.
+            import nsbox._sessioninit  # noqa: F401
         # The run's cgroup, with its limits written, exists before the child does; the child
         # applies the rlimits, including the fallbacks for what the cgroup cannot limit here.
         limits = launch.limits = _limits.RunLimits(plan["cgroup"], plan["rlimits"])
@@ -264,6 +268,8 @@ class Helper:
                 os.dup2(fd, target)
             ctx = _child.Context(plan, sync_r, err_w, source_fds, self.cap_last, notify_fd,
                                  net_fd)
+            if plan.get("session"):
+                sys.modules["nsbox._sessioninit"].main(ctx)
             _child.main(ctx)
         finally:
             os._exit(127)

@@ -240,3 +240,19 @@ def seccomp_set_filter(bpf: bytes, flags: int = 0) -> int:
     if result < 0:
         raise _fail("seccomp", "SECCOMP_SET_MODE_FILTER", flags)
     return int(result)
+
+
+def keep_only_capabilities(keep: tuple[int, ...], cap_last: int) -> None:
+    """Reduce every capability set to ``keep`` (bounding set first, which needs CAP_SETPCAP)."""
+    for cap in range(cap_last + 1):
+        if cap not in keep:
+            prctl(PR_CAPBSET_DROP, cap)
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    for cap in keep:
+        word, bit = divmod(cap, 32)
+        data[word].effective |= 1 << bit
+        data[word].permitted |= 1 << bit
+    if _libc.syscall(_syscall("capset"), ctypes.byref(header), ctypes.byref(data)) != 0:
+        raise _fail("capset", keep)

@@ -72,3 +72,17 @@ class CommandNotFound(SetupError):
 
 class LaunchError(NsboxError):
     """The launcher itself failed (the helper process died, a pipe broke)."""
+
+
+class SessionClosed(NsboxError):
+    """The session has ended (closed, idle for too long, or killed); start a new one."""
+
+
+class FileTransferError(NsboxError):
+    """A file could not be copied into or out of a sandbox. ``path`` names it, ``reason`` says
+    why (e.g. "a symlink (not followed)", "too large: ...")."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}" if path else reason)

@@ -125,15 +125,23 @@ def run(
     workspace: str | None = None,
     cwd: str | None = None,
     passthrough: bool = False,
+    audit: str | None = None,
 ) -> Result:
     """Run ``argv`` in a new sandbox and return its Result.
 
     ``stdin`` is bytes to feed, a descriptor to pass, or None for /dev/null. With
     ``passthrough`` the output goes to this process's stdout/stderr as it arrives (still
     capped) instead of into the Result. Raises SetupError when the sandbox cannot be built
-    (CommandNotFound when the command does not exist inside it).
+    (CommandNotFound when the command does not exist inside it). ``audit`` names a file that
+    gets one JSON line for the run (nsbox/audit.py).
     """
     policy = policy or Policy()
+    if audit is not None:
+        from nsbox.session import run_audited  # a session lists the files before teardown
+
+        return run_audited(argv, policy, audit=audit, stdin=stdin, timeout=timeout,
+                           output_limit=output_limit, env=env, workspace=workspace, cwd=cwd,
+                           passthrough=passthrough)
     if workspace is not None:
         policy = policy.replace(workspace=workspace)
     plan = planmod.build(policy, list(argv), env=env, cwd=cwd, wall_time=timeout)

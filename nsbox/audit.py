@@ -1,0 +1,139 @@
+"""The audit record: one JSON line per command, appended to a file the caller names.
+
+A line says what ran (argv, the code given on stdin or written into the sandbox by the caller),
+under which policy (profile name and digest, limits), and what came of it (result, output sizes
+and heads, files produced with their SHA-256, network attempts and seccomp denials where the
+Result carries them). Values the caller set as environment variables are secrets by default:
+they are replaced by ``<redacted>`` wherever they appear in the line.
+
+Each line is written with a single write(2) on a descriptor opened with O_APPEND, so lines of
+concurrent writers do not interleave (for lines below the filesystem's atomic size, in practice
+any regular file on a local filesystem).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from nsbox.errors import NsboxError
+from nsbox.policy import Policy
+from nsbox.result import Result
+
+HEAD = 1024  # bytes of stdin, outputs and written files kept in the record
+REDACTED = "<redacted>"
+MIN_SECRET = 4  # shorter values are not searched for inside text ("1" would be everywhere)
+
+
+def head(data: bytes) -> str:
+    return data[:HEAD].decode("utf-8", "replace")
+
+
+def describe_data(data: bytes) -> dict[str, Any]:
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "head": head(data)}
+
+
+def command_record(
+    *,
+    argv: Sequence[str],
+    policy: Policy,
+    session: str | None,
+    env: dict[str, str],
+    stdin: bytes | int | None,
+    timeout: float | None,
+    output_limit: int,
+    result: Result | None,
+    error: NsboxError | None = None,
+    files_written: Iterable[dict[str, Any]] = (),
+    files_produced: Iterable[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """The record of one command, before redaction."""
+    record: dict[str, Any] = {
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
+        "session": session,
+        "argv": list(argv),
+        "env": dict(env),
+        "stdin": (describe_data(stdin) if isinstance(stdin, bytes)
+                  else {"descriptor": stdin} if isinstance(stdin, int) else None),
+        "files_written": list(files_written),
+        "profile": policy.name,
+        "policy_digest": policy.digest(),
+        "limits": {"timeout": timeout, "output": output_limit,
+                   **dataclasses.asdict(policy.limits)},
+        "network_mode": policy.network.mode,
+    }
+    if error is not None:
+        record["error"] = {"type": type(error).__name__, "message": str(error),
+                           "step": getattr(error, "step", None)}
+    if result is not None:
+        data = result.to_dict()
+        for name in ("extra", "stdout_bytes", "stderr_bytes", "stdout_truncated",
+                     "stderr_truncated"):
+            data.pop(name, None)
+        record["result"] = data
+        record["output"] = {
+            "stdout": {"size": result.stdout_bytes, "truncated": result.stdout_truncated,
+                       "head": head(result.stdout)},
+            "stderr": {"size": result.stderr_bytes, "truncated": result.stderr_truncated,
+                       "head": head(result.stderr)},
+        }
+        record["network"] = result.extra.get("network")
+        record["seccomp_denied"] = result.extra.get("seccomp_denied")
+    record["files_produced"] = list(files_produced)
+    return record
+
+
+def redact(value: Any, secrets: Iterable[str]) -> Any:
+    """``value`` with every occurrence of a secret replaced, in keys and strings alike."""
+    needles = sorted({s for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True)
+    if not needles:
+        return value
+
+    def walk(item: Any) -> Any:
+        if isinstance(item, str):
+            for needle in needles:
+                item = item.replace(needle, REDACTED)
+            return item
+        if isinstance(item, dict):
+            return {walk(k): walk(v) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [walk(v) for v in item]
+        return item
+
+    return walk(value)
+
+
+class AuditLog:
+    """An append-only JSON-lines file. The file is created 0600 and never followed if it is a
+    symlink (open(2), O_NOFOLLOW)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            self._fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            raise NsboxError(f"cannot open the audit file {path}: {exc.strerror}") from None
+
+    def write(self, record: dict[str, Any], secrets: Iterable[str] = ()) -> None:
+        record = dict(record)
+        if "env" in record:
+            record["env"] = {name: REDACTED for name in record["env"]}
+        line = json.dumps(redact(record, secrets), sort_keys=False) + "\n"
+        with self._lock:
+            if self._fd < 0:
+                raise NsboxError(f"the audit file {self.path} is closed")
+            os.write(self._fd, line.encode())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1

@@ -1,0 +1,522 @@
+"""Sessions: one sandbox that runs many commands, and files into and out of it.
+
+A Session is launched through the same helper as ``nsbox.run``; its sandbox child builds the
+sandbox and then stays as the sandbox's pid 1, serving commands (nsbox/_sessioninit.py documents
+the protocol). The workspace, /tmp and every mount live as long as the session; each command
+runs in a pid namespace of its own inside it, with its own deadline, output cap and Result.
+
+Files move only as data, through the sandbox: the host never opens a path inside the workspace
+itself (the sandbox could have turned it into a symlink, a FIFO or a 1 TB sparse file since the
+host looked). A file operation is a small command the init runs as the sandbox's user without
+capabilities: it walks the path without following symlinks, checks with fstat that it opened a
+regular file with one name, and sends at most the size it saw. The host checks the SHA-256 of
+what arrived.
+
+The session ends on ``close()``, when idle for ``idle_timeout`` seconds, or when the host
+process ends in any way: the helper sees end-of-file and kills the session's pid 1, which ends
+every process, mount and tmpfs of the sandbox.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import os
+import secrets
+import selectors
+import socket
+import stat
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nsbox import audit as auditmod
+from nsbox import launcher
+from nsbox import plan as planmod
+from nsbox.errors import (
+    FileTransferError,
+    LaunchError,
+    NsboxError,
+    PolicyError,
+    SessionClosed,
+)
+from nsbox.policy import Bind, MiB, Policy
+from nsbox.result import Result, Status
+
+DEFAULT_IDLE_TIMEOUT = 600.0  # seconds without a command before the session expires
+START_TIMEOUT = 30.0
+# After a command's deadline the init kills it; should the init fail to (it lives in the
+# sandbox), the host kills the whole session this much later.
+BACKSTOP = 5.0
+FILE_OP_TIMEOUT = 60.0
+INPUT_DIR = "/input"
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A regular file in the sandbox: ``path`` relative to the listed directory."""
+
+    path: str
+    size: int
+    sha256: str
+    mode: int = 0o644
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class CopyLimits:
+    """Caps on what leaves the sandbox: per file, number of files, bytes in all."""
+
+    max_file_size: int = 64 * MiB
+    max_files: int = 1000
+    max_total: int = 256 * MiB
+
+
+def input_mount(spec: str) -> Bind:
+    """``HOST_PATH[:NAME]`` -> a read-only bind of HOST_PATH at /input/NAME."""
+    source, sep, name = spec.rpartition(":")
+    if not sep:
+        source, name = spec, ""
+    if not source:
+        raise PolicyError(f"{spec!r}: expected HOST_PATH[:NAME]", key="input")
+    name = name or os.path.basename(os.path.normpath(source))
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise PolicyError(f"{spec!r}: the name under {INPUT_DIR} must be one path component",
+                          key="input")
+    if not os.path.exists(source):
+        raise PolicyError(f"{spec!r}: {source} does not exist", key="input",
+                          hint="check the path of the input")
+    return Bind(os.path.abspath(source), f"{INPUT_DIR}/{name}", writable=False)
+
+
+class Session:
+    """One sandbox for several commands. Use as a context manager::
+
+        with nsbox.Session(timeout=10) as s:
+            s.write_file("main.py", "print(6 * 7)")
+            print(s.run(["python3", "main.py"]).stdout)   # b'42\\n'
+
+    ``timeout`` and ``output_limit`` are the defaults of each ``run``; ``inputs`` are
+    ``HOST_PATH[:NAME]`` specs mounted read-only under /input; ``env`` is set for every command
+    (its values are redacted in the audit record); ``audit`` is a file that gets one JSON line
+    per command.
+    """
+
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        *,
+        workspace: str | None = None,
+        inputs: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        audit: str | None = None,
+        copy_limits: CopyLimits | None = None,
+    ) -> None:
+        policy = policy or Policy()
+        if workspace is not None:
+            policy = policy.replace(workspace=workspace)
+        if inputs:
+            policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise PolicyError("must be more than 0 seconds", key="idle_timeout")
+        self.policy = policy
+        self.id = secrets.token_hex(6)
+        self.timeout = timeout if timeout is not None else policy.limits.wall_time
+        self.output_limit = output_limit if output_limit is not None else policy.limits.output
+        self.idle_timeout = idle_timeout
+        self.copy_limits = copy_limits or CopyLimits()
+        self.pid = 0  # host pid of the session's init
+        self.commands = 0
+        self._env = dict(env or {})
+        self._lock = threading.Lock()
+        self._closed = False
+        self._ended_reason: str | None = None
+        self._overdue = False
+        self._audit = auditmod.AuditLog(audit) if audit else None
+        self._written: list[dict[str, Any]] = []  # files the caller wrote since the last run
+        self._known: dict[str, str] = {}  # path -> sha256 after the last run (for the audit)
+        self._ctl, self._launch = self._start()
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    def _start(self) -> tuple[socket.socket, socket.socket]:
+        plan = planmod.build(self.policy, ["nsbox-session-init"], env=self._env)
+        wire = plan.to_wire()
+        wire.update(host_uid=self.policy.host_uid, host_gid=self.policy.host_gid,
+                    wall_time=None, session={"idle_timeout": self.idle_timeout})
+        ctl, ctl_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        launch, launch_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            # The control socket is the init's fd 0 (nsbox/_sessioninit.py).
+            launcher._helper.submit(wire, [launch_theirs.fileno(), ctl_theirs.fileno(), null,
+                                           null])
+        except BaseException:
+            ctl.close()
+            launch.close()
+            raise
+        finally:
+            ctl_theirs.close()
+            launch_theirs.close()
+            os.close(null)
+        try:
+            self._wait_ready(ctl, launch)
+        except BaseException:
+            ctl.close()
+            launch.close()
+            raise
+        return ctl, launch
+
+    def _wait_ready(self, ctl: socket.socket, launch: socket.socket) -> None:
+        ready = False
+        deadline = time.monotonic() + START_TIMEOUT
+        with selectors.DefaultSelector() as selector:
+            selector.register(ctl, selectors.EVENT_READ, "ctl")
+            selector.register(launch, selectors.EVENT_READ, "launch")
+            while not (ready and self.pid):
+                events = selector.select(max(0.0, deadline - time.monotonic()))
+                if not events:
+                    raise LaunchError("the session's sandbox did not start in time")
+                for key, _mask in events:
+                    if key.data == "launch":
+                        message = _message(launch.recv(65536))
+                        if message is None:
+                            raise LaunchError("the launch helper died while starting a session")
+                        if message.get("event") == "pid":
+                            self.pid = int(message["pid"])
+                        elif message.get("event") == "exit":
+                            if message.get("setup_error") or message.get("host_error"):
+                                launcher._result(message, 0, [], 0, 0.0)  # raises the error
+                            raise LaunchError("the session's sandbox ended while starting")
+                    else:
+                        message = _message(ctl.recv(65536))
+                        if message is None:
+                            selector.unregister(ctl)  # the helper's exit report says why
+                        elif message.get("event") == "ready":
+                            ready = True
+
+    @property
+    def alive(self) -> bool:
+        """Whether the session still runs (it may have expired or been killed)."""
+        if self._closed or self._ended_reason:
+            return False
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._launch, selectors.EVENT_READ)
+            if selector.select(0):
+                self._ended_reason = "the session's sandbox has ended (idle timeout or killed)"
+                return False
+        return True
+
+    def close(self) -> None:
+        """End the session: every process, mount and file of the sandbox is gone on return."""
+        if self._closed:
+            return
+        self._closed = True
+        for sock in (self._ctl, self._launch):
+            try:
+                # shutdown, not close: another thread may be inside run() (CLI stop).
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        # End-of-file makes the helper kill the init; it reports once the init is reaped.
+        deadline = time.monotonic() + 10.0
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._launch, selectors.EVENT_READ)
+            while time.monotonic() < deadline and selector.select(deadline - time.monotonic()):
+                try:
+                    data = self._launch.recv(65536)
+                except OSError:
+                    break
+                if not data:
+                    break
+        self._ctl.close()
+        self._launch.close()
+        if self._audit is not None:
+            self._audit.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass
+
+    # --- commands ----------------------------------------------------------------------------
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | str | int | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        passthrough: bool = False,
+        _sinks: tuple[int | None, int | None] | None = None,
+    ) -> Result:
+        """Run ``argv`` in the session and return its Result.
+
+        A timeout (status TO) or output limit (OL) ends this command and everything it started,
+        never the session. ``stdin`` is bytes (or text) to feed, a descriptor, or None.
+        """
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        timeout = timeout if timeout is not None else self.timeout
+        cap = output_limit if output_limit is not None else self.output_limit
+        command_env = {**self._env, **(env or {})}
+        plan = planmod.build(self.policy, list(argv), env=command_env, cwd=cwd,
+                             wall_time=timeout)
+        wire = plan.to_wire()
+        command = {key: wire[key] for key in ("argv", "env", "cwd", "rlimits", "seccomp_bpf",
+                                              "wall_time")}
+        sinks = _sinks or ((1, 2) if passthrough else (None, None))
+        with self._lock:
+            result: Result | None = None
+            error: NsboxError | None = None
+            try:
+                result = self._command({"cmd": "run", "command": command}, stdin, cap, sinks,
+                                       timeout)
+                return result
+            except NsboxError as exc:
+                error = exc
+                raise
+            finally:
+                self.commands += 1
+                if self._audit is not None:
+                    self._record(argv, command_env, stdin, timeout, cap, result, error)
+
+    def _command(self, request: dict[str, Any], stdin: bytes | int | None, cap: int,
+                 sinks: tuple[int | None, int | None], timeout: float | None) -> Result:
+        self._check_open()
+        started = time.monotonic()
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        in_fd, close_in = launcher._stdin_fd(stdin)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            rights = array.array("i", [theirs.fileno(), in_fd, out_w, err_w])
+            self._ctl.sendmsg([json.dumps(request).encode()],
+                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+        except OSError:
+            ours.close()
+            for fd in (out_r, err_r):
+                os.close(fd)
+            self._ended_reason = "the session's sandbox has ended (idle timeout or killed)"
+            raise SessionClosed(self._ended_reason) from None
+        finally:
+            theirs.close()
+            for fd in (out_w, err_w):
+                os.close(fd)
+            if close_in:
+                os.close(in_fd)
+        streams = [launcher._Stream(out_r, sinks[0]), launcher._Stream(err_r, sinks[1])]
+        timer = None
+        if timeout is not None:
+            timer = threading.Timer(timeout + BACKSTOP, self._kill_overdue)
+            timer.daemon = True
+            timer.start()
+        try:
+            with ours:
+                report, pid = launcher._supervise(ours, streams, cap)
+        except (LaunchError, ValueError, KeyError, TypeError):
+            if self._overdue:
+                self._ended_reason = ("the session was killed: a command outlived its deadline "
+                                      "and the sandbox's init did not stop it")
+                return Result(status=Status.TO, timed_out=True, error=self._ended_reason,
+                              wall_time=time.monotonic() - started)
+            self._ended_reason = "the session's sandbox ended during the command"
+            raise SessionClosed(self._ended_reason) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+        result = launcher._result(report, pid, streams, cap, time.monotonic() - started)
+        result.extra["session"] = self.id
+        return result
+
+    def _kill_overdue(self) -> None:
+        self._overdue = True
+        try:
+            self._launch.shutdown(socket.SHUT_WR)  # the helper kills the init
+        except OSError:
+            pass
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosed("the session is closed")
+        if self._ended_reason:
+            raise SessionClosed(self._ended_reason)
+
+    # --- files -------------------------------------------------------------------------------
+
+    def _file_op(self, op: dict[str, Any], stdin: bytes | None = None,
+                 cap: int = 16 * MiB) -> bytes:
+        op = {"wall_time": FILE_OP_TIMEOUT, **op}
+        with self._lock:
+            result = self._command({"cmd": "file", "op": op}, stdin, cap, (None, None),
+                                   FILE_OP_TIMEOUT)
+        if result.status is Status.OK:
+            return result.stdout
+        if result.exit_code == 1:
+            try:
+                info = json.loads(result.stderr)
+                raise FileTransferError(str(info.get("path", "")), str(info["reason"]))
+            except (ValueError, KeyError, TypeError):
+                pass
+        raise FileTransferError(str(op.get("path", "")),
+                                f"the file operation failed ({result.status.value})")
+
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Write ``data`` to ``path`` in the sandbox (relative paths are under /workspace),
+        creating parent directories; never through a symlink or into a FIFO."""
+        if isinstance(data, str):
+            data = data.encode()
+        self._file_op({"kind": "put", "path": path, "mode": mode}, data)
+        if self._audit is not None:
+            self._written.append({"path": path, **auditmod.describe_data(data)})
+
+    def read_file(self, path: str, *, max_size: int | None = None) -> bytes:
+        """The content of the regular file ``path`` in the sandbox. Refuses symlinks, FIFOs,
+        devices, hard links and files over ``max_size`` (default: the per-file copy limit)."""
+        limit = max_size if max_size is not None else self.copy_limits.max_file_size
+        data = self._file_op({"kind": "get", "path": path, "max_size": limit}, cap=limit + 1)
+        if len(data) > limit:
+            raise FileTransferError(path, f"too large: more than {limit} bytes")
+        return data
+
+    def files(self, patterns: Iterable[str] = ("*",), root: str = planmod.WORKSPACE,
+              *, skipped: list[tuple[str, str]] | None = None) -> list[FileInfo]:
+        """The regular files below ``root`` whose relative path matches one of ``patterns``
+        (fnmatch: ``*`` also matches ``/``), with sizes and SHA-256. What is not copyable
+        (symlinks, FIFOs, devices, hard links, over the caps) is left out; pass a list as
+        ``skipped`` to get (path, reason) for each."""
+        limits = self.copy_limits
+        data = self._file_op({"kind": "list", "path": root, "patterns": list(patterns),
+                              "max_files": limits.max_files, "max_size": limits.max_file_size,
+                              "max_total": limits.max_total})
+        try:
+            listing = json.loads(data)
+            found = [FileInfo(str(f["path"]), int(f["size"]), str(f["sha256"]),
+                              int(f["mode"])) for f in listing["files"]]
+            if skipped is not None:
+                skipped.extend((str(s["path"]), str(s["reason"])) for s in listing["skipped"])
+        except (ValueError, KeyError, TypeError):
+            raise FileTransferError(root, "the sandbox sent a malformed listing") from None
+        for info in found:
+            _check_relative(info.path)
+        return found
+
+    def copy_out(self, dest: str, patterns: Iterable[str] = ("*",),
+                 root: str = planmod.WORKSPACE,
+                 *, skipped: list[tuple[str, str]] | None = None) -> list[FileInfo]:
+        """Copy the files ``files(patterns, root)`` lists into the host directory ``dest``
+        (created if missing), keeping their relative paths. Returns what was copied."""
+        found = self.files(patterns, root, skipped=skipped)
+        os.makedirs(dest, exist_ok=True)
+        dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for info in found:
+                data = self.read_file(f"{root.rstrip('/')}/{info.path}", max_size=info.size)
+                if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
+                    raise FileTransferError(info.path, "changed while it was copied")
+                _write_below(dest_fd, info.path, data, 0o755 if info.mode & 0o100 else 0o644)
+        finally:
+            os.close(dest_fd)
+        return found
+
+    # --- audit -------------------------------------------------------------------------------
+
+    def _record(self, argv: Sequence[str], env: dict[str, str], stdin: bytes | int | None,
+                timeout: float | None, cap: int, result: Result | None,
+                error: NsboxError | None) -> None:
+        assert self._audit is not None
+        produced: list[dict[str, Any]] = []
+        if self.alive:
+            try:
+                now = {f.path: f for f in self.files()}
+            except NsboxError as exc:
+                produced = [{"error": str(exc)}]
+            else:
+                produced = [f.to_dict() for path, f in sorted(now.items())
+                            if self._known.get(path) != f.sha256]
+                self._known = {path: f.sha256 for path, f in now.items()}
+        record = auditmod.command_record(
+            argv=argv, policy=self.policy, session=self.id, env=env, stdin=stdin,
+            timeout=timeout, output_limit=cap, result=result, error=error,
+            files_written=self._written, files_produced=produced)
+        self._written = []
+        self._audit.write(record, secrets=env.values())
+
+
+def _message(data: bytes) -> dict[str, Any] | None:
+    if not data:
+        return None
+    try:
+        message = json.loads(data)
+    except ValueError:
+        raise LaunchError("the session's sandbox sent a malformed message") from None
+    if not isinstance(message, dict):
+        raise LaunchError("the session's sandbox sent a malformed message")
+    return message
+
+
+def _check_relative(path: str) -> None:
+    """A listed path comes from inside the sandbox: it must stay below the destination."""
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in path:
+        raise FileTransferError(path, "the sandbox listed a path that leaves its directory")
+
+
+def _write_below(dest_fd: int, path: str, data: bytes, mode: int) -> None:
+    """Write ``data`` at ``path`` below the directory ``dest_fd``, creating directories and
+    never following a symlink on the way."""
+    _check_relative(path)
+    *dirs, name = path.split("/")
+    fd = os.dup(dest_fd)
+    try:
+        for part in dirs:
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                next_fd = os.open(part, flags, dir_fd=fd)
+            except FileNotFoundError:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                next_fd = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                      | os.O_CLOEXEC, mode, dir_fd=fd)
+        try:
+            if not stat.S_ISREG(os.fstat(out).st_mode):
+                raise FileTransferError(path, "the destination is not a regular file")
+            os.ftruncate(out, 0)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view):]
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+def run_audited(argv: Sequence[str], policy: Policy, *, audit: str, stdin: bytes | int | None,
+                timeout: float | None, output_limit: int | None, env: dict[str, str] | None,
+                workspace: str | None, cwd: str | None, passthrough: bool) -> Result:
+    """``nsbox.run`` with an audit record: one command in a session of its own, so that the
+    files it produced can be listed (and hashed) before the sandbox goes away."""
+    with Session(policy, workspace=workspace, env=env, audit=audit, idle_timeout=None,
+                 timeout=timeout, output_limit=output_limit) as session:
+        return session.run(argv, stdin=stdin, cwd=cwd, passthrough=passthrough)

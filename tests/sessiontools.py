@@ -1,0 +1,79 @@
+"""Helpers for the session, collect, audit and CLI tests: run a short Python script that uses
+nsbox as this process's user or as the unprivileged uid, and get back what it emitted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PYTHON, UNPRIVILEGED_UID
+
+PREAMBLE = """
+import json, os, sys
+sys.path.insert(0, {tree!r})
+import nsbox, nsbox.errors
+
+def emit(**values):
+    print("RESULT " + json.dumps(values), flush=True)
+
+def find(marker):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{{entry}}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+"""
+
+
+class UserRunner:
+    def __init__(self, mode: str, tree: Path) -> None:
+        self.mode = mode
+        self.tree = tree
+
+    @property
+    def uid(self) -> int:
+        return UNPRIVILEGED_UID if self.mode == "unprivileged" else os.geteuid()
+
+    def prefix(self) -> list[str]:
+        if self.mode == "unprivileged":
+            return ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
+                    "--clear-groups", "--"]
+        return []
+
+    def script(self, body: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+        code = PREAMBLE.format(tree=str(self.tree)) + body
+        proc = subprocess.run(
+            [*self.prefix(), PYTHON, "-I", "-c", code], capture_output=True, cwd="/",
+            timeout=120, env={"PATH": "/usr/bin:/bin", **(env or {})})
+        for line in proc.stdout.decode().splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[len("RESULT "):])
+        raise AssertionError(f"the script failed ({proc.returncode}): {proc.stderr.decode()}")
+
+
+def user_runner(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
+    """For a fixture with params ["caller", "unprivileged"]: runs the test's scripts as this
+    process's user and as an unprivileged uid."""
+    if request.param == "unprivileged" and os.geteuid() != 0:
+        pytest.skip("this process is already unprivileged: the 'caller' run covers it")
+    return UserRunner(request.param, public_tree)
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return bool(condition())

@@ -1,0 +1,235 @@
+"""Sessions: one sandbox, several commands; what is left once it ends, checked from the host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, processes_with
+from sessiontools import UserRunner, user_runner, wait_until
+
+import nsbox
+from nsbox.errors import SessionClosed
+
+
+@pytest.fixture(params=["caller", "unprivileged"])
+def as_user(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
+    return user_runner(request, public_tree)
+
+
+def test_file_written_by_one_command_is_read_by_the_next(as_user: UserRunner):
+    out = as_user.script("""
+with nsbox.Session(timeout=20) as s:
+    a = s.run(["sh", "-c", "echo first > made.txt; echo done"])
+    s.write_file("src/main.py", "print(open('made.txt').read().strip() + ' then second')")
+    b = s.run(["python3", "src/main.py"])
+    emit(a=[a.status.value, a.stdout.decode()], b=[b.status.value, b.stdout.decode()],
+         back=s.read_file("made.txt").decode(), uid=s.run(["id", "-u"]).stdout.decode())
+""")
+    assert out["a"] == ["OK", "done\n"]
+    assert out["b"] == ["OK", "first then second\n"]
+    assert out["back"] == "first\n"
+    assert out["uid"] == "1000\n"
+
+
+def test_timeout_ends_the_command_and_what_it_started_not_the_session(as_user: UserRunner):
+    marker = f"9{uuid.uuid4().int % 10**8}"
+    out = as_user.script(f"""
+with nsbox.Session(timeout=20) as s:
+    s.run(["sh", "-c", "echo kept > state"])
+    slow = s.run(["sh", "-c", "(setsid sh -c 'sleep {marker}' &); trap '' TERM; sleep {marker}"],
+                 timeout=1)
+    left = find({marker!r})
+    loud = s.run(["sh", "-c", "yes nsbox"], output_limit=1000)
+    after = s.run(["cat", "state"])
+    emit(slow=[slow.status.value, slow.timed_out], left=left, loud=loud.status.value,
+         after=[after.status.value, after.stdout.decode()], alive=s.alive)
+""")
+    assert out["slow"] == ["TO", True]
+    assert out["left"] == []  # the double-forked, setsid sleep died with its command
+    assert out["loud"] == "OL"
+    assert out["after"] == ["OK", "kept\n"]
+    assert out["alive"] is True
+
+
+def test_background_processes_end_with_their_command(as_user: UserRunner):
+    marker = f"8{uuid.uuid4().int % 10**8}"
+    out = as_user.script(f"""
+with nsbox.Session(timeout=20) as s:
+    r = s.run(["sh", "-c", "(setsid sleep {marker} &); echo started"])
+    emit(out=r.stdout.decode(), left=find({marker!r}))
+""")
+    assert out == {"out": "started\n", "left": []}
+
+
+def test_close_leaves_no_process_and_no_mount_namespace():
+    marker = f"7{uuid.uuid4().int % 10**8}"
+    session = nsbox.Session(timeout=60)
+    init = session.pid
+    mnt_ns = os.readlink(f"/proc/{init}/ns/mnt")
+    errors: list[BaseException] = []
+
+    def long_command() -> None:
+        try:
+            session.run(["sleep", marker])
+        except BaseException as exc:  # noqa: B036 - the test checks what it was
+            errors.append(exc)
+
+    worker = threading.Thread(target=long_command)
+    worker.start()
+    assert wait_until(lambda: processes_with(marker)), "the command did not start"
+    session.close()
+    worker.join(10)
+    assert processes_with(marker) == []
+    assert not os.path.exists(f"/proc/{init}")
+    assert _pids_in_mount_namespace(mnt_ns) == []
+    assert len(errors) == 1 and isinstance(errors[0], SessionClosed)
+    with pytest.raises(SessionClosed, match="the session is closed"):
+        session.run(["true"])
+
+
+def _pids_in_mount_namespace(ns: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/mnt") == ns:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_sigkill_of_the_host_program_leaves_nothing(public_tree: Path):
+    marker = f"6{uuid.uuid4().int % 10**8}"
+    code = (
+        f"import sys; sys.path.insert(0, {str(public_tree)!r}); import nsbox\n"
+        "s = nsbox.Session(timeout=120)\n"
+        "print(s.pid, flush=True)\n"
+        f"s.run(['sleep', '{marker}'])\n"
+    )
+    host = subprocess.Popen([PYTHON, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert host.stdout is not None
+        init = int(host.stdout.readline())
+        assert wait_until(lambda: processes_with(marker)), "the command did not start"
+        host.send_signal(signal.SIGKILL)
+        host.wait()
+        assert wait_until(lambda: not processes_with(marker) and not os.path.exists(
+            f"/proc/{init}")), "the session outlived its host program"
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
+
+
+def test_idle_session_expires(as_user: UserRunner):
+    out = as_user.script("""
+import time
+s = nsbox.Session(idle_timeout=0.5)
+first = s.run(["true"]).status.value
+time.sleep(1.5)
+alive = s.alive
+try:
+    s.run(["true"])
+    again = "ran"
+except nsbox.errors.SessionClosed as exc:
+    again = str(exc)
+gone = not os.path.exists(f"/proc/{s.pid}")
+s.close()
+emit(first=first, alive=alive, again=again, gone=gone)
+""")
+    assert out["first"] == "OK"
+    assert out["alive"] is False
+    assert "has ended" in out["again"]
+    assert out["gone"] is True
+
+
+def test_init_cannot_be_killed_traced_or_read_by_commands(as_user: UserRunner):
+    probe = (
+        "import os, errno, ctypes\n"
+        "def tryit(f):\n"
+        "    try:\n"
+        "        f(); return 'ok'\n"
+        "    except OSError as e: return errno.errorcode[e.errno]\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def attach():\n"
+        "    if libc.ptrace(16, 1, 0, 0): raise OSError(ctypes.get_errno(), 'ptrace')\n"
+        "print(tryit(lambda: os.kill(1, 9)), tryit(attach),\n"
+        "      tryit(lambda: open('/proc/1/environ', 'rb').read()),\n"
+        "      tryit(lambda: os.listdir('/proc/1/fd')),\n"
+        "      tryit(lambda: open('/proc/1/mem', 'rb').read(1)))\n"
+    )
+    out = as_user.script(f"""
+with nsbox.Session(timeout=20) as s:
+    r = s.run(["python3", "-c", {probe!r}])
+    emit(probe=r.stdout.decode().split(), err=r.stderr.decode(), after=s.run(["true"]).status.value)
+""")
+    kill, trace, environ, fds, mem = out["probe"]
+    assert kill == "ok"  # delivered, and ignored: pid 1 has no handler for SIGKILL
+    assert trace == "EPERM"
+    assert (environ, fds, mem) == ("EACCES", "EACCES", "EACCES")
+    assert out["after"] == "OK"
+
+
+def test_command_not_found_does_not_end_the_session(as_user: UserRunner):
+    out = as_user.script("""
+with nsbox.Session() as s:
+    try:
+        s.run(["no-such-program-here"])
+        step = None
+    except nsbox.CommandNotFound as exc:
+        step = exc.step
+    emit(step=step, after=s.run(["echo", "ok"]).stdout.decode())
+""")
+    assert out == {"step": "exec", "after": "ok\n"}
+
+
+def test_input_is_mounted_read_only(as_user: UserRunner, unprivileged_tmp: Path):
+    data = unprivileged_tmp / "data"
+    data.mkdir()
+    (data / "table.csv").write_text("a,b\n1,2\n")
+    (data / "table.csv").chmod(0o666)  # even a host file anyone may write is out of reach
+    single = unprivileged_tmp / "notes.txt"
+    single.write_text("notes")
+    single.chmod(0o666)
+    probe = ("cat /input/data/table.csv /input/n.txt; echo x >> /input/data/table.csv; "
+             "rm -f /input/data/table.csv; mv /input/data/table.csv /input/data/t; "
+             "chmod 777 /input/data/table.csv; touch /input/data/new; echo y > /input/n.txt; "
+             "echo done")
+    out = as_user.script(f"""
+with nsbox.Session(inputs=[{str(data)!r}, {str(single) + ':n.txt'!r}]) as s:
+    r = s.run(["sh", "-c", {probe!r}])
+    emit(out=r.stdout.decode(), err=r.stderr.decode())
+""")
+    assert out["out"] == "a,b\n1,2\nnotesdone\n"
+    assert out["err"].count("Read-only file system") >= 5, out["err"]
+    assert (data / "table.csv").read_text() == "a,b\n1,2\n"
+    assert sorted(p.name for p in data.iterdir()) == ["table.csv"]
+    assert single.read_text() == "notes"
+
+
+def test_bad_input_spec_is_a_clear_error():
+    with pytest.raises(nsbox.PolicyError, match="does not exist"):
+        nsbox.Session(inputs=["/no/such/path"])
+    with pytest.raises(nsbox.PolicyError, match="one path component"):
+        nsbox.Session(inputs=["/usr:a/b"])
+
+
+def test_command_in_session_is_isolated_like_run():
+    with nsbox.Session() as s:
+        caps = s.run(["cat", "/proc/self/status"])
+        env = s.run(["env"])
+    status = dict(line.split(":\t", 1) for line in caps.stdout.decode().splitlines()
+                  if ":\t" in line)
+    for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert status[field].strip() == "0000000000000000", field
+    assert status["NoNewPrivs"].strip() == "1"
+    names = {line.split("=", 1)[0] for line in env.stdout.decode().splitlines()}
+    assert names <= {"PATH", "HOME", "LANG", "PWD", "SHLVL", "_"}, names
+
