@@ -136,7 +136,7 @@ class Session:
         self.pid = 0  # host pid of the session's init
         self.commands = 0
         self._env = dict(env or {})
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # run() records files with the lock held
         self._closed = False
         self._ended_reason: str | None = None
         self._overdue = False
@@ -387,7 +387,12 @@ class Session:
             data = data.encode()
         self._file_op({"kind": "put", "path": path, "mode": mode}, data)
         if self._audit is not None:
-            self._written.append({"path": path, **auditmod.describe_data(data)})
+            described = auditmod.describe_data(data)
+            self._written.append({"path": path, **described})
+            # What the caller wrote is not something a command produced.
+            rel = path[len(planmod.WORKSPACE) + 1:] if path.startswith(
+                planmod.WORKSPACE + "/") else path
+            self._known[rel] = described["sha256"]
 
     def read_file(self, path: str, *, max_size: int | None = None) -> bytes:
         """The content of the regular file ``path`` in the sandbox. Refuses symlinks, FIFOs,

@@ -1,0 +1,104 @@
+"""The audit record: one JSON line per command, with what ran, under what, and what came of it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import uuid
+from pathlib import Path
+
+import pytest
+from sessiontools import UserRunner, user_runner
+
+import nsbox
+from nsbox.policy import Policy
+
+FIELDS = {"time", "session", "argv", "env", "stdin", "files_written", "profile", "policy_digest",
+          "limits", "network_mode", "result", "output", "network", "seccomp_denied",
+          "files_produced"}
+
+
+@pytest.fixture(params=["caller", "unprivileged"])
+def as_user(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
+    return user_runner(request, public_tree)
+
+
+def lines(path: Path) -> list[dict]:
+    text = path.read_text()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_session_audit_has_one_line_per_command(as_user: UserRunner, unprivileged_tmp: Path):
+    secret = "tok-" + uuid.uuid4().hex
+    log = unprivileged_tmp / "audit.jsonl"
+    code = "import os, sys\nprint(sys.stdin.read().upper())\nopen('result.txt','w').write('42')\n"
+    out = as_user.script(f"""
+with nsbox.Session(audit={str(log)!r}, env={{"API_TOKEN": {secret!r}}}, timeout=20) as s:
+    s.write_file("main.py", {code!r})
+    first = s.run(["python3", "main.py"], stdin=b"hello")
+    second = s.run(["sh", "-c", "echo token=$API_TOKEN; echo oops >&2; exit 3"])
+    try:
+        s.run(["no-such-program"])
+    except nsbox.CommandNotFound:
+        pass
+    emit(session=s.id, digest=s.policy.digest())
+""")
+    records = lines(log)
+    assert len(records) == 3
+    assert secret not in log.read_text()
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    first, second, third = records
+    for record in records:
+        assert set(record) >= FIELDS - {"result", "output", "network", "seccomp_denied"}
+        assert record["session"] == out["session"]
+        assert record["policy_digest"] == out["digest"]
+        assert record["profile"] == "default"
+        assert record["env"] == {"API_TOKEN": "<redacted>"}
+        assert record["limits"]["timeout"] == 20
+    assert set(first) == FIELDS
+    assert first["argv"] == ["python3", "main.py"]
+    assert first["stdin"] == {"size": 5, "sha256": hashlib.sha256(b"hello").hexdigest(),
+                              "head": "hello"}
+    assert first["files_written"] == [{
+        "path": "main.py", "size": len(code), "sha256": hashlib.sha256(code.encode()).hexdigest(),
+        "head": code}]
+    assert first["result"]["status"] == "OK"
+    assert first["output"]["stdout"] == {"size": 6, "truncated": False, "head": "HELLO\n"}
+    assert first["files_produced"] == [{"path": "result.txt", "size": 2,
+                                        "sha256": hashlib.sha256(b"42").hexdigest()}]
+    assert second["files_written"] == []
+    assert second["files_produced"] == []  # nothing new or changed
+    assert second["result"]["status"] == "RE" and second["result"]["exit_code"] == 3
+    assert second["output"]["stdout"]["head"] == "token=<redacted>\n"
+    assert second["output"]["stderr"]["head"] == "oops\n"
+    assert third["error"]["type"] == "CommandNotFound"
+    assert third["error"]["step"] == "exec"
+    assert "result" not in third
+
+
+def test_run_with_audit_records_the_run(tmp_path: Path):
+    log = tmp_path / "audit.jsonl"
+    result = nsbox.run(["sh", "-c", "echo made > out.txt; echo hi"], audit=str(log),
+                       env={"PASSWORD": "hunter22"}, timeout=10)
+    assert result.stdout == b"hi\n"
+    (record,) = lines(log)
+    assert set(record) == FIELDS
+    assert record["argv"] == ["sh", "-c", "echo made > out.txt; echo hi"]
+    assert record["env"] == {"PASSWORD": "<redacted>"}
+    assert record["files_produced"] == [
+        {"path": "out.txt", "size": 5, "sha256": hashlib.sha256(b"made\n").hexdigest()}]
+    assert record["policy_digest"] == Policy().digest()
+    assert "hunter22" not in log.read_text()
+
+
+def test_audit_file_that_is_a_symlink_is_refused(tmp_path: Path):
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    (tmp_path / "audit.jsonl").symlink_to(target)
+    with pytest.raises(nsbox.NsboxError, match="cannot open the audit file"):
+        nsbox.Session(audit=str(tmp_path / "audit.jsonl"))
+    assert target.read_text() == ""
+    assert not os.path.islink(target)
