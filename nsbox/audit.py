@@ -52,8 +52,10 @@ def command_record(
     error: NsboxError | None = None,
     files_written: Iterable[dict[str, Any]] = (),
     files_produced: Iterable[dict[str, Any]] = (),
+    heads: tuple[bytes, bytes] | None = None,
 ) -> dict[str, Any]:
-    """The record of one command, before redaction."""
+    """The record of one command, before redaction. ``heads``: the first bytes of stdout and
+    stderr when they were passed through instead of kept in the Result."""
     record: dict[str, Any] = {
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
         "session": session,
@@ -77,11 +79,12 @@ def command_record(
                      "stderr_truncated"):
             data.pop(name, None)
         record["result"] = data
+        out, err = heads or (result.stdout, result.stderr)
         record["output"] = {
             "stdout": {"size": result.stdout_bytes, "truncated": result.stdout_truncated,
-                       "head": head(result.stdout)},
+                       "head": head(out)},
             "stderr": {"size": result.stderr_bytes, "truncated": result.stderr_truncated,
-                       "head": head(result.stderr)},
+                       "head": head(err)},
         }
         record["network"] = result.extra.get("network")
         record["seccomp_denied"] = result.extra.get("seccomp_denied")

@@ -179,13 +179,24 @@ def main() -> None:
               help="Print the effective policy (profile plus options) as TOML and exit.")
 # --- end profiles -------------------------------------------------------------------------------
 @_limit_options
+# --- sessions: data in and out, audit (nsbox/_cli_session.py) ---
+@click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
+              help="Mount a host file or directory read-only at /input/NAME.")
+@click.option("--collect", multiple=True, metavar="GLOB",
+              help="Copy the workspace's regular files matching GLOB out after the run.")
+@click.option("--collect-dir", default="nsbox-output", show_default=True, metavar="DIR",
+              help="Where --collect puts the files.")
+@click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Append a JSON record of the run to FILE (--env values redacted).")
+# --- end sessions ---
 @click.argument("command", nargs=-1)
 def run(wall_time: float | None, output_limit: int | None, workspace: str | None,
         ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
         pass_env: tuple[str, ...], cwd: str | None, as_json: bool, seccomp_log: bool,
         net_mode: str | None, allow_host: tuple[str, ...], profile: str,
-        settings: tuple[str, ...], print_profile: bool, command: tuple[str, ...],
-        **limit_values: Any) -> None:
+        settings: tuple[str, ...], print_profile: bool, inputs: tuple[str, ...],
+        collect: tuple[str, ...], collect_dir: str, audit: str | None,
+        command: tuple[str, ...], **limit_values: Any) -> None:
     """Run COMMAND in a new sandbox.
 
     Every option is an override of a profile key (docs/profiles.md).
@@ -200,6 +211,7 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
         if not key or not sep:
             raise click.BadParameter(f"{item!r}: expected KEY=VAL", param_hint="--env")
         env_set[key] = value
+    collected: list[dict[str, Any]] = []
     # --- profiles: the options become overrides of the profile's keys ---------------------------
     overrides: dict[str, Any] = {
         "limits.wall_time": wall_time, "limits.output": output_limit,
@@ -222,17 +234,28 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
         if not command:
             raise click.UsageError("missing COMMAND (or --print-profile)")
         # --- end profiles -----------------------------------------------------------------------
-        result = nsbox.run(
-            list(command), policy, stdin=None if as_json else 0, cwd=cwd,
-            passthrough=not as_json,
-        )
+        # --- sessions ---
+        policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
+        if collect:
+            result, collected, skipped = run_and_collect(
+                list(command), policy, patterns=collect, dest=collect_dir,
+                stdin=None if as_json else 0, cwd=cwd, passthrough=not as_json, audit=audit)
+            for path, why in skipped:
+                click.echo(f"nsbox: not collected: {json.dumps(path)}: {why}", err=True)
+        else:
+            result = nsbox.run(
+                list(command), policy, stdin=None if as_json else 0, cwd=cwd,
+                passthrough=not as_json, audit=audit,
+            )
+        # --- end sessions ---
     except NsboxError as error:
         if as_json:
             click.echo(json.dumps({"status": Status.XX.value, "error": str(error)}))
         _fail(error)
         return
     if as_json:
-        click.echo(json.dumps(result.to_dict(with_output=True)))
+        click.echo(json.dumps({**result.to_dict(with_output=True),
+                               **({"files": collected} if collect else {})}))
     elif "seccomp_denied" in result.extra:
         denied = ", ".join(result.extra["seccomp_denied"]) or "nothing"
         click.echo(f"nsbox: seccomp denied: {denied}", err=True)
@@ -328,6 +351,14 @@ def doctor(as_json: bool, profile: str) -> None:
 
 
 # --- end profiles and doctor --------------------------------------------------------------------
+
+
+# --- sessions (nsbox/_cli_session.py) ---
+from nsbox._cli_session import run_and_collect, session  # noqa: E402
+from nsbox.session import input_mount  # noqa: E402
+
+main.add_command(session)
+# --- end sessions ---
 
 
 if __name__ == "__main__":

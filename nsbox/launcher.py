@@ -100,6 +100,7 @@ class _Stream:
     kept: bytearray = field(default_factory=bytearray)
     total: int = 0
     truncated: bool = False
+    head_limit: int = 0  # with a sink: also keep this many first bytes (the audit record)
 
 
 def _stdin_fd(stdin: bytes | int | None) -> tuple[int, bool]:
@@ -237,6 +238,8 @@ def _supervise(sock: socket.socket, streams: list[_Stream],
                 kept += len(chunk)
                 if stream.sink is not None:
                     _write_all(stream.sink, chunk)
+                    if len(stream.kept) < stream.head_limit:
+                        stream.kept += chunk[:stream.head_limit - len(stream.kept)]
                 else:
                     stream.kept += chunk
     finally:

@@ -141,6 +141,7 @@ class Session:
         self._ended_reason: str | None = None
         self._overdue = False
         self._audit = auditmod.AuditLog(audit) if audit else None
+        self._heads: tuple[bytes, bytes] = (b"", b"")  # of the last command's output
         self._written: list[dict[str, Any]] = []  # files the caller wrote since the last run
         self._known: dict[str, str] = {}  # path -> sha256 after the last run (for the audit)
         self._ctl, self._launch = self._start()
@@ -288,9 +289,11 @@ class Session:
         with self._lock:
             result: Result | None = None
             error: NsboxError | None = None
+            heads = (b"", b"")
             try:
                 result = self._command({"cmd": "run", "command": command}, stdin, cap, sinks,
                                        timeout)
+                heads = self._heads
                 return result
             except NsboxError as exc:
                 error = exc
@@ -298,7 +301,7 @@ class Session:
             finally:
                 self.commands += 1
                 if self._audit is not None:
-                    self._record(argv, command_env, stdin, timeout, cap, result, error)
+                    self._record(argv, command_env, stdin, timeout, cap, result, error, heads)
 
     def _command(self, request: dict[str, Any], stdin: bytes | int | None, cap: int,
                  sinks: tuple[int | None, int | None], timeout: float | None) -> Result:
@@ -324,7 +327,9 @@ class Session:
                 os.close(fd)
             if close_in:
                 os.close(in_fd)
-        streams = [launcher._Stream(out_r, sinks[0]), launcher._Stream(err_r, sinks[1])]
+        head = auditmod.HEAD if self._audit else 0
+        streams = [launcher._Stream(out_r, sinks[0], head_limit=head),
+                   launcher._Stream(err_r, sinks[1], head_limit=head)]
         timer = None
         if timeout is not None:
             timer = threading.Timer(timeout + BACKSTOP, self._kill_overdue)
@@ -346,6 +351,13 @@ class Session:
                 timer.cancel()
         result = launcher._result(report, pid, streams, cap, time.monotonic() - started)
         result.extra["session"] = self.id
+        # Output passed through is not in the Result; the audit record still gets its head.
+        self._heads = (bytes(streams[0].kept) if sinks[0] is not None else result.stdout,
+                       bytes(streams[1].kept) if sinks[1] is not None else result.stderr)
+        if sinks[0] is not None:
+            result.stdout = b""
+        if sinks[1] is not None:
+            result.stderr = b""
         return result
 
     def _kill_overdue(self) -> None:
@@ -447,7 +459,7 @@ class Session:
 
     def _record(self, argv: Sequence[str], env: dict[str, str], stdin: bytes | int | None,
                 timeout: float | None, cap: int, result: Result | None,
-                error: NsboxError | None) -> None:
+                error: NsboxError | None, heads: tuple[bytes, bytes]) -> None:
         assert self._audit is not None
         produced: list[dict[str, Any]] = []
         if self.alive:
@@ -462,7 +474,8 @@ class Session:
         record = auditmod.command_record(
             argv=argv, policy=self.policy, session=self.id, env=env, stdin=stdin,
             timeout=timeout, output_limit=cap, result=result, error=error,
-            files_written=self._written, files_produced=produced)
+            files_written=self._written, files_produced=produced,
+            heads=heads if result is not None else None)
         self._written = []
         self._audit.write(record, secrets=env.values())
 

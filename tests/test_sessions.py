@@ -71,7 +71,6 @@ def test_close_leaves_no_process_and_no_mount_namespace():
     marker = f"7{uuid.uuid4().int % 10**8}"
     session = nsbox.Session(timeout=60)
     init = session.pid
-    mnt_ns = os.readlink(f"/proc/{init}/ns/mnt")
     errors: list[BaseException] = []
 
     def long_command() -> None:
@@ -83,6 +82,9 @@ def test_close_leaves_no_process_and_no_mount_namespace():
     worker = threading.Thread(target=long_command)
     worker.start()
     assert wait_until(lambda: processes_with(marker)), "the command did not start"
+    # Read through the command: the init is not dumpable, so its /proc/PID/ns is closed to
+    # anyone but root.
+    mnt_ns = os.readlink(f"/proc/{processes_with(marker)[0]}/ns/mnt")
     session.close()
     worker.join(10)
     assert processes_with(marker) == []

@@ -1,0 +1,348 @@
+"""``nsbox session ...`` and the session-backed parts of ``nsbox run`` (--collect).
+
+A command-line session outlives ``nsbox session start``: a detached supervisor process holds it
+(nsbox/_supervisor.py documents its protocol); the other subcommands talk to that supervisor
+over a unix socket in the user's private runtime directory.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import click
+
+from nsbox import errors
+from nsbox._supervisor import runtime_dir
+from nsbox.errors import NsboxError
+from nsbox.policy import Policy
+from nsbox.result import Result, Status
+from nsbox.session import Session
+
+ID_RE = re.compile(r"^[0-9a-f]{12}$")
+REMOTE_RE = re.compile(r"^([0-9a-f]{12}):(.*)$", re.S)
+
+
+def _cli() -> Any:
+    from nsbox import cli  # the shared helpers (_fail, _exit_code, option parsers)
+
+    return cli
+
+
+# --- talking to a supervisor -----------------------------------------------------------------
+
+
+def _socket_path(session_id: str) -> str:
+    if not ID_RE.match(session_id):
+        raise NsboxError(f"{session_id!r} is not a session id (12 hex digits; see "
+                         "`nsbox session ls`)")
+    return os.path.join(runtime_dir(), f"{session_id}.sock")
+
+
+def request(session_id: str, message: dict[str, Any], fds: tuple[int, ...] | list[int] = ()
+            ) -> dict[str, Any]:
+    path = _socket_path(session_id)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+        try:
+            conn.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            _forget_stale()
+            raise errors.SessionClosed(f"no session {session_id} (it may have ended or expired)"
+                                       ) from None
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        conn.sendmsg([json.dumps(message).encode()], rights)
+        data = conn.recv(16 * 1024 * 1024)
+    if not data:
+        raise errors.SessionClosed(f"session {session_id} ended during the request")
+    reply = json.loads(data)
+    if "error" in reply:
+        raise _error_from(reply["error"])
+    return reply
+
+
+def _error_from(info: dict[str, Any]) -> NsboxError:
+    cls = getattr(errors, str(info.get("type")), NsboxError)
+    if not (isinstance(cls, type) and issubclass(cls, NsboxError)):
+        cls = NsboxError
+    if issubclass(cls, errors.SetupError):
+        return cls(info["step"], info["errno"] or 0, info["message"], hint=info.get("hint"))
+    if cls is errors.FileTransferError:
+        return errors.FileTransferError(info.get("path") or "", info.get("reason") or "")
+    error = NsboxError(info.get("message") or "session error")
+    error.hint = info.get("hint")
+    return error
+
+
+def _records() -> list[dict[str, Any]]:
+    directory = runtime_dir()
+    found = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".json"):
+            continue
+        try:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as f:
+                found.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _alive(record: dict[str, Any]) -> bool:
+    try:
+        with open(f"/proc/{int(record['pid'])}/cmdline", "rb") as f:
+            return b"nsbox._supervisor" in f.read()
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+def _forget_stale() -> None:
+    """Remove the socket and record of sessions whose supervisor is gone (killed, crashed)."""
+    directory = runtime_dir()
+    for record in _records():
+        if not _alive(record) and ID_RE.match(str(record.get("id", ""))):
+            for suffix in (".sock", ".json"):
+                try:
+                    os.unlink(os.path.join(directory, record["id"] + suffix))
+                except OSError:
+                    pass
+
+
+# --- the commands ----------------------------------------------------------------------------
+
+
+@click.group()
+def session() -> None:
+    """Sandboxes that keep their workspace across several commands.
+
+    \b
+    Example:
+      ID=$(nsbox session start --time 30)
+      nsbox session cp main.py $ID:main.py
+      nsbox session exec $ID -- python3 main.py
+      nsbox session cp $ID:out.csv ./out.csv
+      nsbox session stop $ID
+    """
+
+
+def _parse_env(items: tuple[str, ...]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key or not sep:
+            raise click.BadParameter(f"{item!r}: expected KEY=VAL", param_hint="--env")
+        env[key] = value
+    return env
+
+
+def _duration_opt(ctx: Any, param: click.Parameter, value: str | None) -> float | None:
+    return _cli()._duration(ctx, param, value)  # type: ignore[no-any-return]
+
+
+def _size_opt(ctx: Any, param: click.Parameter, value: str | None) -> int | None:
+    return _cli()._size(ctx, param, value)  # type: ignore[no-any-return]
+
+
+@session.command()
+@click.option("-t", "--time", "wall_time", callback=_duration_opt, metavar="SECONDS",
+              help="Default wall-clock limit of each command.")
+@click.option("--output-limit", callback=_size_opt, metavar="BYTES",
+              help="Default cap on each command's stdout+stderr.")
+@click.option("-w", "--workspace", type=click.Path(file_okay=False),
+              help="Host directory bound read-write at /workspace (default: a fresh tmpfs).")
+@click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
+              help="Mount a host file or directory read-only at /input/NAME.")
+@click.option("--ro-bind", multiple=True, metavar="SRC[:DST]", help="Bind a host path read-only.")
+@click.option("--bind", "rw_bind", multiple=True, metavar="SRC[:DST]",
+              help="Bind a host path read-write.")
+@click.option("-e", "--env", multiple=True, metavar="KEY=VAL",
+              help="Set a variable for every command (redacted in the audit record).")
+@click.option("--pass-env", multiple=True, metavar="NAME",
+              help="Pass the caller's variable NAME through.")
+@click.option("--idle-timeout", callback=_duration_opt, default="600", metavar="SECONDS",
+              show_default=True, help="End the session after this long without a command.")
+@click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Append one JSON line per command to FILE.")
+def start(wall_time: float | None, output_limit: int | None, workspace: str | None,
+          inputs: tuple[str, ...], ro_bind: tuple[str, ...], rw_bind: tuple[str, ...],
+          env: tuple[str, ...], pass_env: tuple[str, ...], idle_timeout: float | None,
+          audit: str | None) -> None:
+    """Start a session and print its id."""
+    cli = _cli()
+    binds = [[b.source, b.target, b.writable] for b in
+             [*(cli._split_bind(s, False) for s in ro_bind),
+              *(cli._split_bind(s, True) for s in rw_bind)]]
+    spec = {
+        "timeout": wall_time, "output_limit": output_limit,
+        "workspace": os.path.abspath(workspace) if workspace else None,
+        "inputs": [_abs_input(s) for s in inputs], "binds": binds, "env": _parse_env(env),
+        "pass_env": list(pass_env), "idle_timeout": idle_timeout,
+        "audit": os.path.abspath(audit) if audit else None,
+    }
+    try:
+        runtime_dir()
+        _forget_stale()
+    except NsboxError as error:
+        cli._fail(error)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nsbox._supervisor"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(spec).encode())
+    proc.stdin.close()
+    line = proc.stdout.readline().decode().strip()
+    proc.stdout.close()
+    if line.startswith("ok "):
+        click.echo(line[3:])
+        return
+    proc.wait()
+    if line.startswith("error "):
+        cli._fail(_error_from(json.loads(line[6:])["error"]))
+    cli._fail(NsboxError("the session supervisor failed to start"))
+
+
+def _abs_input(spec: str) -> str:
+    source, sep, name = spec.rpartition(":")
+    if not sep:
+        return os.path.abspath(spec)
+    return f"{os.path.abspath(source)}:{name}"
+
+
+@session.command(name="exec", context_settings={"ignore_unknown_options": False})
+@click.option("-t", "--time", "wall_time", callback=_duration_opt, metavar="SECONDS",
+              help="Wall-clock limit of this command (default: the session's).")
+@click.option("--output-limit", callback=_size_opt, metavar="BYTES")
+@click.option("-e", "--env", multiple=True, metavar="KEY=VAL")
+@click.option("--cwd", metavar="DIR", help="Working directory inside (default /workspace).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.argument("session_id", metavar="ID")
+@click.argument("command", nargs=-1, required=True)
+def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...],
+          cwd: str | None, as_json: bool, session_id: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND in session ID; the output streams through, the exit code is as for run."""
+    cli = _cli()
+    message = {"op": "exec", "argv": list(command), "env": _parse_env(env),
+               "timeout": wall_time, "output_limit": output_limit, "cwd": cwd}
+    sinks: list[int] = []
+    try:
+        if as_json:
+            sinks = [os.memfd_create("nsbox-out"), os.memfd_create("nsbox-err")]
+            fds = [os.open(os.devnull, os.O_RDONLY), *sinks]
+        else:
+            fds = [0, 1, 2]
+        reply = request(session_id, message, fds)
+    except NsboxError as error:
+        if as_json:
+            click.echo(json.dumps({"status": Status.XX.value, "error": str(error)}))
+        cli._fail(error)
+        return
+    data = reply["result"]
+    result = Result(**{**data, "status": Status(data["status"])})
+    if as_json:
+        out = result.to_dict()
+        for name, fd in zip(("stdout", "stderr"), sinks, strict=True):
+            os.lseek(fd, 0, os.SEEK_SET)
+            out[name] = os.read(fd, 1 << 30).decode("utf-8", "replace")
+        click.echo(json.dumps(out))
+    elif result.status in (Status.TO, Status.OL):
+        click.echo(f"nsbox: {result.status.value}: "
+                   + ("wall-clock limit reached" if result.status is Status.TO
+                      else "output limit reached"), err=True)
+    sys.exit(cli._exit_code(result))
+
+
+@session.command()
+@click.argument("source")
+@click.argument("dest")
+def cp(source: str, dest: str) -> None:
+    """Copy a file into or out of a session: `cp ID:PATH DEST` or `cp SRC ID:PATH`.
+
+    Relative sandbox paths are under /workspace. Only regular files are copied out.
+    """
+    cli = _cli()
+    remote_src, remote_dest = REMOTE_RE.match(source), REMOTE_RE.match(dest)
+    try:
+        if remote_src and not remote_dest:
+            session_id, path = remote_src.groups()
+            memfd = os.memfd_create("nsbox-cp")
+            reply = request(session_id, {"op": "get", "path": path}, [memfd])
+            if os.path.isdir(dest):
+                dest = os.path.join(dest, os.path.basename(path.rstrip("/")))
+            os.lseek(memfd, 0, os.SEEK_SET)
+            with os.fdopen(memfd, "rb") as src, open(dest, "wb") as out:
+                while chunk := src.read(1 << 20):
+                    out.write(chunk)
+            click.echo(f"{dest}: {reply['size']} bytes, sha256 {reply['sha256']}", err=True)
+        elif remote_dest and not remote_src:
+            session_id, path = remote_dest.groups()
+            memfd = os.memfd_create("nsbox-cp")
+            try:
+                with open(source, "rb") as f:
+                    while chunk := f.read(1 << 20):
+                        os.write(memfd, chunk)
+            except OSError as exc:
+                raise NsboxError(f"cannot read {source}: {exc.strerror}") from None
+            if path.endswith("/") or not path:
+                path += os.path.basename(source)
+            request(session_id, {"op": "put", "path": path, "mode": 0o644}, [memfd])
+            os.close(memfd)
+        else:
+            raise click.UsageError("exactly one of SOURCE and DEST must be ID:PATH")
+    except NsboxError as error:
+        cli._fail(error)
+
+
+@session.command(name="ls")
+@click.argument("session_id", metavar="[ID]", required=False)
+@click.option("--files", "patterns", multiple=True, metavar="GLOB",
+              help="With ID: list the session's files matching GLOB (default: all).")
+def ls_(session_id: str | None, patterns: tuple[str, ...]) -> None:
+    """List your sessions, or with ID the files in its workspace (path, size, sha256)."""
+    cli = _cli()
+    try:
+        if session_id:
+            reply = request(session_id, {"op": "files", "patterns": list(patterns) or ["*"]})
+            for item in reply["files"]:
+                click.echo(f"{item['size']:>10}  {item['sha256']}  {json.dumps(item['path'])}")
+            for item in reply["skipped"]:
+                click.echo(f"skipped {json.dumps(item['path'])}: {item['reason']}", err=True)
+            return
+        _forget_stale()
+        for record in _records():
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["started"]))
+            click.echo(f"{record['id']}  pid {record['pid']}  started {started}  "
+                       f"workspace {record.get('workspace') or 'tmpfs'}")
+    except NsboxError as error:
+        cli._fail(error)
+
+
+@session.command()
+@click.argument("session_id", metavar="ID")
+def stop(session_id: str) -> None:
+    """End session ID: its processes, mounts and workspace are gone when this returns."""
+    try:
+        request(session_id, {"op": "stop"})
+    except NsboxError as error:
+        _cli()._fail(error)
+
+
+# --- nsbox run --collect ---------------------------------------------------------------------
+
+
+def run_and_collect(command: list[str], policy: Policy, *, patterns: tuple[str, ...],
+                    dest: str, stdin: int | None, cwd: str | None, passthrough: bool,
+                    audit: str | None
+                    ) -> tuple[Result, list[dict[str, Any]], list[tuple[str, str]]]:
+    """Run one command in a session of its own and copy out what matches ``patterns``."""
+    with Session(policy, audit=audit, idle_timeout=None) as s:
+        result = s.run(command, stdin=stdin, cwd=cwd, passthrough=passthrough)
+        skipped: list[tuple[str, str]] = []
+        copied = s.copy_out(dest, patterns, skipped=skipped)
+    return result, [f.to_dict() for f in copied], skipped
