@@ -33,8 +33,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nsbox import _netns, launcher
 from nsbox import audit as auditmod
-from nsbox import launcher
 from nsbox import plan as planmod
 from nsbox.errors import (
     FileTransferError,
@@ -43,6 +43,7 @@ from nsbox.errors import (
     PolicyError,
     SessionClosed,
 )
+from nsbox.network import RunNetwork
 from nsbox.policy import Bind, MiB, Policy
 from nsbox.result import Result, Status
 
@@ -127,6 +128,10 @@ class Session:
             policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
         if idle_timeout is not None and idle_timeout <= 0:
             raise PolicyError("must be more than 0 seconds", key="idle_timeout")
+        if policy.seccomp.log_denied:
+            # The learning-mode listener is handed over once per launch, not per command.
+            raise PolicyError("seccomp learning mode is not available in a session",
+                              key="seccomp.log_denied", hint="use nsbox run --seccomp-log")
         self.policy = policy
         self.id = secrets.token_hex(6)
         self.timeout = timeout if timeout is not None else policy.limits.wall_time
@@ -144,6 +149,8 @@ class Session:
         self._heads: tuple[bytes, bytes] = (b"", b"")  # of the last command's output
         self._written: list[dict[str, Any]] = []  # files the caller wrote since the last run
         self._known: dict[str, str] = {}  # path -> sha256 after the last run (for the audit)
+        self._net = RunNetwork(policy.network)  # allow mode: the session's proxy
+        self._net_seen = 0  # proxy log entries reported with earlier commands
         self._ctl, self._launch = self._start()
 
     # --- lifetime ----------------------------------------------------------------------------
@@ -169,31 +176,32 @@ class Session:
             launch_theirs.close()
             os.close(null)
         try:
-            self._wait_ready(ctl, launch)
+            self._wait_ready(ctl, launch, wire["net"].get("mode") == "allow")
         except BaseException:
             ctl.close()
             launch.close()
+            self._net.close()
             raise
         return ctl, launch
 
-    def _wait_ready(self, ctl: socket.socket, launch: socket.socket) -> None:
+    def _wait_ready(self, ctl: socket.socket, launch: socket.socket, proxy: bool) -> None:
+        """Until the init says it is ready, the helper has sent its pid and, in network allow
+        mode, the proxy's listener."""
         ready = False
         deadline = time.monotonic() + START_TIMEOUT
         with selectors.DefaultSelector() as selector:
             selector.register(ctl, selectors.EVENT_READ, "ctl")
             selector.register(launch, selectors.EVENT_READ, "launch")
-            while not (ready and self.pid):
+            while not (ready and self.pid and (self._net.proxy or self._net.error or not proxy)):
                 events = selector.select(max(0.0, deadline - time.monotonic()))
                 if not events:
                     raise LaunchError("the session's sandbox did not start in time")
                 for key, _mask in events:
                     if key.data == "launch":
-                        message = _message(launch.recv(65536))
+                        message = self._on_launch_message(launch)
                         if message is None:
                             raise LaunchError("the launch helper died while starting a session")
-                        if message.get("event") == "pid":
-                            self.pid = int(message["pid"])
-                        elif message.get("event") == "exit":
+                        if message.get("event") == "exit":
                             if message.get("setup_error") or message.get("host_error"):
                                 launcher._result(message, 0, [], 0, 0.0)  # raises the error
                             raise LaunchError("the session's sandbox ended while starting")
@@ -204,6 +212,19 @@ class Session:
                         elif message.get("event") == "ready":
                             ready = True
 
+    def _on_launch_message(self, launch: socket.socket) -> dict[str, Any] | None:
+        """One message of the helper about the session's launch (pid, proxy, exit)."""
+        data, fds = _netns.receive_fds(launch, 65536, 1)
+        message = _message(data)
+        if message is not None and message.get("event") == "proxy":
+            self._net.serve(fds)
+            return message
+        for fd in fds:
+            os.close(fd)
+        if message is not None and message.get("event") == "pid":
+            self.pid = int(message["pid"])
+        return message
+
     @property
     def alive(self) -> bool:
         """Whether the session still runs (it may have expired or been killed)."""
@@ -211,9 +232,15 @@ class Session:
             return False
         with selectors.DefaultSelector() as selector:
             selector.register(self._launch, selectors.EVENT_READ)
-            if selector.select(0):
-                self._ended_reason = "the session's sandbox has ended (idle timeout or killed)"
-                return False
+            while selector.select(0):
+                try:
+                    message = self._on_launch_message(self._launch)
+                except (OSError, LaunchError):
+                    message = None
+                if message is None or message.get("event") == "exit":
+                    self._ended_reason = ("the session's sandbox has ended (idle timeout or "
+                                          "killed)")
+                    return False
         return True
 
     def close(self) -> None:
@@ -240,6 +267,7 @@ class Session:
                     break
         self._ctl.close()
         self._launch.close()
+        self._net.close()
         if self._audit is not None:
             self._audit.close()
 
@@ -337,8 +365,8 @@ class Session:
             timer.start()
         try:
             with ours:
-                report, pid = launcher._supervise(ours, streams, cap)
-        except (LaunchError, ValueError, KeyError, TypeError):
+                report, pid = launcher._supervise(ours, streams, cap, self._net)
+        except (LaunchError, ValueError, KeyError):
             if self._overdue:
                 self._ended_reason = ("the session was killed: a command outlived its deadline "
                                       "and the sandbox's init did not stop it")
@@ -351,6 +379,8 @@ class Session:
                 timer.cancel()
         result = launcher._result(report, pid, streams, cap, time.monotonic() - started)
         result.extra["session"] = self.id
+        if request["cmd"] == "run":
+            self._network_report(result)
         # Output passed through is not in the Result; the audit record still gets its head.
         self._heads = (bytes(streams[0].kept) if sinks[0] is not None else result.stdout,
                        bytes(streams[1].kept) if sinks[1] is not None else result.stderr)
@@ -359,6 +389,17 @@ class Session:
         if sinks[1] is not None:
             result.stderr = b""
         return result
+
+    def _network_report(self, result: Result) -> None:
+        """The session's proxy log, cut to the attempts made since the previous command."""
+        report = self._net.report()
+        if report is None:
+            return
+        attempts = report.get("attempts")
+        if isinstance(attempts, list):
+            report["attempts"] = attempts[self._net_seen:]
+            self._net_seen = len(attempts)
+        result.extra["network"] = report
 
     def _kill_overdue(self) -> None:
         self._overdue = True
