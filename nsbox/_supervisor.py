@@ -165,6 +165,8 @@ class Supervisor:
                         self.busy -= 1
                         self.last_active = time.monotonic()
                 conn.send(json.dumps(reply).encode())
+                if self.stopping:
+                    os.write(self.wake_w, b"x")  # after the reply: the process exits next
             except (OSError, ValueError, KeyError, TypeError):
                 return
             finally:
@@ -203,7 +205,6 @@ class Supervisor:
             # Everything of the sandbox is gone before the reply: stop means stopped.
             self.stopping = True
             self.session.close()
-            os.write(self.wake_w, b"x")
             return {"ok": True}
         raise PolicyError(f"unknown request {op!r}", key="op")
 
