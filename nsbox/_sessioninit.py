@@ -115,9 +115,7 @@ class Init:
         os.close(null)
         for fd in (ctx.sync_fd, *ctx.source_fds.values()):
             os.close(fd)
-        if ctx.net_fd is not None:  # the proxy listener went to the helper in build_sandbox
-            os.close(ctx.net_fd)
-            ctx.net_fd = None
+        ctx.net_fd = None  # the network step sent the proxy listener over it and closed it
         ctx.source_fds = {}
         _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
         _libc.keep_only_capabilities((CAP_SETPCAP, CAP_SYS_ADMIN), ctx.cap_last)

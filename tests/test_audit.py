@@ -102,3 +102,30 @@ def test_audit_file_that_is_a_symlink_is_refused(tmp_path: Path):
         nsbox.Session(audit=str(tmp_path / "audit.jsonl"))
     assert target.read_text() == ""
     assert not os.path.islink(target)
+
+
+def test_network_attempts_are_recorded_per_command(tmp_path: Path):
+    from netservers import HTTPServer
+
+    log = tmp_path / "audit.jsonl"
+    fetch = ("import urllib.request, sys\n"
+             "try:\n"
+             "    print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode(), end='')\n"
+             "except Exception as exc: print(type(exc).__name__)\n")
+    with HTTPServer() as listed, HTTPServer() as other:
+        policy = Policy().replace(network=nsbox.Network(
+            mode="allow", allow=(f"127.0.0.1:{listed.port}",)))
+        with nsbox.Session(policy, audit=str(log), timeout=20) as s:
+            s.write_file("fetch.py", fetch)
+            first = s.run(["python3", "fetch.py", f"http://127.0.0.1:{listed.port}/a"])
+            second = s.run(["python3", "fetch.py", f"http://127.0.0.1:{other.port}/b"])
+    assert first.stdout == b"hello from the host\n"
+    assert second.stdout == b"HTTPError\n"
+    assert other.requests == []
+    (allowed,) = first.extra["network"]["attempts"]
+    (denied,) = second.extra["network"]["attempts"]
+    assert (allowed["allowed"], allowed["port"]) == (True, listed.port)
+    assert (denied["allowed"], denied["port"]) == (False, other.port)
+    records = lines(log)
+    assert [r["network"]["attempts"] for r in records] == [[allowed], [denied]]
+    assert [r["network_mode"] for r in records] == ["allow", "allow"]
