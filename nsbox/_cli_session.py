@@ -68,15 +68,16 @@ def request(session_id: str, message: dict[str, Any], fds: tuple[int, ...] | lis
 
 
 def _error_from(info: dict[str, Any]) -> NsboxError:
-    cls = getattr(errors, str(info.get("type")), NsboxError)
-    if not (isinstance(cls, type) and issubclass(cls, NsboxError)):
-        cls = NsboxError
-    if issubclass(cls, errors.SetupError):
-        return cls(info["step"], info["errno"] or 0, info["message"], hint=info.get("hint"))
+    """The supervisor's error reply as the exception the library raised there."""
+    cls = getattr(errors, str(info.get("type")), None)
+    if isinstance(cls, type) and issubclass(cls, errors.SetupError):
+        setup: type[errors.SetupError] = cls
+        return setup(info["step"], info["errno"] or 0, info["message"], hint=info.get("hint"))
     if cls is errors.FileTransferError:
         return errors.FileTransferError(info.get("path") or "", info.get("reason") or "")
-    error = NsboxError(info.get("message") or "session error")
-    error.hint = info.get("hint")
+    if cls in (errors.SessionClosed, errors.LaunchError):
+        return cls(info.get("message") or "session error")  # type: ignore[no-any-return]
+    error = NsboxError(info.get("text") or info.get("message") or "session error")
     return error
 
 

@@ -20,6 +20,7 @@ every process, mount and tmpfs of the sandbox.
 from __future__ import annotations
 
 import array
+import errno
 import hashlib
 import json
 import os
@@ -484,14 +485,25 @@ class Session:
         """Copy the files ``files(patterns, root)`` lists into the host directory ``dest``
         (created if missing), keeping their relative paths. Returns what was copied."""
         found = self.files(patterns, root, skipped=skipped)
-        os.makedirs(dest, exist_ok=True)
-        dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.makedirs(dest, exist_ok=True)
+            dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise FileTransferError(dest, f"cannot use it as the destination: "
+                                          f"{exc.strerror or exc}") from None
         try:
             for info in found:
                 data = self.read_file(f"{root.rstrip('/')}/{info.path}", max_size=info.size)
                 if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
                     raise FileTransferError(info.path, "changed while it was copied")
-                _write_below(dest_fd, info.path, data, 0o755 if info.mode & 0o100 else 0o644)
+                try:
+                    _write_below(dest_fd, info.path, data,
+                                 0o755 if info.mode & 0o100 else 0o644)
+                except OSError as exc:
+                    reason = ("a symlink or non-directory is in the way at the destination"
+                              if exc.errno in (errno.ELOOP, errno.ENOTDIR)
+                              else exc.strerror or str(exc))
+                    raise FileTransferError(os.path.join(dest, info.path), reason) from None
         finally:
             os.close(dest_fd)
         return found

@@ -179,6 +179,6 @@ def test_copy_out_does_not_follow_a_symlink_at_the_destination(tmp_path: Path):
     (dest / "sub").symlink_to(elsewhere)
     with nsbox.Session() as s:
         s.run(["sh", "-c", "mkdir sub; echo data > sub/f"])
-        with pytest.raises(OSError):
+        with pytest.raises(FileTransferError, match="a symlink or non-directory is in the way"):
             s.copy_out(str(dest))
     assert list(elsewhere.iterdir()) == []
