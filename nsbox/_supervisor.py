@@ -115,7 +115,8 @@ class Supervisor:
         self.last_active = time.monotonic()
         self.busy = 0
         self.lock = threading.Lock()
-        self.stopping = False
+        self.stopping = False  # a stop request is being served
+        self.stopped = False  # ... and has its reply: the process may exit
         self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC)
 
     def serve(self) -> None:
@@ -123,7 +124,7 @@ class Supervisor:
             with selectors.DefaultSelector() as selector:
                 selector.register(self.listener, selectors.EVENT_READ, "accept")
                 selector.register(self.wake_r, selectors.EVENT_READ, "wake")
-                while not self.stopping:
+                while not self.stopped:
                     for key, _mask in selector.select(1.0):
                         if key.data == "accept":
                             conn, _addr = self.listener.accept()
@@ -132,7 +133,8 @@ class Supervisor:
                     with self.lock:
                         idle = (self.busy == 0 and self.idle_timeout is not None
                                 and time.monotonic() - self.last_active > self.idle_timeout)
-                    if idle or not self.session.alive:
+                        gone = self.busy == 0 and not self.stopping and not self.session.alive
+                    if idle or gone:
                         break
         finally:
             self.session.close()
@@ -144,6 +146,7 @@ class Supervisor:
 
     def handle(self, conn: socket.socket) -> None:
         fds: list[int] = []
+        stop = False
         with conn:
             try:
                 creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
@@ -154,6 +157,7 @@ class Supervisor:
                 request, fds = recv_request(conn)
                 if request is None:
                     return
+                stop = request.get("op") == "stop"
                 with self.lock:
                     self.busy += 1
                 try:
@@ -165,13 +169,14 @@ class Supervisor:
                         self.busy -= 1
                         self.last_active = time.monotonic()
                 conn.send(json.dumps(reply).encode())
-                if self.stopping:
-                    os.write(self.wake_w, b"x")  # after the reply: the process exits next
             except (OSError, ValueError, KeyError, TypeError):
                 return
             finally:
                 for fd in fds:
                     os.close(fd)
+                if stop:
+                    self.stopped = True  # after the reply: the process exits next
+                    os.write(self.wake_w, b"x")
 
     def dispatch(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         op = request.get("op")
