@@ -469,7 +469,7 @@ def list_files(op: dict[str, Any]) -> None:
     limits = {"files": op["max_files"], "size": op["max_size"], "total": op["max_total"]}
     state = {"count": 0, "total": 0}
     files: list[dict[str, Any]] = []
-    skipped: list[dict[str, str]] = []
+    skipped = _Skipped(2 * op["max_files"])
     root_fd = _open_dir(_components(root), root)
 
     def want(rel: str) -> bool:
@@ -530,6 +530,24 @@ def list_files(op: dict[str, Any]) -> None:
     finally:
         os.close(root_fd)
     _write_all(1, json.dumps({"files": files, "skipped": skipped}).encode())
+
+
+class _Skipped(list):  # type: ignore[type-arg]
+    """The list of skipped files, bounded: a workspace of a million FIFOs gives one line for
+    the rest."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.more = 0
+
+    def append(self, item: Any) -> None:
+        if len(self) < self.limit:
+            super().append(item)
+            return
+        self.more += 1
+        if self.more == 1:
+            super().append({"path": "...", "reason": "more files skipped, not listed"})
 
 
 def _write_all(fd: int, data: bytes) -> None:

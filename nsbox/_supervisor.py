@@ -25,6 +25,7 @@ import array
 import hashlib
 import json
 import os
+import select
 import selectors
 import socket
 import stat
@@ -161,7 +162,7 @@ class Supervisor:
                 with self.lock:
                     self.busy += 1
                 try:
-                    reply = self.dispatch(request, fds)
+                    reply = self.dispatch(request, fds, conn)
                 except NsboxError as exc:
                     reply = error_reply(exc)
                 finally:
@@ -178,13 +179,31 @@ class Supervisor:
                     self.stopped = True  # after the reply: the process exits next
                     os.write(self.wake_w, b"x")
 
-    def dispatch(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    def watch_client(self, conn: socket.socket, done: threading.Event) -> None:
+        """A client that goes away (^C on `nsbox session exec`) cancels its command: the
+        client sends nothing after its request, so anything readable is end-of-file."""
+        poller = select.poll()
+        poller.register(conn, select.POLLIN | select.POLLHUP)
+        while not done.is_set():
+            if poller.poll(200):
+                self.session.cancel()
+                return
+
+    def dispatch(self, request: dict[str, Any], fds: list[int],
+                 conn: socket.socket) -> dict[str, Any]:
         op = request.get("op")
         if op == "exec" and len(fds) == 3:
-            result = self.session.run(
-                request["argv"], stdin=fds[0], timeout=request.get("timeout"),
-                output_limit=request.get("output_limit"), env=request.get("env") or {},
-                cwd=request.get("cwd"), _sinks=(fds[1], fds[2]))
+            done = threading.Event()
+            watcher = threading.Thread(target=self.watch_client, args=(conn, done), daemon=True)
+            watcher.start()
+            try:
+                result = self.session.run(
+                    request["argv"], stdin=fds[0], timeout=request.get("timeout"),
+                    output_limit=request.get("output_limit"), env=request.get("env") or {},
+                    cwd=request.get("cwd"), _sinks=(fds[1], fds[2]))
+            finally:
+                done.set()
+                watcher.join()
             return {"result": result.to_dict()}
         if op == "put" and len(fds) == 1:
             os.lseek(fds[0], 0, os.SEEK_SET)

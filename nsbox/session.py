@@ -146,13 +146,20 @@ class Session:
         self._closed = False
         self._ended_reason: str | None = None
         self._overdue = False
+        self._current: socket.socket | None = None  # the running command's socket
         self._audit = auditmod.AuditLog(audit) if audit else None
         self._heads: tuple[bytes, bytes] = (b"", b"")  # of the last command's output
         self._written: list[dict[str, Any]] = []  # files the caller wrote since the last run
         self._known: dict[str, str] = {}  # path -> sha256 after the last run (for the audit)
         self._net = RunNetwork(policy.network)  # allow mode: the session's proxy
         self._net_seen = 0  # proxy log entries reported with earlier commands
-        self._ctl, self._launch = self._start()
+        try:
+            self._ctl, self._launch = self._start()
+        except BaseException:
+            self._closed = True
+            if self._audit is not None:
+                self._audit.close()
+            raise
 
     # --- lifetime ----------------------------------------------------------------------------
 
@@ -364,6 +371,7 @@ class Session:
             timer = threading.Timer(timeout + BACKSTOP, self._kill_overdue)
             timer.daemon = True
             timer.start()
+        self._current = ours
         try:
             with ours:
                 report, pid = launcher._supervise(ours, streams, cap, self._net)
@@ -376,6 +384,7 @@ class Session:
             self._ended_reason = "the session's sandbox ended during the command"
             raise SessionClosed(self._ended_reason) from None
         finally:
+            self._current = None
             if timer is not None:
                 timer.cancel()
         result = launcher._result(report, pid, streams, cap, time.monotonic() - started)
@@ -401,6 +410,13 @@ class Session:
             report["attempts"] = attempts[self._net_seen:]
             self._net_seen = len(attempts)
         result.extra["network"] = report
+
+    def cancel(self) -> None:
+        """Kill the command running now (from another thread) and everything it started;
+        its Result has status SG. The session goes on."""
+        current = self._current
+        if current is not None:
+            launcher._send_kill(current, "cancelled")
 
     def _kill_overdue(self) -> None:
         self._overdue = True
@@ -588,6 +604,37 @@ def run_audited(argv: Sequence[str], policy: Policy, *, audit: str, stdin: bytes
                 workspace: str | None, cwd: str | None, passthrough: bool) -> Result:
     """``nsbox.run`` with an audit record: one command in a session of its own, so that the
     files it produced can be listed (and hashed) before the sandbox goes away."""
+    if policy.seccomp.log_denied:
+        # Learning mode needs a launch of its own; the record then lists no produced files.
+        return _run_audited_plain(argv, policy, audit=audit, stdin=stdin, timeout=timeout,
+                                  output_limit=output_limit, env=env, workspace=workspace,
+                                  cwd=cwd, passthrough=passthrough)
     with Session(policy, workspace=workspace, env=env, audit=audit, idle_timeout=None,
                  timeout=timeout, output_limit=output_limit) as session:
         return session.run(argv, stdin=stdin, cwd=cwd, passthrough=passthrough)
+
+
+def _run_audited_plain(argv: Sequence[str], policy: Policy, *, audit: str,
+                       stdin: bytes | int | None, timeout: float | None,
+                       output_limit: int | None, env: dict[str, str] | None,
+                       workspace: str | None, cwd: str | None, passthrough: bool) -> Result:
+    log = auditmod.AuditLog(audit)
+    result: Result | None = None
+    error: NsboxError | None = None
+    try:
+        result = launcher.run(list(argv), policy, stdin=stdin, timeout=timeout,
+                              output_limit=output_limit, env=env, workspace=workspace, cwd=cwd,
+                              passthrough=passthrough)
+        return result
+    except NsboxError as exc:
+        error = exc
+        raise
+    finally:
+        cap = output_limit if output_limit is not None else policy.limits.output
+        record = auditmod.command_record(
+            argv=argv, policy=policy, session=None, env=dict(env or {}), stdin=stdin,
+            timeout=timeout if timeout is not None else policy.limits.wall_time,
+            output_limit=cap, result=result, error=error)
+        record["files_produced"] = None  # not listed: the sandbox is gone
+        log.write(record, secrets=(env or {}).values())
+        log.close()

@@ -129,3 +129,16 @@ def test_network_attempts_are_recorded_per_command(tmp_path: Path):
     records = lines(log)
     assert [r["network"]["attempts"] for r in records] == [[allowed], [denied]]
     assert [r["network_mode"] for r in records] == ["allow", "allow"]
+
+
+def test_run_in_seccomp_learning_mode_records_the_denied_syscalls(tmp_path: Path):
+    log = tmp_path / "audit.jsonl"
+    policy = Policy().replace(seccomp=nsbox.Seccomp(log_denied=True))
+    result = nsbox.run(["sh", "-c", "unshare --user true || echo refused"], policy,
+                       audit=str(log))
+    assert result.stdout == b"refused\n"
+    assert "unshare" in result.extra["seccomp_denied"]
+    (record,) = lines(log)
+    assert record["seccomp_denied"] == result.extra["seccomp_denied"]
+    assert record["files_produced"] is None
+    assert record["session"] is None

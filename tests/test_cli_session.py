@@ -165,3 +165,29 @@ def test_runtime_directory_must_be_private(tmp_path: Path, monkeypatch: pytest.M
         os.chown(foreign, 65534, 65534)
         with pytest.raises(Exception, match="owned by uid 0 with mode 0700"):
             _ensure_private(str(foreign), 0)
+
+
+def test_idle_session_ends_and_leaves_nothing(cli: Cli):
+    sid = cli("session", "start", "--idle-timeout", "1").stdout.decode().strip()
+    supervisor = cli.record(sid)["pid"]
+    assert wait_until(lambda: not os.path.exists(f"/proc/{supervisor}"), timeout=15)
+    assert list((cli.runtime / "nsbox").iterdir()) == []
+    assert cli("session", "ls").stdout == b""
+
+
+def test_interrupted_exec_cancels_its_command(cli: Cli):
+    marker = f"3{uuid.uuid4().int % 10**8}"
+    sid = cli("session", "start", "--time", "120").stdout.decode().strip()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(cli.user.tree),
+           "XDG_RUNTIME_DIR": str(cli.runtime)}
+    client = subprocess.Popen([*cli.user.prefix(), sys.executable, "-m", "nsbox", "session",
+                               "exec", sid, "--", "sleep", marker], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: processes_with(marker)), "the command did not start"
+        client.kill()
+        client.wait()
+        assert wait_until(lambda: not processes_with(marker))
+        assert cli("session", "exec", sid, "--", "echo", "ok").stdout == b"ok\n"
+    finally:
+        cli("session", "stop", sid)

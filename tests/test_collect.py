@@ -182,3 +182,12 @@ def test_copy_out_does_not_follow_a_symlink_at_the_destination(tmp_path: Path):
         with pytest.raises(FileTransferError, match="a symlink or non-directory is in the way"):
             s.copy_out(str(dest))
     assert list(elsewhere.iterdir()) == []
+
+
+def test_skipped_list_is_bounded():
+    with nsbox.Session(copy_limits=nsbox.CopyLimits(max_files=2)) as s:
+        s.run(["sh", "-c", "for i in 1 2 3 4 5 6 7 8; do mkfifo p$i; done"])
+        skipped: list[tuple[str, str]] = []
+        assert s.files(skipped=skipped) == []
+    assert skipped == [(f"p{i}", "a FIFO, not a regular file") for i in (1, 2, 3, 4)] + [
+        ("...", "more files skipped, not listed")]

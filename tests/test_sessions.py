@@ -237,3 +237,18 @@ def test_command_in_session_is_isolated_like_run():
     names = {line.split("=", 1)[0] for line in env.stdout.decode().splitlines()}
     assert names <= {"PATH", "HOME", "LANG", "PWD", "SHLVL", "_"}, names
 
+
+
+def test_cancel_ends_the_running_command_not_the_session():
+    marker = f"4{uuid.uuid4().int % 10**8}"
+    with nsbox.Session(timeout=60) as s:
+        results: list[nsbox.Result] = []
+        worker = threading.Thread(target=lambda: results.append(s.run(["sleep", marker])))
+        worker.start()
+        assert wait_until(lambda: processes_with(marker)), "the command did not start"
+        s.cancel()
+        worker.join(10)
+        assert processes_with(marker) == []
+        (result,) = results
+        assert (result.status, result.signal) == (nsbox.Status.SG, signal.SIGKILL)
+        assert s.run(["echo", "still here"]).stdout == b"still here\n"
