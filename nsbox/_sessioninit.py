@@ -175,8 +175,12 @@ class Init:
         try:
             request = json.loads(msg)
             if len(fds) != 4 or request.get("cmd") not in ("run", "file"):
+                if fds:
+                    os.close(fds[0])
                 return
             self.start(request, fds[0], fds[1:4])
+        except (ValueError, KeyError, TypeError, AttributeError, OSError):
+            pass  # a malformed request fails alone (the host sees its socket close), not pid 1
         finally:
             for fd in fds[1:]:
                 os.close(fd)
