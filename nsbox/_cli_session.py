@@ -326,6 +326,26 @@ def ls_(session_id: str | None, patterns: tuple[str, ...]) -> None:
 
 @session.command()
 @click.argument("session_id", metavar="ID")
+@click.argument("patterns", metavar="[GLOB]...", nargs=-1)
+@click.option("--dest", default="nsbox-output", show_default=True, metavar="DIR",
+              help="Host directory to copy into (created if missing).")
+def collect(session_id: str, patterns: tuple[str, ...], dest: str) -> None:
+    """Copy the regular files of session ID's workspace matching GLOB (default: all) to DIR."""
+    try:
+        reply = request(session_id, {"op": "collect", "dest": os.path.abspath(dest),
+                                     "patterns": list(patterns) or ["*"]})
+    except NsboxError as error:
+        _cli()._fail(error)
+        return
+    for item in reply["files"]:
+        click.echo(f"{item['size']:>10}  {item['sha256']}  {json.dumps(item['path'])}")
+    for item in reply["skipped"]:
+        click.echo(f"nsbox: not collected: {json.dumps(item['path'])}: {item['reason']}",
+                   err=True)
+
+
+@session.command()
+@click.argument("session_id", metavar="ID")
 def stop(session_id: str) -> None:
     """End session ID: its processes, mounts and workspace are gone when this returns."""
     try:

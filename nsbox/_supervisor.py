@@ -15,6 +15,7 @@ checked with SO_PEERCRED on top of the directory's 0700):
   {"op": "put", "path", "mode"}  fds [memfd]      -> {"ok": true}
   {"op": "get", "path"}          fds [memfd]      -> {"size", "sha256"} (data in the memfd)
   {"op": "files", "patterns"}                     -> {"files": [...], "skipped": [...]}
+  {"op": "collect", "dest", "patterns"}           -> the same, copied into dest (absolute)
   {"op": "info"}                                  -> the session's record
   {"op": "stop"}                                  -> {"ok": true}, then the session ends
 """
@@ -220,6 +221,12 @@ class Supervisor:
         if op == "files":
             skipped: list[tuple[str, str]] = []
             found = self.session.files(request.get("patterns") or ["*"], skipped=skipped)
+            return {"files": [f.to_dict() for f in found],
+                    "skipped": [{"path": p, "reason": r} for p, r in skipped]}
+        if op == "collect":
+            skipped = []
+            found = self.session.copy_out(request["dest"], request.get("patterns") or ["*"],
+                                          skipped=skipped)
             return {"files": [f.to_dict() for f in found],
                     "skipped": [{"path": p, "reason": r} for p, r in skipped]}
         if op == "info":

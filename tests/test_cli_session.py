@@ -69,6 +69,12 @@ def test_session_commands_end_to_end(cli: Cli, unprivileged_tmp: Path):
     assert cli("session", "cp", f"{sid}:out.txt", str(dest)).returncode == 0
     assert dest.read_text() == "x"
     assert sid in cli("session", "ls").stdout.decode()
+    cli("session", "exec", sid, "--", "sh", "-c", "mkdir -p r/s; echo 1 > r/s/a.csv; ln -s / r/l")
+    collected = cli("session", "collect", sid, "r/*", "--dest", "got")
+    assert collected.returncode == 0, collected.stderr
+    assert collected.stderr == b'nsbox: not collected: "r/l": a symlink (not followed)\n'
+    assert (cli.runtime / "got/r/s/a.csv").read_text() == "1\n"
+    assert sorted(p.name for p in (cli.runtime / "got").rglob("*")) == ["a.csv", "r", "s"]
     stopped = cli("session", "stop", sid)
     assert stopped.returncode == 0, stopped.stderr
     assert wait_until(lambda: not os.path.exists(f"/proc/{supervisor}"))
