@@ -113,10 +113,12 @@ class Init:
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.close(null)
-        for fd in (ctx.sync_fd, *ctx.source_fds.values()):
-            os.close(fd)
         ctx.net_fd = None  # the network step sent the proxy listener over it and closed it
         ctx.source_fds = {}
+        # The clone copied every descriptor of the helper: its control socket, other launches'
+        # sockets and pipes. A sandbox closes them at exec; the init never execs, and one
+        # held end would keep another caller waiting for end-of-file.
+        _close_all_but((0, 1, 2, control_fd, ctx.err_fd))
         _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
         _libc.keep_only_capabilities((CAP_SETPCAP, CAP_SYS_ADMIN), ctx.cap_last)
         self.wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -126,10 +128,10 @@ class Init:
         self.selector.register(self.control, selectors.EVENT_READ, self.on_control)
         self.selector.register(self.wake_r, selectors.EVENT_READ, self.on_wake)
         self.jobs: dict[int, Job] = {}
-        self.control.send(json.dumps({"event": "ready", "pid": os.getpid()}).encode())
         # End-of-file on the error pipe tells the helper the sandbox is up (there is no exec).
         os.close(ctx.err_fd)
         ctx.err_fd = -1
+        self.control.send(json.dumps({"event": "ready", "pid": os.getpid()}).encode())
 
     def serve(self) -> None:
         while True:
@@ -285,6 +287,15 @@ class Init:
             pass
         job.sock.close()
         self.last_active = time.monotonic()
+
+
+def _close_all_but(keep: tuple[int, ...]) -> None:
+    last = -1
+    for fd in sorted(keep):
+        if fd > last + 1:
+            _libc.close_range(last + 1, fd - 1)
+        last = fd
+    _libc.close_range(last + 1)
 
 
 def _dup_high(fd: int) -> int:

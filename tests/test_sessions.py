@@ -252,3 +252,21 @@ def test_cancel_ends_the_running_command_not_the_session():
         (result,) = results
         assert (result.status, result.signal) == (nsbox.Status.SG, signal.SIGKILL)
         assert s.run(["echo", "still here"]).stdout == b"still here\n"
+
+
+def test_init_holds_no_descriptor_of_the_helper_or_other_launches():
+    if os.geteuid() != 0:
+        pytest.skip("the init is not dumpable: only root may list its descriptors")
+    with nsbox.Session() as first, nsbox.Session() as second:
+        for session in (first, second):
+            targets = [os.readlink(f"/proc/{session.pid}/fd/{fd}")
+                       for fd in os.listdir(f"/proc/{session.pid}/fd")]
+            sockets = [t for t in targets if t.startswith("socket:")]
+            pipes = [t for t in targets if t.startswith("pipe:")]
+            # 0-2 /dev/null; the control socket; the wake pipe (two ends); the event loop's
+            # epoll descriptor. Nothing of the helper (its control socket, other launches).
+            assert len(sockets) == 1, targets
+            assert len(pipes) == 2 and pipes[0] == pipes[1], targets
+            assert sorted(set(targets) - set(sockets) - set(pipes)) == [
+                "/dev/null", "anon_inode:[eventpoll]"], targets
+            assert len(targets) == 7, targets
