@@ -187,7 +187,9 @@ class Supervisor:
         poller.register(conn, select.POLLIN | select.POLLHUP)
         while not done.is_set():
             if poller.poll(200):
-                self.session.cancel()
+                # Until the run returns: the command may not have started yet.
+                while not done.wait(0.1):
+                    self.session.cancel()
                 return
 
     def dispatch(self, request: dict[str, Any], fds: list[int],

@@ -70,6 +70,22 @@ def user_runner(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner
     return UserRunner(request.param, public_tree)
 
 
+def sleepers(marker: str) -> list[int]:
+    """PIDs on the host running exactly ``sleep MARKER`` (the sandboxed command, not a client
+    or host program whose own command line mentions the marker)."""
+    want = b"sleep\0" + marker.encode() + b"\0"
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read() == want:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 def wait_until(condition: Callable[[], Any], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -11,8 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import processes_with
-from sessiontools import UserRunner, user_runner, wait_until
+from sessiontools import UserRunner, sleepers, user_runner, wait_until
 
 from nsbox._supervisor import _ensure_private, runtime_dir
 
@@ -94,9 +93,9 @@ def test_killed_supervisor_leaves_nothing(cli: Cli):
                                "exec", sid, "--", "sleep", marker], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert wait_until(lambda: processes_with(marker)), "the command did not start"
+        assert wait_until(lambda: sleepers(marker)), "the command did not start"
         os.kill(supervisor, signal.SIGKILL)
-        assert wait_until(lambda: not processes_with(marker))
+        assert wait_until(lambda: not sleepers(marker))
         client.wait(10)
     finally:
         if client.poll() is None:
@@ -190,10 +189,10 @@ def test_interrupted_exec_cancels_its_command(cli: Cli):
                                "exec", sid, "--", "sleep", marker], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert wait_until(lambda: processes_with(marker)), "the command did not start"
+        assert wait_until(lambda: sleepers(marker)), "the command did not start"
         client.kill()
         client.wait()
-        assert wait_until(lambda: not processes_with(marker))
+        assert wait_until(lambda: not sleepers(marker))
         assert cli("session", "exec", sid, "--", "echo", "ok").stdout == b"ok\n"
     finally:
         cli("session", "stop", sid)

@@ -10,8 +10,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, processes_with
-from sessiontools import UserRunner, user_runner, wait_until
+from conftest import PYTHON
+from sessiontools import UserRunner, sleepers, user_runner, wait_until
 
 import nsbox
 from nsbox.errors import SessionClosed
@@ -81,13 +81,13 @@ def test_close_leaves_no_process_and_no_mount_namespace():
 
     worker = threading.Thread(target=long_command)
     worker.start()
-    assert wait_until(lambda: processes_with(marker)), "the command did not start"
+    assert wait_until(lambda: sleepers(marker)), "the command did not start"
     # Read through the command: the init is not dumpable, so its /proc/PID/ns is closed to
     # anyone but root.
-    mnt_ns = os.readlink(f"/proc/{processes_with(marker)[0]}/ns/mnt")
+    mnt_ns = os.readlink(f"/proc/{sleepers(marker)[0]}/ns/mnt")
     session.close()
     worker.join(10)
-    assert processes_with(marker) == []
+    assert sleepers(marker) == []
     assert not os.path.exists(f"/proc/{init}")
     assert _pids_in_mount_namespace(mnt_ns) == []
     assert len(errors) == 1 and isinstance(errors[0], SessionClosed)
@@ -119,10 +119,10 @@ def test_sigkill_of_the_host_program_leaves_nothing(public_tree: Path):
     try:
         assert host.stdout is not None
         init = int(host.stdout.readline())
-        assert wait_until(lambda: processes_with(marker)), "the command did not start"
+        assert wait_until(lambda: sleepers(marker)), "the command did not start"
         host.send_signal(signal.SIGKILL)
         host.wait()
-        assert wait_until(lambda: not processes_with(marker) and not os.path.exists(
+        assert wait_until(lambda: not sleepers(marker) and not os.path.exists(
             f"/proc/{init}")), "the session outlived its host program"
     finally:
         if host.poll() is None:
@@ -245,10 +245,10 @@ def test_cancel_ends_the_running_command_not_the_session():
         results: list[nsbox.Result] = []
         worker = threading.Thread(target=lambda: results.append(s.run(["sleep", marker])))
         worker.start()
-        assert wait_until(lambda: processes_with(marker)), "the command did not start"
+        assert wait_until(lambda: sleepers(marker)), "the command did not start"
         s.cancel()
         worker.join(10)
-        assert processes_with(marker) == []
+        assert sleepers(marker) == []
         (result,) = results
         assert (result.status, result.signal) == (nsbox.Status.SG, signal.SIGKILL)
         assert s.run(["echo", "still here"]).stdout == b"still here\n"
