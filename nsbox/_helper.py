@@ -14,6 +14,9 @@ Protocol (SOCK_SEQPACKET, one JSON object per message):
                                    {"event": "exit", ...}             the outcome; then close
   host -> helper, launch socket:   {"cmd": "kill", "reason": R}       e.g. output limit
                                    end-of-file                        the caller is gone: kill
+  a plan with a "session" key:     the child does not exec but becomes the session's init,
+                                   with the session's control socket as its stdin
+                                   (nsbox/_sessioninit.py); the launch is otherwise the same
 
   helper <-> sandbox child:        sync pipe: the helper writes the id maps, then one byte;
                                    error pipe (close-on-exec): {step, errno, message} on
