@@ -223,7 +223,10 @@ class Init:
             for target, fd in enumerate(stdio):
                 os.dup2(fd, target)
             if request["cmd"] == "run":
-                _child.finish_and_exec(ctx, request["command"])
+                # The session's rlimits as the helper left them: with the fallbacks for what
+                # its cgroup cannot limit on this host (never weaker than a single run).
+                command = dict(request["command"], rlimits=ctx.plan["rlimits"])
+                _child.finish_and_exec(ctx, command)
             code = run_file_op(ctx, request["op"])
             os._exit(code)
         except OSError as exc:

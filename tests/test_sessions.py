@@ -120,10 +120,13 @@ def test_sigkill_of_the_host_program_leaves_nothing(public_tree: Path):
         assert host.stdout is not None
         init = int(host.stdout.readline())
         assert wait_until(lambda: sleepers(marker)), "the command did not start"
+        own = set(_cgroup_dirs(os.getpid()))
+        cgroups = [d for d in _cgroup_dirs(init) if d not in own]  # none without a cgroup
         host.send_signal(signal.SIGKILL)
         host.wait()
         assert wait_until(lambda: not sleepers(marker) and not os.path.exists(
             f"/proc/{init}")), "the session outlived its host program"
+        assert wait_until(lambda: not any(os.path.exists(d) for d in cgroups)), cgroups
     finally:
         if host.poll() is None:
             host.kill()
@@ -270,3 +273,32 @@ def test_init_holds_no_descriptor_of_the_helper_or_other_launches():
             assert sorted(set(targets) - set(sockets) - set(pipes)) == [
                 "/dev/null", "anon_inode:[eventpoll]"], targets
             assert len(targets) == 7, targets
+
+
+def _cgroup_dirs(pid: int) -> list[str]:
+    """The cgroup directories of ``pid`` on the host: one per v1 hierarchy, and v2's."""
+    v2_root = ("/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified")
+               else "/sys/fs/cgroup")
+    dirs = []
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            _id, controllers, path = line.rstrip("\n").split(":", 2)
+            if not controllers:
+                dirs.append(v2_root + path)
+            else:
+                hierarchy = controllers.split(",")[0].removeprefix("name=")
+                dirs.append(f"/sys/fs/cgroup/{hierarchy}{path}")
+    return dirs
+
+
+def test_close_removes_the_sessions_cgroup():
+    session = nsbox.Session()
+    try:
+        own = set(_cgroup_dirs(os.getpid()))
+        cgroups = [d for d in _cgroup_dirs(session.pid) if d not in own]
+        if not cgroups:
+            pytest.skip("this launch got no cgroup of its own here (no writable cgroup)")
+        assert all(os.path.isdir(d) for d in cgroups), cgroups
+    finally:
+        session.close()
+    assert [d for d in cgroups if os.path.exists(d)] == []
