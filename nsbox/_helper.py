@@ -196,6 +196,7 @@ class Helper:
         # applies the rlimits, including the fallbacks for what the cgroup cannot limit here.
         limits = launch.limits = _limits.RunLimits(plan["cgroup"], plan["rlimits"])
         plan["rlimits"] = limits.rlimits
+        plan["degraded"] = limits.degraded  # a session's init reports them with each command
         try:
             source_fds = self.open_sources(plan)
         except BaseException:

@@ -302,3 +302,22 @@ def test_close_removes_the_sessions_cgroup():
     finally:
         session.close()
     assert [d for d in cgroups if os.path.exists(d)] == []
+
+
+def test_commands_report_the_same_weaker_guarantees_as_a_run(as_user: UserRunner):
+    out = as_user.script("""
+with nsbox.Session() as s:
+    in_session = s.run(["true"]).degraded
+emit(run=nsbox.run(["true"]).degraded, session=in_session)
+""")
+    assert out["session"] == out["run"]
+
+
+def test_commands_get_the_same_rlimits_as_a_run(as_user: UserRunner):
+    out = as_user.script("""
+with nsbox.Session() as s:
+    in_session = s.run(["cat", "/proc/self/limits"]).stdout.decode()
+emit(run=nsbox.run(["cat", "/proc/self/limits"]).stdout.decode(), session=in_session)
+""")
+    assert out["session"] == out["run"]
+    assert "Max core file size        0                    0" in out["session"]
