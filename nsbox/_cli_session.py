@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import json
 import os
+import pickle
 import re
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from nsbox._supervisor import runtime_dir
 from nsbox.errors import NsboxError
 from nsbox.policy import Policy
 from nsbox.result import Result, Status
-from nsbox.session import Session
+from nsbox.session import Session, input_mount
 
 ID_RE = re.compile(r"^[0-9a-f]{12}$")
 REMOTE_RE = re.compile(r"^([0-9a-f]{12}):(.*)$", re.S)
@@ -151,52 +152,85 @@ def _size_opt(ctx: Any, param: click.Parameter, value: str | None) -> int | None
     return _cli()._size(ctx, param, value)  # type: ignore[no-any-return]
 
 
-@session.command()
-@click.option("-t", "--time", "wall_time", callback=_duration_opt, metavar="SECONDS",
-              help="Default wall-clock limit of each command.")
-@click.option("--output-limit", callback=_size_opt, metavar="BYTES",
-              help="Default cap on each command's stdout+stderr.")
-@click.option("-w", "--workspace", type=click.Path(file_okay=False),
-              help="Host directory bound read-write at /workspace (default: a fresh tmpfs).")
-@click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
-              help="Mount a host file or directory read-only at /input/NAME.")
-@click.option("--ro-bind", multiple=True, metavar="SRC[:DST]", help="Bind a host path read-only.")
-@click.option("--bind", "rw_bind", multiple=True, metavar="SRC[:DST]",
-              help="Bind a host path read-write.")
-@click.option("-e", "--env", multiple=True, metavar="KEY=VAL",
-              help="Set a variable for every command (redacted in the audit record).")
-@click.option("--pass-env", multiple=True, metavar="NAME",
-              help="Pass the caller's variable NAME through.")
-@click.option("--idle-timeout", callback=_duration_opt, default="600", metavar="SECONDS",
-              show_default=True, help="End the session after this long without a command.")
-@click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Append one JSON line per command to FILE.")
-def start(wall_time: float | None, output_limit: int | None, workspace: str | None,
-          inputs: tuple[str, ...], ro_bind: tuple[str, ...], rw_bind: tuple[str, ...],
-          env: tuple[str, ...], pass_env: tuple[str, ...], idle_timeout: float | None,
-          audit: str | None) -> None:
-    """Start a session and print its id."""
+def _start_options(command: Any) -> Any:
+    """The options of ``nsbox session start``: those of ``nsbox run`` that describe the sandbox
+    (applied over the profile the same way), and the session's own."""
     cli = _cli()
-    binds = [[b.source, b.target, b.writable] for b in
-             [*(cli._split_bind(s, False) for s in ro_bind),
-              *(cli._split_bind(s, True) for s in rw_bind)]]
-    spec = {
-        "timeout": wall_time, "output_limit": output_limit,
-        "workspace": os.path.abspath(workspace) if workspace else None,
-        "inputs": [_abs_input(s) for s in inputs], "binds": binds, "env": _parse_env(env),
-        "pass_env": list(pass_env), "idle_timeout": idle_timeout,
-        "audit": os.path.abspath(audit) if audit else None,
+    options = [
+        click.option("-p", "--profile", default="default", show_default=True,
+                     metavar="NAME|FILE", help="A shipped profile's name or a profile file."),
+        click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+                     help="Override any profile key (as for nsbox run)."),
+        click.option("-t", "--time", "wall_time", callback=_duration_opt, metavar="SECONDS",
+                     help="Default wall-clock limit of each command."),
+        click.option("--output-limit", callback=_size_opt, metavar="BYTES",
+                     help="Default cap on each command's stdout+stderr."),
+        click.option("-w", "--workspace", type=click.Path(file_okay=False),
+                     help="Host directory bound read-write at /workspace (default: a tmpfs)."),
+        click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
+                     help="Mount a host file or directory read-only at /input/NAME."),
+        click.option("--ro-bind", multiple=True, metavar="SRC[:DST]",
+                     help="Bind a host path read-only."),
+        click.option("--bind", "rw_bind", multiple=True, metavar="SRC[:DST]",
+                     help="Bind a host path read-write."),
+        click.option("-e", "--env", multiple=True, metavar="KEY=VAL",
+                     help="Set a variable for every command (redacted in the audit record)."),
+        click.option("--pass-env", multiple=True, metavar="NAME",
+                     help="Pass the caller's variable NAME through."),
+        click.option("--net", "net_mode", type=click.Choice(["none", "loopback", "allow"]),
+                     help="Network mode, as for nsbox run."),
+        click.option("--allow-host", multiple=True, metavar="HOST[:PORT]",
+                     help="Reachable through the session's proxy (implies --net allow)."),
+        click.option("--idle-timeout", callback=_duration_opt, default="600",
+                     metavar="SECONDS", show_default=True,
+                     help="End the session after this long without a command."),
+        click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
+                     help="Append one JSON line per command to FILE."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return cli._limit_options(command)
+
+
+@session.command()
+@_start_options
+def start(profile: str, settings: tuple[str, ...], wall_time: float | None,
+          output_limit: int | None, workspace: str | None, inputs: tuple[str, ...],
+          ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
+          pass_env: tuple[str, ...], net_mode: str | None, allow_host: tuple[str, ...],
+          idle_timeout: float | None, audit: str | None, **limit_values: Any) -> None:
+    """Start a session and print its id."""
+    from nsbox.network import from_options
+
+    cli = _cli()
+    overrides: dict[str, Any] = {
+        "limits.wall_time": wall_time, "limits.output": output_limit,
+        "workspace.path": os.path.abspath(workspace) if workspace else None,
+        "environment.set": _parse_env(env) or None,
+        "environment.passthrough": pass_env or None,
     }
+    binds = [("--ro-bind", spec, False) for spec in ro_bind]
+    binds += [("--bind", spec, True) for spec in rw_bind]
     try:
+        policy = cli._with_limits(cli._load_policy(profile, overrides, settings, binds),
+                                  limit_values)
+        policy = policy.replace(network=from_options(policy.network, net_mode, allow_host))
+        policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
         runtime_dir()
         _forget_stale()
     except NsboxError as error:
         cli._fail(error)
+    settings_for_supervisor = {
+        "policy": policy, "idle_timeout": idle_timeout,
+        "audit": os.path.abspath(audit) if audit else None,
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "nsbox._supervisor"], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps(spec).encode())
+    # A pickle through a private pipe: the Policy arrives whole, and --env values never show
+    # in the supervisor's command line (which every user can read).
+    proc.stdin.write(pickle.dumps(settings_for_supervisor))
     proc.stdin.close()
     line = proc.stdout.readline().decode().strip()
     proc.stdout.close()
@@ -207,13 +241,6 @@ def start(wall_time: float | None, output_limit: int | None, workspace: str | No
     if line.startswith("error "):
         cli._fail(_error_from(json.loads(line[6:])["error"]))
     cli._fail(NsboxError("the session supervisor failed to start"))
-
-
-def _abs_input(spec: str) -> str:
-    source, sep, name = spec.rpartition(":")
-    if not sep:
-        return os.path.abspath(spec)
-    return f"{os.path.abspath(source)}:{name}"
 
 
 @session.command(name="exec", context_settings={"ignore_unknown_options": False})

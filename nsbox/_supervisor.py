@@ -1,7 +1,8 @@
 """The supervisor of one command-line session: a detached process that holds the Session.
 
-``nsbox session start`` starts it (``python -m nsbox._supervisor``) with the session's settings
-as JSON on stdin (not in argv, which every user can read in /proc), and reads one line back:
+``nsbox session start`` starts it (``python -m nsbox._supervisor``) with the session's Policy
+and settings pickled on stdin (not in argv, which every user can read in /proc), and reads one
+line back:
 ``ok ID`` or ``error MESSAGE``. The supervisor then serves requests on a unix socket in the
 user's private runtime directory until ``nsbox session stop``, the idle timeout, or the end of
 the session's sandbox. If it is killed, its launch helper sees end-of-file and kills the
@@ -26,6 +27,7 @@ import array
 import hashlib
 import json
 import os
+import pickle
 import select
 import selectors
 import socket
@@ -37,7 +39,6 @@ import time
 from typing import Any
 
 from nsbox.errors import NsboxError, PolicyError
-from nsbox.policy import Bind, Policy
 from nsbox.session import Session
 
 MAX_REQUEST = 1024 * 1024
@@ -79,13 +80,6 @@ def _ensure_private(path: str, uid: int) -> str:
         error.hint = "remove it, or set XDG_RUNTIME_DIR to a private directory of yours"
         raise error
     return path
-
-
-def policy_from_spec(spec: dict[str, Any]) -> Policy:
-    policy = Policy()
-    mounts = tuple(Bind(src, dst, writable=rw) for src, dst, rw in spec.get("binds", []))
-    return policy.replace(mounts=policy.mounts + mounts,
-                          env_passthrough=tuple(spec.get("pass_env", [])))
 
 
 def recv_request(conn: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
@@ -243,14 +237,12 @@ class Supervisor:
 
 
 def main() -> int:
-    spec = json.loads(sys.stdin.read())
+    # From `nsbox session start`, this user's own process, through a private pipe.
+    spec = pickle.loads(sys.stdin.buffer.read())
     try:
         directory = runtime_dir()
-        session = Session(
-            policy_from_spec(spec), workspace=spec.get("workspace"),
-            inputs=spec.get("inputs", []), env=spec.get("env") or {},
-            timeout=spec.get("timeout"), output_limit=spec.get("output_limit"),
-            idle_timeout=spec.get("idle_timeout"), audit=spec.get("audit"))
+        session = Session(spec["policy"], idle_timeout=spec["idle_timeout"],
+                          audit=spec["audit"])
     except NsboxError as exc:
         print("error " + json.dumps(error_reply(exc)), flush=True)
         return 1
@@ -262,8 +254,8 @@ def main() -> int:
         listener.bind(sock_path)
         listener.listen(16)
         record = {"id": session.id, "pid": os.getpid(), "started": time.time(),
-                  "workspace": spec.get("workspace"), "idle_timeout": spec.get("idle_timeout"),
-                  "inputs": spec.get("inputs", [])}
+                  "workspace": session.policy.workspace, "profile": session.policy.name,
+                  "idle_timeout": spec["idle_timeout"]}
         fd = os.open(record_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(record, f)

@@ -39,6 +39,16 @@ def describe_data(data: bytes) -> dict[str, Any]:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "head": head(data)}
 
 
+def set_env(policy: Policy, env: dict[str, str]) -> dict[str, str]:
+    """The variables set for a command by someone: the policy's (a profile or --env), those
+    passed through from the caller, and the call's own. Their values are secrets."""
+    found = dict(policy.env)
+    found.update({name: os.environ[name] for name in policy.env_passthrough
+                  if name in os.environ})
+    found.update(env)
+    return found
+
+
 def command_record(
     *,
     argv: Sequence[str],

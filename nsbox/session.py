@@ -103,6 +103,7 @@ class Session:
             s.write_file("main.py", "print(6 * 7)")
             print(s.run(["python3", "main.py"]).stdout)   # b'42\\n'
 
+    ``profile`` names a shipped profile or a profile file (instead of ``policy``);
     ``timeout`` and ``output_limit`` are the defaults of each ``run``; ``inputs`` are
     ``HOST_PATH[:NAME]`` specs mounted read-only under /input; ``env`` is set for every command
     (its values are redacted in the audit record); ``audit`` is a file that gets one JSON line
@@ -113,6 +114,7 @@ class Session:
         self,
         policy: Policy | None = None,
         *,
+        profile: str | None = None,
         workspace: str | None = None,
         inputs: Sequence[str] = (),
         env: dict[str, str] | None = None,
@@ -122,6 +124,12 @@ class Session:
         audit: str | None = None,
         copy_limits: CopyLimits | None = None,
     ) -> None:
+        if profile is not None:
+            if policy is not None:
+                raise PolicyError("give a policy or a profile, not both", key="profile")
+            from nsbox.profiles import load_profile
+
+            policy = load_profile(profile)
         policy = policy or Policy()
         if workspace is not None:
             policy = policy.replace(workspace=workspace)
@@ -540,13 +548,14 @@ class Session:
                 produced = [f.to_dict() for path, f in sorted(now.items())
                             if self._known.get(path) != f.sha256]
                 self._known = {path: f.sha256 for path, f in now.items()}
+        shown = auditmod.set_env(self.policy, env)
         record = auditmod.command_record(
-            argv=argv, policy=self.policy, session=self.id, env=env, stdin=stdin,
+            argv=argv, policy=self.policy, session=self.id, env=shown, stdin=stdin,
             timeout=timeout, output_limit=cap, result=result, error=error,
             files_written=self._written, files_produced=produced,
             heads=heads if result is not None else None)
         self._written = []
-        self._audit.write(record, secrets=env.values())
+        self._audit.write(record, secrets=shown.values())
 
 
 def _message(data: bytes) -> dict[str, Any] | None:
@@ -631,10 +640,11 @@ def _run_audited_plain(argv: Sequence[str], policy: Policy, *, audit: str,
         raise
     finally:
         cap = output_limit if output_limit is not None else policy.limits.output
+        shown = auditmod.set_env(policy, env or {})
         record = auditmod.command_record(
-            argv=argv, policy=policy, session=None, env=dict(env or {}), stdin=stdin,
+            argv=argv, policy=policy, session=None, env=shown, stdin=stdin,
             timeout=timeout if timeout is not None else policy.limits.wall_time,
             output_limit=cap, result=result, error=error)
         record["files_produced"] = None  # not listed: the sandbox is gone
-        log.write(record, secrets=(env or {}).values())
+        log.write(record, secrets=shown.values())
         log.close()

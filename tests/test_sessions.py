@@ -321,3 +321,13 @@ emit(run=nsbox.run(["cat", "/proc/self/limits"]).stdout.decode(), session=in_ses
 """)
     assert out["session"] == out["run"]
     assert "Max core file size        0                    0" in out["session"]
+
+
+def test_session_from_a_profile(tmp_path: Path):
+    log = tmp_path / "audit.jsonl"
+    with nsbox.Session(profile="shell", audit=str(log)) as s:
+        assert s.policy.name == "shell"
+        assert s.run(["sh", "-c", "echo hi"]).stdout == b"hi\n"
+    assert '"profile": "shell"' in log.read_text()
+    with pytest.raises(nsbox.PolicyError, match="not both"):
+        nsbox.Session(nsbox.Policy(), profile="shell")
