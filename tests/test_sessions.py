@@ -331,3 +331,27 @@ def test_session_from_a_profile(tmp_path: Path):
     assert '"profile": "shell"' in log.read_text()
     with pytest.raises(nsbox.PolicyError, match="not both"):
         nsbox.Session(nsbox.Policy(), profile="shell")
+
+
+def test_host_kills_the_session_when_its_init_misses_a_deadline():
+    # The init lives in the sandbox; should it ever fail to end a command at its deadline
+    # (here: it is stopped), the host ends the whole session a few seconds later.
+    marker = f"2{uuid.uuid4().int % 10**8}"
+    session = nsbox.Session()
+    try:
+        results: list[nsbox.Result] = []
+        worker = threading.Thread(
+            target=lambda: results.append(session.run(["sleep", marker], timeout=0.5)))
+        worker.start()
+        assert wait_until(lambda: sleepers(marker)), "the command did not start"
+        os.kill(session.pid, signal.SIGSTOP)
+        worker.join(30)
+        (result,) = results
+        assert result.status is nsbox.Status.TO
+        assert result.error is not None and "did not stop it" in result.error
+        assert wait_until(lambda: not sleepers(marker) and not os.path.exists(
+            f"/proc/{session.pid}"))
+        with pytest.raises(SessionClosed, match="did not stop it"):
+            session.run(["true"])
+    finally:
+        session.close()
