@@ -15,6 +15,7 @@ import os
 import resource
 import signal
 import socket
+import time
 from typing import Any, NoReturn
 
 from nsbox import _libc, _netns
@@ -39,14 +40,29 @@ class Context:
         self.cap_last = cap_last
         self.notify_fd = notify_fd  # learning mode: a socket to hand the helper the listener
         self.net_fd = net_fd  # network allow mode: a socket to hand the helper the proxy listener
-        self.step = "start"
+        # NSBOX_TRACE: (step, CLOCK_MONOTONIC ns) at the start of every step, sent to the helper
+        # just before the exec (docs/performance.md, "Where the time goes").
+        self.trace: list[tuple[str, int]] | None = [] if plan.get("trace") else None
+        self._step = "start"
+
+    @property
+    def step(self) -> str:
+        return self._step
+
+    @step.setter
+    def step(self, name: str) -> None:
+        self._step = name
+        if self.trace is not None:
+            self.trace.append((name, time.monotonic_ns()))
 
 
 def main(ctx: Context) -> NoReturn:
     """One command: build the sandbox, then become the command."""
     try:
         build_sandbox(ctx)
-        finish_and_exec(ctx, ctx.plan)
+        # A pooled sandbox waits here, fully built, for its one command (nsbox/pool.py).
+        command = await_command(ctx) if ctx.plan.get("pooled") else ctx.plan
+        finish_and_exec(ctx, command)
     except OSError as exc:
         fail(ctx, exc.errno or 0, exc.strerror or str(exc))
     except Exception as exc:  # a bug in a step must still reach the user as a named failure
@@ -111,6 +127,8 @@ def finish_and_exec(ctx: Context, command: dict[str, Any]) -> NoReturn:
     if command["seccomp_bpf"]:
         apply_seccomp(ctx, command)
     ctx.step = "exec"
+    if ctx.trace is not None:
+        send_trace(ctx)
     execute(command["argv"], dict(command["env"]))
 
 
@@ -120,6 +138,50 @@ def fail(ctx: Context, errno: int, message: str) -> NoReturn:
         os.write(ctx.err_fd, report)
     finally:
         os._exit(127)
+
+
+def send_trace(ctx: Context) -> None:
+    # One line before any error report on the same close-on-exec pipe (_helper.split_report).
+    assert ctx.trace is not None
+    os.write(ctx.err_fd, json.dumps({"trace": ctx.trace}).encode() + b"\n")
+
+
+def await_command(ctx: Context) -> dict[str, Any]:
+    """A pooled sandbox: report ready on the command socket (fd 0), then take one command.
+
+    The command arrives with its stdin, stdout and stderr (SCM_RIGHTS), which replace the
+    socket as fds 0-2; the socket is gone before the command's first step.
+    """
+    ctx.step = "wait for command"
+    sock = socket.socket(fileno=0)
+    sock.send(b"ready")
+    msg, fds, _flags, _addr = socket.recv_fds(sock, 4 * 1024 * 1024, 3)
+    if not msg or len(fds) != 3:
+        raise OSError(0, "the pool closed before this sandbox got a command")
+    sock.detach()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    command: dict[str, Any] = json.loads(msg)
+    if ctx.trace is not None:
+        ctx.trace.clear()  # the command's trace starts when it arrives
+        ctx.step = "command received"
+    return command
+
+
+def keep_only(keep: set[int]) -> None:
+    """Close every descriptor inherited from the helper but those in ``keep``.
+
+    A pooled sandbox lives on while the helper serves other launches; it must not hold their
+    pipes (a held pipe end would keep another caller waiting for end-of-file).
+    """
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the directory's own descriptor, closed by now
 
 
 def wait_for_maps(ctx: Context) -> None:

@@ -8,6 +8,9 @@ Protocol (SOCK_SEQPACKET, one JSON object per message):
 
   host -> helper, control socket:  {"plan": {...}}  with SCM_RIGHTS
                                    [launch socket, stdin, stdout, stderr]
+  host -> helper, control socket:  {"pool": {"plan": {...}, "size": N}} with SCM_RIGHTS
+                                   [pool socket]: a warm pool (nsbox/_helper_pool.py);
+                                   commands then come over the pool socket
   helper -> host, launch socket:   {"event": "pid", "pid": N}         the sandbox's pid 1
                                    {"event": "proxy"} + SCM_RIGHTS    network allow mode:
                                    [listener]                         the proxy's socket
@@ -25,7 +28,8 @@ Protocol (SOCK_SEQPACKET, one JSON object per message):
                                    (SCM_RIGHTS), served here until the sandbox ends;
                                    network allow mode only, a socket: the proxy listener
                                    the child opened in its network namespace, passed on
-                                   to the host at once.
+                                   to the host at once;
+                                   with NSBOX_TRACE, one line {"trace": [...]} before the exec.
 
 End-of-file on the control socket means the host process is gone: every sandbox is killed and
 the helper exits. Each sandbox gets PR_SET_PDEATHSIG, so it also dies with the helper.
@@ -41,9 +45,10 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-from nsbox import _child, _libc, _netns
+from nsbox import _child, _helper_pool, _libc, _netns
 from nsbox import limits as _limits
 from nsbox._seccomp_notify import DeniedSyscalls
 from nsbox.errors import HostError
@@ -67,7 +72,7 @@ class StepFailed(Exception):
 class Launch:
     """One sandbox, from clone to reap."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket | None) -> None:
         self.sock = sock
         self.pid = 0
         self.pidfd = -1
@@ -83,8 +88,13 @@ class Launch:
         self.notify_table: dict[str, Any] | None = None
         self.net_sock: socket.socket | None = None  # allow mode, until the listener is passed
         self.limits: _limits.RunLimits | None = None  # the run's cgroup and rlimits
+        self.pool: _helper_pool.HelperPool | None = None  # set for a pooled sandbox
+        self.trace: list[tuple[str, int]] | None = None  # NSBOX_TRACE: helper-side steps
+        self.mnt_ns = -1  # held until the report is out (hold_namespace)
 
     def send(self, message: dict[str, Any]) -> None:
+        if self.sock is None:
+            return  # a pooled sandbox that has no command (and no caller) yet
         try:
             self.sock.send(json.dumps(message).encode())
         except OSError:
@@ -114,6 +124,8 @@ class Helper:
         self.is_root = os.geteuid() == 0 and in_initial_userns()
         self.cap_last = _libc.last_cap()
         self.idmap_userns: dict[tuple[int, int, int, int], int] = {}
+        self.received_ns = 0  # when the last request arrived (NSBOX_TRACE)
+        self.timers: list[tuple[float, Callable[[], None]]] = []  # e.g. a pool's refill
         if self.is_root:
             # No supplementary group of root's may reach a sandbox. Where setgroups is denied
             # (inside a user namespace that wrote "deny"), the groups are fixed already.
@@ -132,6 +144,7 @@ class Helper:
                 if self.selector.get_map().get(key.fd) is not key:
                     continue
                 key.data(key.fileobj)
+            self.run_timers()
             now = time.monotonic()
             for launch in list(self.launches):
                 if launch.deadline is not None and now >= launch.deadline:
@@ -141,12 +154,23 @@ class Helper:
                 if launch.limits is not None and launch.limits.poll():
                     launch.kill("cpu time")
 
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.timers.append((time.monotonic() + delay, callback))
+
+    def run_timers(self) -> None:
+        now = time.monotonic()
+        due = [timer for timer in self.timers if timer[0] <= now]
+        self.timers = [timer for timer in self.timers if timer[0] > now]
+        for _when, callback in due:
+            callback()
+
     def next_timeout(self) -> float | None:
         now = time.monotonic()
         deadlines = [x.deadline for x in self.launches if x.deadline is not None]
         # CPU-time limits are polled from the run's cgroup (limits.RunLimits.poll).
         deadlines += [now + interval for x in self.launches
                       if x.limits is not None and (interval := x.limits.poll_interval())]
+        deadlines += [when for when, _callback in self.timers]
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - now)
@@ -161,10 +185,15 @@ class Helper:
                 fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
         if not msg:
             self.shutdown()
+        self.received_ns = time.monotonic_ns()
+        request = json.loads(msg)
+        if "pool" in request:
+            _helper_pool.HelperPool(self, socket.socket(fileno=fds[0]), **request["pool"])
+            return
         launch_sock = socket.socket(fileno=fds[0])
         launch = Launch(launch_sock)
         try:
-            self.start(launch, json.loads(msg)["plan"], list(fds[1:4]))
+            self.start(launch, request["plan"], list(fds[1:4]))
         except StepFailed as exc:
             launch.send({"event": "exit", "setup_error": {
                 "step": exc.step, "errno": exc.errno, "message": exc.message}})
@@ -188,6 +217,9 @@ class Helper:
     # --- one launch ----------------------------------------------------------------------
 
     def start(self, launch: Launch, plan: dict[str, Any], stdio: list[int]) -> None:
+        if plan.get("trace"):
+            launch.trace = [("helper: receive plan", self.received_ns),
+                            ("helper: create cgroup", time.monotonic_ns())]
         if plan.get("session"):
             # A session's init serves commands instead of exec (nsbox/_sessioninit.py); it is
             # imported here, before the clone, because nothing can be imported after pivot_root.
@@ -197,6 +229,8 @@ class Helper:
         limits = launch.limits = _limits.RunLimits(plan["cgroup"], plan["rlimits"])
         plan["rlimits"] = limits.rlimits
         plan["degraded"] = limits.degraded  # a session's init reports them with each command
+        if launch.trace is not None:
+            launch.trace.append(("helper: open bind sources", time.monotonic_ns()))
         try:
             source_fds = self.open_sources(plan)
         except BaseException:
@@ -213,6 +247,8 @@ class Helper:
         if plan["net"].get("mode") == "allow":
             launch.net_sock, net_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         launch.started = time.monotonic()
+        if launch.trace is not None:
+            launch.trace.append(("helper: clone", time.monotonic_ns()))
         try:
             pid = _libc.raw_clone(NAMESPACES | signal.SIGCHLD)
         except OSError as exc:
@@ -228,6 +264,8 @@ class Helper:
             self.become_child(plan, stdio, sync_r, err_w, source_fds, (sync_w, err_r),
                               notify_child.fileno() if notify_child else -1,
                               net_child.fileno() if net_child else None)
+        if launch.trace is not None:
+            launch.trace.append(("helper: write id maps", time.monotonic_ns()))
         for fd in (sync_r, err_w, *source_fds.values()):
             os.close(fd)
         if notify_child is not None:
@@ -236,11 +274,12 @@ class Helper:
             net_child.close()  # the child's end: EOF here once the child has sent or died
         launch.pid, launch.sync_fd, launch.err_fd = pid, sync_w, err_r
         launch.pidfd = os.pidfd_open(pid)
+        launch.mnt_ns = hold_namespace(pid)
         self.launches.add(launch)
         self.selector.register(launch.pidfd, selectors.EVENT_READ, lambda _f: self.reap(launch))
         self.selector.register(err_r, selectors.EVENT_READ, lambda _f: self.read_error(launch))
-        self.selector.register(launch.sock, selectors.EVENT_READ,
-                               lambda _f: self.on_request(launch))
+        if launch.sock is not None:
+            self.watch_requests(launch)
         if launch.notify_sock is not None:
             self.selector.register(launch.notify_sock, selectors.EVENT_READ,
                                    lambda _f: self.receive_listener(launch))
@@ -251,6 +290,8 @@ class Helper:
         try:
             self.write_id_maps(pid, plan)
             step = "attach to cgroup"
+            if launch.trace is not None:
+                launch.trace.append(("helper: attach to cgroup", time.monotonic_ns()))
             limits.attach(pid)  # before the child runs anything of its own
         except OSError as exc:
             launch.err_data = json.dumps({"step": step, "errno": exc.errno or 0,
@@ -258,6 +299,8 @@ class Helper:
             launch.kill("setup failed")
             return
         os.write(sync_w, b"1")
+        if launch.trace is not None:
+            launch.trace.append(("helper: released, supervise", time.monotonic_ns()))
         if plan["wall_time"] is not None:
             launch.deadline = launch.started + plan["wall_time"]
         launch.send({"event": "pid", "pid": pid})
@@ -270,6 +313,9 @@ class Helper:
                 os.close(fd)
             for target, fd in enumerate(stdio):
                 os.dup2(fd, target)
+            if plan.get("pooled"):
+                _child.keep_only({0, 1, 2, sync_r, err_w, notify_fd, *source_fds.values(),
+                                  *([net_fd] if net_fd is not None else [])})
             ctx = _child.Context(plan, sync_r, err_w, source_fds, self.cap_last, notify_fd,
                                  net_fd)
             if plan.get("session"):
@@ -390,6 +436,10 @@ class Helper:
         os.close(launch.err_fd)
         launch.err_fd = -1
 
+    def watch_requests(self, launch: Launch) -> None:
+        self.selector.register(launch.sock, selectors.EVENT_READ,
+                               lambda _f: self.on_request(launch))
+
     def on_request(self, launch: Launch) -> None:
         try:
             data = launch.sock.recv(65536)
@@ -466,6 +516,7 @@ class Helper:
 
     def reap(self, launch: Launch) -> None:
         _pid, status, rusage = os.wait4(launch.pid, 0)
+        reaped_ns = time.monotonic_ns()
         self.pass_proxy_listener(launch)  # if it is still here: the host gets it before the exit
         if launch.notify_sock is not None:  # sent before exec, not read yet
             self.receive_listener(launch)
@@ -483,9 +534,9 @@ class Helper:
             except BlockingIOError:
                 pass
             os.close(launch.err_fd)
-        setup_error = json.loads(launch.err_data) if launch.err_data else None
+        child_trace, setup_error = split_report(launch.err_data)
         limits = self.close_limits(launch)
-        launch.send({
+        report = {
             "event": "exit",
             "wait_status": status,
             "wall_time": wall,
@@ -497,16 +548,46 @@ class Helper:
             "setup_error": setup_error,
             "seccomp_denied": denied,
             "limits": limits,
-        })
+        }
+        if launch.trace is not None:
+            report["trace"] = [*launch.trace, *child_trace, ("helper: reaped", reaped_ns)]
+        launch.send(report)
+        if launch.mnt_ns >= 0:
+            os.close(launch.mnt_ns)  # the sandbox's mounts are torn down here, after the report
+        if launch.pool is not None:  # a pooled sandbox: the pool prepares what follows
+            launch.pool.ended(launch, setup_error)
         self.selector.unregister(launch.pidfd)
         os.close(launch.pidfd)
         os.close(launch.sync_fd)
-        try:
-            self.selector.unregister(launch.sock)
-        except (KeyError, ValueError):
-            pass
-        launch.sock.close()
+        if launch.sock is not None:
+            try:
+                self.selector.unregister(launch.sock)
+            except (KeyError, ValueError):
+                pass
+            launch.sock.close()
         self.launches.discard(launch)
+
+
+def hold_namespace(pid: int) -> int:
+    """A reference to the sandbox's mount namespace, or -1.
+
+    Without it, the exit of the sandbox's last process unmounts its whole tree (and waits for
+    RCU) before the exit can be reaped; held, that happens when the helper closes this, after
+    the report has gone out. The sandbox is dead by then either way.
+    """
+    try:
+        return os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def split_report(data: bytes) -> tuple[list[Any], dict[str, Any] | None]:
+    """The child's error pipe: an optional trace line, then an optional error report."""
+    trace: list[Any] = []
+    if data.startswith(b'{"trace"'):
+        line, _, data = data.partition(b"\n")
+        trace = json.loads(line)["trace"]
+    return trace, (json.loads(data) if data else None)
 
 
 def in_initial_userns() -> bool:

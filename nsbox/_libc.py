@@ -1,7 +1,7 @@
 """The project's ctypes bindings to the system calls the standard library lacks.
 
 Every call raises ``OSError`` naming the call and its arguments, so a failing step can say what
-the kernel refused. Only os, ctypes and platform are imported: this module is loaded by the
+the kernel refused. Only os and ctypes are imported: this module is loaded by the
 launch helper and used between clone and exec.
 """
 
@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
-_MACHINE = platform.machine()
+_MACHINE = os.uname().machine  # not the platform module: it costs the helper 1 ms to import
 # Numbers of the old syscalls differ per architecture; those from 424 on are the same everywhere.
 _NR = {
     "x86_64": {"clone": 56, "pivot_root": 155, "capset": 126, "capget": 125, "seccomp": 317},

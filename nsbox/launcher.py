@@ -50,7 +50,11 @@ class _HelperClient:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         paths = [package_root, *cgroups.helper_paths()]  # cgroupspy, for cgroup v1
-        boot = (f"import sys; sys.path[:0] = {paths!r}; "
+        # The package is entered without its __init__ (the public API, dataclasses, hashlib):
+        # the helper needs only its own modules, and every sandbox is a clone of its memory.
+        boot = (f"import sys, types; sys.path[:0] = {paths!r}; "
+                "pkg = sys.modules['nsbox'] = types.ModuleType('nsbox'); "
+                f"pkg.__path__ = [{os.path.dirname(os.path.abspath(__file__))!r}]; "
                 "from nsbox._helper import main; main()")
         python = sys.executable or "/usr/bin/python3"
         try:
@@ -75,7 +79,10 @@ class _HelperClient:
         return pid == 0
 
     def submit(self, wire_plan: dict[str, Any], fds: list[int]) -> None:
-        message = json.dumps({"plan": wire_plan}).encode()
+        self.send_request({"plan": wire_plan}, fds)
+
+    def send_request(self, request: dict[str, Any], fds: list[int]) -> None:
+        message = json.dumps(request).encode()
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         with self._lock:
             if self._sock is None or not self._alive():
@@ -136,6 +143,7 @@ def run(
     (CommandNotFound when the command does not exist inside it). ``audit`` names a file that
     gets one JSON line for the run (nsbox/audit.py).
     """
+    trace = _trace_start()
     policy = policy or Policy()
     if audit is not None:
         from nsbox.session import run_audited  # a session lists the files before teardown
@@ -149,19 +157,47 @@ def run(
     wire = plan.to_wire()
     wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
     cap = output_limit if output_limit is not None else policy.limits.output
-    return _launch(wire, stdin, cap, passthrough, RunNetwork(policy.network))
+    return _launch(wire, stdin, cap, passthrough, RunNetwork(policy.network), trace=trace)
 
 
-def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int,
-            passthrough: bool, net: RunNetwork | None = None) -> Result:
+# --- NSBOX_TRACE=1: where the time of a launch goes (docs/performance.md) ----------------------
+
+
+def _trace_start() -> list[tuple[str, int]] | None:
+    if os.environ.get("NSBOX_TRACE") != "1":
+        return None
+    return [("host: build plan", time.monotonic_ns())]
+
+
+def _trace_steps(events: list[Any]) -> list[dict[str, Any]]:
+    """Host, helper and child events (name, CLOCK_MONOTONIC ns) as one timeline: each step
+    lasts until the next event, in whichever process that happens."""
+    events = sorted(events, key=lambda event: event[1])
+    origin = events[0][1]
+    return [{"step": name, "at_ms": round((at - origin) / 1e6, 4),
+             "ms": round((events[i + 1][1] - at) / 1e6, 4) if i + 1 < len(events) else 0.0}
+            for i, (name, at) in enumerate(events)]
+
+
+# -----------------------------------------------------------------------------------------------
+
+
+def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrough: bool,
+            net: RunNetwork | None = None, *, submit: Any = None,
+            trace: list[tuple[str, int]] | None = None) -> Result:
+    """One launch through ``submit(wire, fds)``: the helper (run) or a pool (Pool.run)."""
     started = time.monotonic()
     net = net or RunNetwork(Network())
+    submit = submit or _helper.submit
+    if trace is not None:
+        wire["trace"] = True
+        trace.append(("host: send to helper", time.monotonic_ns()))
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     in_fd, close_in = _stdin_fd(stdin)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        _helper.submit(wire, [theirs.fileno(), in_fd, out_w, err_w])
+        submit(wire, [theirs.fileno(), in_fd, out_w, err_w])
     except BaseException:
         for fd in (out_r, err_r):
             os.close(fd)
@@ -175,15 +211,22 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int,
             os.close(in_fd)
     streams = [_Stream(out_r, 1 if passthrough else None),
                _Stream(err_r, 2 if passthrough else None)]
+    if trace is not None:
+        trace.append(("host: wait for the report", time.monotonic_ns()))
     with ours:
         try:
             report, pid = _supervise(ours, streams, cap, net)
         finally:
             net.close()  # the proxy ends with the run, whatever happened
+    if trace is not None:
+        trace.append(("host: report received, build result", time.monotonic_ns()))
     result = _result(report, pid, streams, cap, time.monotonic() - started)
     net_report = net.report()
     if net_report is not None:
         result.extra["network"] = net_report
+    if trace is not None:
+        trace.append(("host: done", time.monotonic_ns()))
+        result.extra["trace"] = _trace_steps([*trace, *report.get("trace", [])])
     return result
 
 

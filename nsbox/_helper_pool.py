@@ -1,0 +1,218 @@
+"""The launch helper's side of a warm pool (the host's side is nsbox/pool.py).
+
+A pool keeps ``size`` sandboxes prepared ahead: cloned with all namespaces, id maps written,
+``_child.build_sandbox`` done (mounts, root, hostname, network), each blocked on its command
+socket. A command takes one, the helper hands it the command and its stdio, and a replacement is
+prepared once the command has ended. Each sandbox serves exactly one command and is then
+reaped like any launch: nothing passes from one command to the next.
+
+Protocol, on the pool socket (SOCK_SEQPACKET, JSON):
+
+  host -> helper:     {"command": {...}} with SCM_RIGHTS [launch socket, stdin, stdout, stderr];
+                      the launch socket then works as for nsbox.run (pid, exit, kill)
+                      end-of-file: the pool is closed; its idle sandboxes are killed
+  helper <-> sandbox: the sandbox's fd 0 until its command: "ready" once built; then the
+                      command (JSON) with SCM_RIGHTS [stdin, stdout, stderr]
+
+A prepared sandbox that fails to build makes the pool fail: the error goes to every later
+command (and to the Pool's constructor), and nothing more is prepared.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import selectors
+import socket
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nsbox._helper import Helper, Launch
+
+MAX_MESSAGE = 4 * 1024 * 1024
+REFILL_DELAY = 0.002  # seconds
+
+
+class HelperPool:
+    def __init__(self, helper: Helper, sock: socket.socket, plan: dict[str, Any],
+                 size: int) -> None:
+        self.helper = helper
+        self.sock = sock
+        # The deadline runs from the command's arrival, not from the preparation.
+        self.plan = {**plan, "pooled": True, "wall_time": None}
+        self.size = max(1, size)
+        self.ready: deque[Launch] = deque()
+        self.preparing: set[Launch] = set()
+        self.waiting: deque[tuple[dict[str, Any], list[int], int]] = deque()
+        self.error: dict[str, Any] | None = None
+        self.closed = False
+        self.command_socks: dict[Launch, socket.socket] = {}  # until each gets its command
+        self.devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        helper.selector.register(sock, selectors.EVENT_READ, lambda _f: self.on_message())
+        self.fill()
+
+    # --- preparing sandboxes --------------------------------------------------------------
+
+    def fill(self) -> None:
+        while (not self.closed and self.error is None
+               and len(self.ready) + len(self.preparing) < self.size):
+            self.prepare()
+
+    def prepare(self) -> None:
+        from nsbox._helper import Launch, StepFailed
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        launch = Launch(None)
+        launch.pool = self
+        try:
+            # A copy: the launch keeps its own plan (the helper sets its rlimits in it).
+            self.helper.start(launch, dict(self.plan),
+                              [theirs.fileno(), self.devnull, self.devnull])
+        except StepFailed as exc:
+            ours.close()
+            self.fail({"step": exc.step, "errno": exc.errno, "message": exc.message})
+            return
+        finally:
+            theirs.close()
+        self.command_socks[launch] = ours
+        self.preparing.add(launch)
+        self.helper.selector.register(ours, selectors.EVENT_READ,
+                                      lambda _f: self.on_ready(launch))
+
+    def on_ready(self, launch: Launch) -> None:
+        sock = self.command_socks[launch]
+        try:
+            data = sock.recv(16)
+        except OSError:
+            data = b""
+        if data != b"ready":
+            self.drop_command_sock(launch)  # it died while building: lost() follows at reap
+            return
+        self.preparing.discard(launch)
+        self.ready.append(launch)
+        self.dispatch_waiting()
+
+    def ended(self, launch: Launch, setup_error: dict[str, Any] | None) -> None:
+        """A sandbox of this pool was reaped: after its command, or before it had one.
+
+        The replacement is prepared now, not at the hand-over: cloning and building it while
+        the command runs would take the helper and a core away from that command.
+        """
+        dispatched = launch.sock is not None
+        self.drop_command_sock(launch)
+        self.preparing.discard(launch)
+        if launch in self.ready:
+            self.ready.remove(launch)
+        if not dispatched and setup_error is not None and not self.closed:
+            self.fail(setup_error)
+        elif dispatched or launch.kill_reason is None:
+            # Used, or killed from outside (e.g. the OOM killer): replace it, a moment later,
+            # so that the caller gets the report (and the core) first.
+            self.helper.call_later(REFILL_DELAY, self.fill)
+
+    def fail(self, setup_error: dict[str, Any]) -> None:
+        self.error = setup_error
+        while self.waiting:
+            command, fds, _received = self.waiting.popleft()
+            self.refuse(fds)
+
+    def drop_command_sock(self, launch: Launch) -> None:
+        sock = self.command_socks.pop(launch, None)
+        if sock is not None:
+            try:
+                self.helper.selector.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+            sock.close()
+
+    # --- commands -------------------------------------------------------------------------
+
+    def on_message(self) -> None:
+        fds = array.array("i")
+        try:
+            msg, ancdata, _flags, _addr = self.sock.recvmsg(
+                MAX_MESSAGE, socket.CMSG_SPACE(4 * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+        except OSError:
+            msg, ancdata = b"", []
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+        if not msg:
+            for fd in fds:
+                os.close(fd)
+            self.close()
+            return
+        received = time.monotonic_ns()
+        command = json.loads(msg)["command"]
+        if len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            return
+        if self.error is not None:
+            self.refuse(list(fds))
+            return
+        self.waiting.append((command, list(fds), received))
+        self.dispatch_waiting()
+
+    def dispatch_waiting(self) -> None:
+        while self.waiting and self.ready:
+            command, fds, received = self.waiting.popleft()
+            launch = self.ready.popleft()
+            if not self.dispatch(launch, command, fds, received):
+                self.waiting.appendleft((command, fds, received))
+        if self.waiting:
+            self.fill()  # more commands than sandboxes: prepare more at once
+
+    def dispatch(self, launch: Launch, command: dict[str, Any], fds: list[int],
+                 received: int) -> bool:
+        sock = self.command_socks[launch]
+        if command.get("trace"):
+            launch.trace = [("helper: receive command", received),
+                            ("helper: hand over command", time.monotonic_ns())]
+        else:
+            launch.trace = None
+        try:
+            socket.send_fds(sock, [json.dumps(command).encode()], fds[1:4])
+        except OSError:
+            launch.kill("pool: sandbox gone before its command")
+            self.drop_command_sock(launch)
+            return False
+        self.drop_command_sock(launch)
+        for fd in fds[1:4]:
+            os.close(fd)
+        launch.sock = socket.socket(fileno=fds[0])
+        self.helper.watch_requests(launch)
+        launch.started = time.monotonic()
+        if command.get("wall_time") is not None:
+            launch.deadline = launch.started + command["wall_time"]
+        launch.send({"event": "pid", "pid": launch.pid})
+        return True
+
+    def refuse(self, fds: list[int]) -> None:
+        sock = socket.socket(fileno=fds[0])
+        try:
+            sock.send(json.dumps({"event": "exit", "setup_error": self.error}).encode())
+        except OSError:
+            pass
+        sock.close()
+        for fd in fds[1:]:
+            os.close(fd)
+
+    def close(self) -> None:
+        """The host closed the pool: idle sandboxes die; running commands finish."""
+        self.closed = True
+        try:
+            self.helper.selector.unregister(self.sock)
+        except (KeyError, ValueError):
+            pass
+        self.sock.close()
+        for launch in [*self.ready, *self.preparing]:
+            launch.kill("pool closed")
+        while self.waiting:
+            _command, fds, _received = self.waiting.popleft()
+            for fd in fds:
+                os.close(fd)
+        os.close(self.devnull)

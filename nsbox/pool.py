@@ -1,0 +1,111 @@
+"""A warm pool of sandboxes for embedders: ``nsbox.Pool(policy, size=N)``.
+
+The launch helper prepares ``size`` sandboxes ahead (cloned with all namespaces, id maps written,
+root and mounts built) and keeps them waiting for a command; ``Pool.run`` hands one its command,
+so the caller waits only for what is per command: limits, capabilities, seccomp and the exec.
+Each sandbox runs exactly one command and is then destroyed; the helper prepares a replacement
+in the background. Nothing passes from one command to the next: every command gets namespaces,
+a root, /tmp and /workspace of its own.
+
+The sandboxes die with the pool (``close`` or the end of the ``with`` block) and with the host
+process. nsbox/_helper_pool.py documents the helper's side.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+import threading
+from typing import Any
+
+from nsbox import launcher
+from nsbox import plan as planmod
+from nsbox.errors import LaunchError, PolicyError
+from nsbox.policy import Policy
+from nsbox.result import Result
+
+# What a command brings; everything else of the plan is fixed when the pool is made.
+COMMAND_KEYS = ("argv", "env", "cwd", "rlimits", "seccomp_bpf", "seccomp_notify", "wall_time")
+
+
+class Pool:
+    """Sandboxes prepared ahead from one policy; each serves exactly one command.
+
+    ``run`` takes the same arguments as ``nsbox.run`` except the policy and the workspace,
+    which belong to the pool. Safe to use from several threads.
+    """
+
+    def __init__(self, policy: Policy | None = None, size: int = 2, *,
+                 workspace: str | None = None) -> None:
+        if size < 1:
+            raise ValueError("a pool needs at least one sandbox (size >= 1)")
+        policy = policy or Policy()
+        if workspace is not None:
+            policy = policy.replace(workspace=workspace)
+        if policy.network.mode == "allow":
+            raise PolicyError("a pool cannot prepare sandboxes for network allow mode (its "
+                              "proxy is per run); use nsbox.run", key="network.mode")
+        self.policy = policy
+        self.size = size
+        # Checked and resolved once: a bad policy fails here, not at the first command.
+        wire = planmod.build(policy, ["true"]).to_wire()
+        wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
+        if os.environ.get("NSBOX_TRACE") == "1":
+            wire["trace"] = True
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            launcher._helper.send_request({"pool": {"plan": wire, "size": size}},
+                                          [theirs.fileno()])
+        except BaseException:
+            self._sock.close()
+            raise
+        finally:
+            theirs.close()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill the sandboxes still waiting; commands already running finish."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | int | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        passthrough: bool = False,
+    ) -> Result:
+        """Run ``argv`` in one of the prepared sandboxes; see ``nsbox.run``."""
+        trace = launcher._trace_start()
+        plan = planmod.build(self.policy, list(argv), env=env, cwd=cwd, wall_time=timeout)
+        wire = plan.to_wire()
+        command = {key: wire.get(key) for key in COMMAND_KEYS}
+        cap = output_limit if output_limit is not None else self.policy.limits.output
+        return launcher._launch(command, stdin, cap, passthrough, submit=self._submit,
+                                trace=trace)
+
+    def _submit(self, command: dict[str, Any], fds: list[int]) -> None:
+        message = json.dumps({"command": command}).encode()
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        with self._lock:
+            if self._sock is None:
+                raise LaunchError("the pool is closed")
+            try:
+                self._sock.sendmsg([message], rights)
+            except OSError as exc:
+                raise LaunchError(f"the pool's launch helper is gone: {exc}") from None
