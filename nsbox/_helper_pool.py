@@ -10,6 +10,8 @@ Protocol, on the pool socket (SOCK_SEQPACKET, JSON):
 
   host -> helper:     {"command": {...}} with SCM_RIGHTS [launch socket, stdin, stdout, stderr];
                       the launch socket then works as for nsbox.run (pid, exit, kill)
+                      {"wait_ready": true} with SCM_RIGHTS [reply socket]: "ready" (or the
+                      pool's error) goes there once all ``size`` sandboxes are prepared
                       end-of-file: the pool is closed; its idle sandboxes are killed
   helper <-> sandbox: the sandbox's fd 0 until its command: "ready" once built; then the
                       command (JSON) with SCM_RIGHTS [stdin, stdout, stderr]
@@ -50,6 +52,7 @@ class HelperPool:
         self.error: dict[str, Any] | None = None
         self.closed = False
         self.command_socks: dict[Launch, socket.socket] = {}  # until each gets its command
+        self.ready_waiters: list[socket.socket] = []
         self.devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         helper.selector.register(sock, selectors.EVENT_READ, lambda _f: self.on_message())
         self.fill()
@@ -94,6 +97,19 @@ class HelperPool:
         self.preparing.discard(launch)
         self.ready.append(launch)
         self.dispatch_waiting()
+        self.answer_ready_waiters()
+
+    def answer_ready_waiters(self) -> None:
+        if len(self.ready) < self.size and self.error is None and not self.closed:
+            return
+        answer = b"ready" if self.error is None else json.dumps(self.error).encode()
+        for waiter in self.ready_waiters:
+            try:
+                waiter.send(answer)
+            except OSError:
+                pass
+            waiter.close()
+        self.ready_waiters.clear()
 
     def ended(self, launch: Launch, setup_error: dict[str, Any] | None) -> None:
         """A sandbox of this pool was reaped: after its command, or before it had one.
@@ -115,6 +131,7 @@ class HelperPool:
 
     def fail(self, setup_error: dict[str, Any]) -> None:
         self.error = setup_error
+        self.answer_ready_waiters()
         while self.waiting:
             command, fds, _received = self.waiting.popleft()
             self.refuse(fds)
@@ -146,7 +163,12 @@ class HelperPool:
             self.close()
             return
         received = time.monotonic_ns()
-        command = json.loads(msg)["command"]
+        request = json.loads(msg)
+        if request.get("wait_ready") and len(fds) == 1:
+            self.ready_waiters.append(socket.socket(fileno=fds[0]))
+            self.answer_ready_waiters()
+            return
+        command = request["command"]
         if len(fds) != 4:
             for fd in fds:
                 os.close(fd)
@@ -211,6 +233,7 @@ class HelperPool:
         self.sock.close()
         for launch in [*self.ready, *self.preparing]:
             launch.kill("pool closed")
+        self.answer_ready_waiters()
         while self.waiting:
             _command, fds, _received = self.waiting.popleft()
             for fd in fds:

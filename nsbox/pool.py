@@ -66,6 +66,26 @@ class Pool:
         finally:
             theirs.close()
 
+    def wait_ready(self, timeout: float | None = 30.0) -> None:
+        """Wait until all ``size`` sandboxes are prepared (e.g. before a latency-critical
+        command, or between measurements). Raises SetupError when they cannot be built."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with ours:
+            try:
+                self._send({"wait_ready": True}, [theirs.fileno()])
+            finally:
+                theirs.close()
+            ours.settimeout(timeout)
+            try:
+                answer = ours.recv(65536)
+            except TimeoutError:
+                raise LaunchError(f"the pool was not ready within {timeout} s") from None
+        if answer == b"ready":
+            return
+        if not answer:
+            raise LaunchError("the pool is closed, or its launch helper is gone")
+        raise launcher._setup_error(json.loads(answer))
+
     def __enter__(self) -> Pool:
         return self
 
@@ -100,7 +120,10 @@ class Pool:
                                 trace=trace)
 
     def _submit(self, command: dict[str, Any], fds: list[int]) -> None:
-        message = json.dumps({"command": command}).encode()
+        self._send({"command": command}, fds)
+
+    def _send(self, request: dict[str, Any], fds: list[int]) -> None:
+        message = json.dumps(request).encode()
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         with self._lock:
             if self._sock is None:

@@ -1,0 +1,142 @@
+"""The leak soak: many sequential launches, then count what was left behind.
+
+Counted before and after (after a warm-up, so that one-time caches do not count as growth):
+host mounts, cgroups below this process's own, open descriptors of this process and of the
+launch helper, zombies and leftover children of either, and resident memory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import nsbox
+from nsbox import launcher
+
+
+def _cgroup_dirs() -> list[str]:
+    """This process's own cgroup directory in every mounted hierarchy."""
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fstype, _source, options = (right.split() + ["", ""])[:3]
+            if fstype in ("cgroup", "cgroup2"):
+                mounts.append((fstype, left.split()[4], set(options.split(","))))
+    dirs = []
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            hid, controllers, path = line.rstrip("\n").split(":", 2)
+            for fstype, point, options in mounts:
+                if (hid == "0" and fstype == "cgroup2") or (
+                        fstype == "cgroup" and controllers
+                        and set(controllers.split(",")) <= options | {
+                            o.partition("=")[2] for o in options if o.startswith("name=")}):
+                    dirs.append(os.path.join(point, path.lstrip("/")))
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def _count_cgroups_below() -> int:
+    return sum(len(subdirs) for d in _cgroup_dirs() for _root, subdirs, _files in os.walk(d))
+
+
+def _fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def _children(parents: set[int]) -> tuple[int, int]:
+    """(zombies, live children) whose parent is one of ``parents``."""
+    zombies = live = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) in parents:
+            if fields[0] == "Z":
+                zombies += 1
+            else:
+                live += 1
+    return zombies, live
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return -1
+
+
+def snapshot() -> dict[str, int]:
+    helper = launcher._helper._pid
+    with open("/proc/self/mountinfo") as f:
+        mounts = sum(1 for _ in f)
+    zombies, live = _children({os.getpid(), helper})
+    return {
+        "host_mounts": mounts,
+        "cgroups_below_ours": _count_cgroups_below(),
+        "fds_launcher": _fds(os.getpid()),
+        "fds_helper": _fds(helper),
+        "zombies": zombies,
+        "children_left": live - 1,  # the helper itself is our child
+        "rss_kib_launcher": _rss_kib(os.getpid()),
+        "rss_kib_helper": _rss_kib(helper),
+    }
+
+
+def soak(argv: list[str], launches: int, warmup: int = 200, pool_size: int = 0,
+         progress: Any = None) -> dict[str, Any]:
+    """``launches`` sequential launches of ``argv`` (through a pool when ``pool_size``)."""
+    pool = nsbox.Pool(nsbox.Policy(), size=pool_size) if pool_size else None
+
+    def launch() -> None:
+        result = pool.run(argv) if pool else nsbox.run(argv, nsbox.Policy())
+        if not result.ok:
+            raise RuntimeError(f"soak launch failed: {result.status.value} {result.stderr!r}")
+
+    try:
+        for _ in range(warmup):
+            launch()
+        time.sleep(0.2)  # let the last sandboxes' deferred cleanup finish
+        before = snapshot()
+        started = time.perf_counter()
+        for i in range(launches):
+            launch()
+            if progress and i and i % 1000 == 0:
+                progress(f"soak: {i}/{launches}")
+        elapsed = time.perf_counter() - started
+        time.sleep(0.5)
+        if pool:
+            pool.close()
+            time.sleep(0.2)
+        after = snapshot()
+    finally:
+        if pool:
+            pool.close()
+    delta = {key: after[key] - before[key] for key in before}
+    left_behind = {key: delta[key] for key in ("host_mounts", "cgroups_below_ours",
+                                                "fds_launcher", "fds_helper")
+                   if delta[key] > 0}
+    if after["zombies"]:
+        left_behind["zombies"] = after["zombies"]
+    if after["children_left"]:
+        left_behind["children_left"] = after["children_left"]
+    return {
+        "launches": launches,
+        "through": f"pool (size {pool_size})" if pool_size else "nsbox.run",
+        "seconds": round(elapsed, 2),
+        "before": before,
+        "after": after,
+        "delta": delta,
+        "left_behind": left_behind,
+        "rss_growth_mib": round(delta["rss_kib_launcher"] / 1024, 2),
+        "ok": not left_behind and delta["rss_kib_launcher"] < 5 * 1024,
+    }
