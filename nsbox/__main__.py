@@ -1,3 +1,3 @@
-from nsbox.cli import main
+from nsbox._fastcli import main
 
 main()

@@ -596,7 +596,11 @@ def in_initial_userns() -> bool:
 
 
 def main() -> None:
-    fd = int(sys.argv[1])
+    serve(int(sys.argv[1]))
+
+
+def serve(fd: int) -> None:
+    """Serve the control socket ``fd`` until the host process is gone."""
     # Descriptors the host process leaked without close-on-exec end here, not in a sandbox.
     _libc.close_range(fd + 1)
     control = socket.socket(fileno=fd)

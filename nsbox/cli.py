@@ -13,16 +13,13 @@ for what nsbox decided:
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
 import click
 
-import nsbox
-from nsbox import limits
+from nsbox import _cli_run, limits
 from nsbox.errors import CommandNotFound, NsboxError, PolicyError, SetupError
-from nsbox.network import from_options
 from nsbox.policy import Policy
 from nsbox.result import Result, Status
 from nsbox.units import parse_duration, parse_size
@@ -52,14 +49,6 @@ def _exit_code(result: Result) -> int:
     if result.signal is not None:
         return 128 + result.signal
     return result.exit_code or 0
-
-
-def _bind_override(spec: str, writable: bool) -> dict[str, Any]:
-    source, _, target = spec.partition(":")
-    if not source:
-        raise click.BadParameter(f"{spec!r}: expected SRC[:DST]")
-    return {"type": "bind", "source": source, "target": target or os.path.abspath(source),
-            "writable": writable}
 
 
 def _size(_ctx: Any, param: click.Parameter, value: str | None) -> int | None:
@@ -205,105 +194,21 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
     Example:
       nsbox run --time 10 -- python3 -c 'print("hello from the sandbox")'
     """
-    env_set: dict[str, str] = {}
-    for item in env:
-        key, sep, value = item.partition("=")
-        if not key or not sep:
-            raise click.BadParameter(f"{item!r}: expected KEY=VAL", param_hint="--env")
-        env_set[key] = value
-    collected: list[dict[str, Any]] = []
-    # --- profiles: the options become overrides of the profile's keys ---------------------------
-    overrides: dict[str, Any] = {
-        "limits.wall_time": wall_time, "limits.output": output_limit,
-        "workspace.path": workspace, "environment.set": env_set or None,
-        "environment.passthrough": pass_env or None,
-        "seccomp.log_denied": True if seccomp_log else None,
-    }
-    binds = [("--ro-bind", spec, False) for spec in ro_bind]
-    binds += [("--bind", spec, True) for spec in rw_bind]
+    # The work is done without click (nsbox/_cli_run.py), so that the fast path of
+    # nsbox/_fastcli.py, which parses the same options by hand, does exactly the same.
+    options = {k: v for k, v in locals().items() if k != "limit_values"}
+    options.update(limit_values)
     try:
-        policy = _with_limits(_load_policy(profile, overrides, settings, binds), limit_values)
-        # --- network (docs/network.md) ---
-        policy = policy.replace(network=from_options(policy.network, net_mode, allow_host))
-        # --- end network ---
-        if print_profile:
-            from nsbox.profiles import to_toml
-
-            click.echo(to_toml(policy), nl=False)
-            return
-        if not command:
-            raise click.UsageError("missing COMMAND (or --print-profile)")
-        # --- end profiles -----------------------------------------------------------------------
-        # --- sessions ---
-        policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
-        if collect:
-            result, collected, skipped = run_and_collect(
-                list(command), policy, patterns=collect, dest=collect_dir,
-                stdin=None if as_json else 0, cwd=cwd, passthrough=not as_json, audit=audit)
-            for path, why in skipped:
-                click.echo(f"nsbox: not collected: {json.dumps(path)}: {why}", err=True)
-        else:
-            result = nsbox.run(
-                list(command), policy, stdin=None if as_json else 0, cwd=cwd,
-                passthrough=not as_json, audit=audit,
-            )
-        # --- end sessions ---
-    except NsboxError as error:
-        if as_json:
-            click.echo(json.dumps({"status": Status.XX.value, "error": str(error)}))
-        _fail(error)
-        return
-    if as_json:
-        click.echo(json.dumps({**result.to_dict(with_output=True),
-                               **({"files": collected} if collect else {})}))
-    elif "seccomp_denied" in result.extra:
-        denied = ", ".join(result.extra["seccomp_denied"]) or "nothing"
-        click.echo(f"nsbox: seccomp denied: {denied}", err=True)
-    elif result.status in (Status.TO, Status.OL, Status.ML):
-        reason = {"memory": "memory limit reached (OOM kill)",
-                  "cpu_time": "CPU-time limit reached"}.get(result.extra.get("limit", ""))
-        click.echo(f"nsbox: {result.status.value}: "
-                   + (reason or ("wall-clock limit reached" if result.status is Status.TO
-                                 else "output limit reached")), err=True)
-    sys.exit(_exit_code(result))
+        _cli_run.check(options)
+        code = _cli_run.execute(options)
+    except _cli_run.OptionError as exc:
+        if exc.param_hint is None:
+            raise click.UsageError(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint=exc.param_hint) from None
+    sys.exit(code)
 
 
 # --- profiles and doctor (nsbox/profiles.py, nsbox/doctor.py); imported only when used ---------
-
-
-def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ...],
-                 binds: list[tuple[str, str, bool]]) -> Policy:
-    """The profile with the options applied; ``--set KEY=VALUE`` takes a TOML value (a bare
-    word is a string) and comes last. Raises PolicyError naming the file, key and line, or the
-    option."""
-    from nsbox.profiles import apply_overrides, load_profile, tomllib
-
-    for item in settings:
-        key, sep, text = item.partition("=")
-        if not key or not sep:
-            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
-        try:
-            overrides[key.strip()] = tomllib.loads(f"value = {text}")["value"]
-        except tomllib.TOMLDecodeError:
-            overrides[key.strip()] = text
-    policy = load_profile(profile)
-    env = dict(overrides.pop("environment.set", None) or {})
-    # PATH and LANG have keys of their own in the schema.
-    for name in ("PATH", "LANG"):
-        if name in env:
-            overrides[f"environment.{name.lower()}"] = env.pop(name)
-    if env:
-        overrides["environment.set"] = env
-    if overrides.get("environment.passthrough"):
-        overrides["environment.passthrough"] = [
-            *policy.env_passthrough, *overrides["environment.passthrough"]]
-    for option, spec, writable in binds:
-        try:
-            policy = apply_overrides(policy, {"mounts": [_bind_override(spec, writable)]})
-        except PolicyError as exc:
-            raise PolicyError(exc.message, key=f"{option} {spec}") from None
-    return apply_overrides(policy, {k: v for k, v in overrides.items()
-                                    if v is not None and v != []})
 
 
 @main.group(invoke_without_command=True)
@@ -354,8 +259,7 @@ def doctor(as_json: bool, profile: str) -> None:
 
 
 # --- sessions (nsbox/_cli_session.py) ---
-from nsbox._cli_session import run_and_collect, session  # noqa: E402
-from nsbox.session import input_mount  # noqa: E402
+from nsbox._cli_session import session  # noqa: E402
 
 main.add_command(session)
 # --- end sessions ---

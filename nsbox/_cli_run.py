@@ -1,0 +1,209 @@
+"""What ``nsbox run`` does once its options are parsed, without click.
+
+Both doors lead here: the click command in nsbox/cli.py, and the hand-written fast path of
+nsbox/_fastcli.py that serves ``nsbox run`` without importing click. ``options`` holds the click
+command's parameters by name (the option table in _fastcli.py is checked against click's by
+tests/test_perf.py). Prints, and returns the exit code (nsbox/cli.py documents them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import nsbox
+from nsbox.errors import CommandNotFound, NsboxError, PolicyError, SetupError
+from nsbox.network import from_options
+from nsbox.policy import Policy
+from nsbox.result import Result, Status
+
+EXIT_OUTPUT_LIMIT = 123
+EXIT_TIMEOUT = 124
+EXIT_SETUP = 125
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+# The limit options of nsbox run, by Limits field (cli._LIMIT_PARSERS has their parsers).
+LIMIT_NAMES = ("memory", "pids", "cpus", "cpu_time", "open_files", "file_size", "tmp_size",
+               "workspace_size")
+
+
+class OptionError(ValueError):
+    """A bad option value; the click door shows it as a usage error (exit 2)."""
+
+    def __init__(self, message: str, param_hint: str | None) -> None:
+        super().__init__(message)
+        self.param_hint = param_hint
+
+
+def echo(text: str, err: bool = False) -> None:
+    stream = sys.stderr if err else sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def fail_code(error: NsboxError) -> int:
+    """Print ``nsbox: <step>: <reason>`` (and the hint); the matching exit code."""
+    echo(f"nsbox: {error}", err=True)
+    if isinstance(error, CommandNotFound):
+        return EXIT_NOT_FOUND
+    if isinstance(error, SetupError) and error.step == "exec":
+        return EXIT_NOT_EXECUTABLE
+    return EXIT_SETUP
+
+
+def exit_code(result: Result) -> int:
+    if result.status is Status.TO:
+        return EXIT_TIMEOUT
+    if result.status is Status.OL:
+        return EXIT_OUTPUT_LIMIT
+    if result.signal is not None:
+        return 128 + result.signal
+    return result.exit_code or 0
+
+
+def bind_override(spec: str, writable: bool) -> dict[str, Any]:
+    source, _, target = spec.partition(":")
+    if not source:
+        raise OptionError(f"{spec!r}: expected SRC[:DST]",
+                          "--bind" if writable else "--ro-bind")
+    return {"type": "bind", "source": source, "target": target or os.path.abspath(source),
+            "writable": writable}
+
+
+def parse_env(items: tuple[str, ...]) -> dict[str, str]:
+    env_set: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key or not sep:
+            raise OptionError(f"{item!r}: expected KEY=VAL", "--env")
+        env_set[key] = value
+    return env_set
+
+
+def check(options: dict[str, Any]) -> None:
+    """Raise OptionError for what the option parsers alone do not refuse."""
+    for spec in options["ro_bind"]:
+        bind_override(spec, False)
+    for spec in options["rw_bind"]:
+        bind_override(spec, True)
+    parse_env(options["env"])
+    for item in options["settings"]:
+        key, sep, _text = item.partition("=")
+        if not key or not sep:
+            raise OptionError(f"{item!r}: expected KEY=VALUE", "--set")
+
+
+# --- profiles: the options become overrides of the profile's keys (docs/profiles.md) ----------
+
+
+def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ...],
+                binds: list[tuple[str, str, bool]]) -> Policy:
+    """The profile with the options applied; ``--set KEY=VALUE`` takes a TOML value (a bare
+    word is a string) and comes last. Raises PolicyError naming the file, key and line, or the
+    option."""
+    from nsbox.profiles import apply_overrides, load_profile, tomllib
+
+    for item in settings:
+        key, _sep, text = item.partition("=")
+        try:
+            overrides[key.strip()] = tomllib.loads(f"value = {text}")["value"]
+        except tomllib.TOMLDecodeError:
+            overrides[key.strip()] = text
+    policy = load_profile(profile)
+    env = dict(overrides.pop("environment.set", None) or {})
+    # PATH and LANG have keys of their own in the schema.
+    for name in ("PATH", "LANG"):
+        if name in env:
+            overrides[f"environment.{name.lower()}"] = env.pop(name)
+    if env:
+        overrides["environment.set"] = env
+    if overrides.get("environment.passthrough"):
+        overrides["environment.passthrough"] = [
+            *policy.env_passthrough, *overrides["environment.passthrough"]]
+    for option, spec, writable in binds:
+        try:
+            policy = apply_overrides(policy, {"mounts": [bind_override(spec, writable)]})
+        except PolicyError as exc:
+            raise PolicyError(exc.message, key=f"{option} {spec}") from None
+    return apply_overrides(policy, {k: v for k, v in overrides.items()
+                                    if v is not None and v != []})
+
+
+# --- end profiles ---------------------------------------------------------------------------------
+
+
+def execute(options: dict[str, Any]) -> int:
+    """Run the command of ``nsbox run`` as the options say; returns the exit code. Raises
+    OptionError for a usage error (no command)."""
+    o = options
+    check(o)
+    from nsbox import launcher
+
+    launcher.use_forked_helper()  # one launch: a second interpreter would cost more
+    env_set = parse_env(o["env"])
+    overrides: dict[str, Any] = {
+        "limits.wall_time": o["wall_time"], "limits.output": o["output_limit"],
+        "workspace.path": o["workspace"], "environment.set": env_set or None,
+        "environment.passthrough": o["pass_env"] or None,
+        "seccomp.log_denied": True if o["seccomp_log"] else None,
+    }
+    binds = [("--ro-bind", spec, False) for spec in o["ro_bind"]]
+    binds += [("--bind", spec, True) for spec in o["rw_bind"]]
+    as_json = o["as_json"]
+    try:
+        policy = load_policy(o["profile"], overrides, o["settings"], binds)
+        limit_changes = {k: o[k] for k in LIMIT_NAMES if o.get(k) is not None}
+        if limit_changes:
+            policy = policy.with_limits(**limit_changes)
+        # --- network (docs/network.md) ---
+        policy = policy.replace(network=from_options(policy.network, o["net_mode"],
+                                                     o["allow_host"]))
+        # --- end network ---
+        if o["print_profile"]:
+            from nsbox.profiles import to_toml
+
+            sys.stdout.write(to_toml(policy))
+            sys.stdout.flush()
+            return 0
+        if not o["command"]:
+            raise OptionError("missing COMMAND (or --print-profile)", None)
+        # --- sessions: data in and out, audit (nsbox/_cli_session.py) ---
+        if o["inputs"]:
+            from nsbox.session import input_mount
+
+            policy = policy.replace(
+                mounts=policy.mounts + tuple(input_mount(s) for s in o["inputs"]))
+        if o["collect"]:
+            from nsbox._cli_session import run_and_collect
+
+            result, collected, skipped = run_and_collect(
+                list(o["command"]), policy, patterns=o["collect"], dest=o["collect_dir"],
+                stdin=None if as_json else 0, cwd=o["cwd"], passthrough=not as_json,
+                audit=o["audit"])
+            for path, why in skipped:
+                echo(f"nsbox: not collected: {json.dumps(path)}: {why}", err=True)
+        else:
+            result = nsbox.run(
+                list(o["command"]), policy, stdin=None if as_json else 0, cwd=o["cwd"],
+                passthrough=not as_json, audit=o["audit"],
+            )
+        # --- end sessions ---
+    except NsboxError as error:
+        if as_json:
+            echo(json.dumps({"status": Status.XX.value, "error": str(error)}))
+        return fail_code(error)
+    if as_json:
+        echo(json.dumps({**result.to_dict(with_output=True),
+                         **({"files": collected} if o["collect"] else {})}))
+    elif "seccomp_denied" in result.extra:
+        denied = ", ".join(result.extra["seccomp_denied"]) or "nothing"
+        echo(f"nsbox: seccomp denied: {denied}", err=True)
+    elif result.status in (Status.TO, Status.OL, Status.ML):
+        reason = {"memory": "memory limit reached (OOM kill)",
+                  "cpu_time": "CPU-time limit reached"}.get(result.extra.get("limit", ""))
+        echo(f"nsbox: {result.status.value}: "
+             + (reason or ("wall-clock limit reached" if result.status is Status.TO
+                           else "output limit reached")), err=True)
+    return exit_code(result)
