@@ -17,7 +17,7 @@ def draw(report: dict[str, Any], path: str) -> str | None:
     payloads = list(report["latency"])
     fig, axes = plt.subplots(1, len(payloads), figsize=(6.5 * len(payloads), 4.8),
                              squeeze=False)
-    for ax, payload in zip(axes[0], payloads):
+    for ax, payload in zip(axes[0], payloads, strict=True):
         rows = report["latency"][payload]
         names = sorted(rows, key=lambda n: rows[n]["median_ms"])
         medians = [rows[n]["median_ms"] for n in names]

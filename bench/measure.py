@@ -11,7 +11,6 @@ import time
 from typing import Any
 
 import nsbox
-
 from bench.methods import Method
 
 
@@ -73,7 +72,8 @@ def throughput(methods: list[Method], argv: list[str], seconds: float,
             count = [0] * workers
             stop = time.perf_counter() + seconds
 
-            def work(slot: int, method: Method = method, stop: float = stop) -> None:
+            def work(slot: int, method: Method = method, stop: float = stop,
+                     count: list[int] = count) -> None:
                 while time.perf_counter() < stop:
                     method.run(argv)
                     count[slot] += 1

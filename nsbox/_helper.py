@@ -101,6 +101,8 @@ class Launch:
             pass  # the caller went away; the sandbox is killed all the same
 
     def send_fd(self, message: dict[str, Any], fd: int) -> None:
+        if self.sock is None:
+            return
         try:
             socket.send_fds(self.sock, [json.dumps(message).encode()], [fd])
         except OSError:
@@ -437,10 +439,12 @@ class Helper:
         launch.err_fd = -1
 
     def watch_requests(self, launch: Launch) -> None:
+        assert launch.sock is not None
         self.selector.register(launch.sock, selectors.EVENT_READ,
                                lambda _f: self.on_request(launch))
 
     def on_request(self, launch: Launch) -> None:
+        assert launch.sock is not None
         try:
             data = launch.sock.recv(65536)
         except OSError:

@@ -1,0 +1,343 @@
+"""The warm pool, the command line's fast path, a short leak soak and the bench's smoke run.
+
+Counts and contents only: timings belong in bench/, never in asserts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, REPO, processes_with
+
+import nsbox
+from nsbox import launcher
+from nsbox.errors import LaunchError, PolicyError, SetupError
+from nsbox.result import Status
+
+
+def wait_until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def helper_children() -> list[int]:
+    """The live (non-zombie) children of this process's launch helper: its sandboxes."""
+    helper = launcher._helper._pid
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == helper and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+# --- the pool ----------------------------------------------------------------------------------
+
+
+def test_pool_runs_commands_with_their_own_stdio_env_and_status():
+    with nsbox.Pool(size=2) as pool:
+        first = pool.run(["sh", "-c", "cat; echo $GREETING; echo err >&2; exit 3"],
+                         stdin=b"in\n", env={"GREETING": "hello"})
+        second = pool.run(["sh", "-c", "echo $GREETING; pwd"], cwd="/tmp")
+    assert (first.status, first.exit_code) == (Status.RE, 3)
+    assert first.stdout == b"in\nhello\n"
+    assert first.stderr == b"err\n"
+    assert second.stdout == b"\n/tmp\n"  # nothing of the first command's env
+    assert second.ok
+
+
+def test_pooled_sandbox_is_whole_pid1_without_capabilities_under_seccomp():
+    with nsbox.Pool(size=1) as pool:
+        result = pool.run(["sh", "-c", "echo $$; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' "
+                           "/proc/self/status; ls /"])
+    lines = result.stdout.decode().split("\n")
+    assert lines[0] == "1"
+    status = dict(line.split(":\t") for line in lines[1:5])
+    assert status["CapEff"] == status["CapBnd"] == "0000000000000000"
+    assert status["NoNewPrivs"] == "1"
+    assert status["Seccomp"] == "2"  # filter mode: the command's program is loaded
+    assert "workspace" in lines[5:]
+
+
+def test_no_state_passes_between_pooled_launches():
+    marker = f"6{uuid.uuid4().int % 10**8}"
+    with nsbox.Pool(size=1) as pool:
+        first = pool.run(["sh", "-c", "echo secret > /tmp/left; echo secret > /workspace/left; "
+                          f"(setsid sleep {marker} &); hostname changed 2>/dev/null; echo ok"])
+        assert first.stdout == b"ok\n"
+        assert processes_with(marker) == []  # dead before the next launch is even asked for
+        second = pool.run(["sh", "-c", "ls -A /tmp /workspace; hostname; ps -e -o comm="])
+    assert second.stdout.decode().split() == ["/tmp:", "/workspace:", "nsbox", "sh", "ps"]
+
+
+def test_each_pooled_launch_is_a_new_sandbox():
+    with nsbox.Pool(size=2) as pool:
+        namespaces = [pool.run(["readlink", "/proc/self/ns/mnt", "/proc/self/ns/pid",
+                                "/proc/self/ns/net"]).stdout for _ in range(4)]
+    assert len(set(namespaces)) == 4
+
+
+def test_pool_timeout_counts_from_the_command_not_the_preparation():
+    with nsbox.Pool(size=1) as pool:
+        pool.wait_ready()
+        time.sleep(1.2)  # longer than the limit below: the prepared sandbox just waits
+        quick = pool.run(["true"], timeout=1.0)
+        slow = pool.run(["sleep", "30"], timeout=0.5)
+    assert quick.status is Status.OK
+    assert slow.status is Status.TO
+
+
+def test_pool_with_a_bad_policy_fails_at_once_or_on_first_use():
+    with pytest.raises(PolicyError):
+        nsbox.Pool(nsbox.Policy(mounts=(nsbox.Tmpfs("relative/path"),)))
+    bad = nsbox.Policy(mounts=(*nsbox.Policy().mounts, nsbox.Bind("/etc/hostname", "/usr/x")))
+    with nsbox.Pool(bad, size=1) as pool:
+        with pytest.raises(SetupError) as info:
+            pool.wait_ready()
+        assert info.value.step == "bind /usr/x"
+        with pytest.raises(SetupError) as again:
+            pool.run(["true"])
+        assert again.value.step == "bind /usr/x"
+
+
+def test_closed_pool_refuses_and_leaves_no_sandbox():
+    pool = nsbox.Pool(size=3)
+    pool.wait_ready()
+    assert len(helper_children()) == 3
+    pool.close()
+    assert wait_until(lambda: helper_children() == [])
+    with pytest.raises(LaunchError):
+        pool.run(["true"])
+
+
+def test_pooled_sandboxes_die_with_a_killed_host(public_tree: Path):
+    marker = f"5{uuid.uuid4().int % 10**8}"
+    code = (
+        f"import sys, os; sys.path.insert(0, {str(public_tree)!r}); import nsbox\n"
+        "pool = nsbox.Pool(size=3); pool.wait_ready()\n"
+        "from nsbox import launcher; print(launcher._helper._pid, flush=True)\n"
+        f"pool.run(['sleep', '{marker}'])\n"
+    )
+    host = subprocess.Popen([PYTHON, "-c", code], stdout=subprocess.PIPE, text=True)
+    helper = int(host.stdout.readline())
+    assert wait_until(lambda: processes_with(marker) != [])
+
+    def helper_family() -> list[int]:
+        out = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        if int(f.read().rpartition(")")[2].split()[1]) == helper:
+                            out.append(int(entry))
+                except OSError:
+                    pass
+        return out
+
+    assert len(helper_family()) == 3  # the running command and two prepared sandboxes
+    host.send_signal(signal.SIGKILL)
+    host.wait()
+    host.stdout.close()
+    assert wait_until(lambda: processes_with(marker) == [] and helper_family() == [])
+    assert wait_until(lambda: not os.path.exists(f"/proc/{helper}"))
+
+
+def test_concurrent_commands_on_a_small_pool():
+    import threading
+
+    outputs: dict[int, bytes] = {}
+    with nsbox.Pool(size=1) as pool:
+
+        def worker(n: int) -> None:
+            outputs[n] = pool.run(["echo", str(n)]).stdout
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert outputs == {n: f"{n}\n".encode() for n in range(6)}
+
+
+def test_pool_refuses_network_allow_mode():
+    policy = nsbox.Policy(network=nsbox.Network(mode="allow", allow=("example.org",)))
+    with pytest.raises(PolicyError, match="network allow mode"):
+        nsbox.Pool(policy)
+
+
+# --- tracing -----------------------------------------------------------------------------------
+
+
+def test_trace_names_every_step_in_order(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("NSBOX_TRACE", "1")
+    result = nsbox.run(["true"])
+    steps = [step["step"] for step in result.extra["trace"]]
+    for name in ("host: build plan", "helper: clone", "mount tmpfs root", "bind /usr", "dev /dev",
+                 "proc /proc", "pivot_root", "drop capabilities", "seccomp", "exec",
+                 "helper: reaped", "host: done"):
+        assert name in steps, name
+    assert steps.index("pivot_root") < steps.index("seccomp") < steps.index("exec")
+    assert all(step["ms"] >= 0 for step in result.extra["trace"])
+    monkeypatch.delenv("NSBOX_TRACE")
+    assert "trace" not in nsbox.run(["true"]).extra
+
+
+# --- the command line: one schema, two doors ---------------------------------------------------
+
+
+def test_fast_path_declares_exactly_the_click_options():
+    from nsbox import _fastcli, cli
+
+    click_options = {}
+    for param in cli.run.params:
+        if param.name == "command":
+            continue
+        kind = "flag" if param.is_flag else ("multiple" if param.multiple else "value")
+        click_options[param.name] = (tuple(sorted(param.opts + param.secondary_opts)), kind)
+    fast = {name: (tuple(sorted(flags)), kind) for flags, name, kind in _fastcli.RUN_OPTIONS}
+    assert fast == click_options
+
+
+@pytest.mark.parametrize("args", [
+    ["--", "/bin/true"],
+    ["true"],
+    ["-t", "1.5", "--output-limit", "1K", "--", "sh", "-c", "echo hi"],
+    ["--time=2m", "-w", "/tmp", "--ro-bind", "/etc:/hostetc", "--ro-bind=/opt", "--bind",
+     "/tmp:/scratch", "-e", "A=1", "--env=B=2", "--pass-env", "HOME", "--cwd", "/tmp",
+     "--json", "--seccomp-log", "--net", "loopback", "--", "ls", "-la"],
+    ["--net=allow", "--allow-host", "example.org:443", "--allow-host=*.test", "echo", "x"],
+])
+def test_fast_path_and_click_parse_the_same(args: list[str]):
+    from nsbox import _fastcli, cli
+
+    with cli.run.make_context("run", list(args)) as ctx:
+        by_click = dict(ctx.params)
+    by_hand = _fastcli.parse_run(list(args))
+    assert by_hand == by_click
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"], ["-h", "true"], ["-t5", "true"], ["--time", "0", "true"], ["--time", "x", "true"],
+    ["--net", "everything", "true"], ["--json=1", "true"], ["--unknown", "true"], [],
+    ["echo", "--json"], ["--cwd"], ["--output-limit", "lots", "true"],
+])
+def test_fast_path_leaves_the_rest_to_click(args: list[str]):
+    from nsbox import _fastcli
+
+    with pytest.raises(_fastcli._Fallback):
+        _fastcli.parse_run(list(args))
+
+
+def nsbox_cli(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "nsbox", *args], capture_output=True,
+                          text=True, timeout=60, cwd="/", env={**env, "PYTHONPATH": str(REPO)})
+
+
+def test_cli_fast_path_does_not_import_click_or_pyseccomp(tmp_path: Path):
+    probe = (
+        "import sys, atexit\n"
+        f"sys.argv = ['nsbox', 'run', '--', 'true']\n"
+        "def report():\n"
+        f"    open({str(tmp_path / 'mods')!r}, 'w').write(' '.join(sorted(sys.modules)))\n"
+        "atexit.register(report)\n"
+        "from nsbox._fastcli import main\n"
+        "main()\n"
+    )
+    # The seccomp program comes from the disk cache once a first run has compiled it.
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = subprocess.run([sys.executable, "-m", "nsbox", "run", "--", "true"],
+                           capture_output=True, text=True, timeout=60, cwd="/", env=env)
+    assert first.returncode == 0, first.stderr
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, cwd="/", env=env)
+    assert proc.returncode == 0, proc.stderr
+    modules = (tmp_path / "mods").read_text().split()
+    assert "nsbox.launcher" in modules
+    assert "click" not in modules
+    assert "pyseccomp" not in modules
+
+
+def test_cli_both_doors_give_the_same_result():
+    fast = nsbox_cli("run", "--time", "5", "--json", "-e", "A=1", "--", "sh", "-c",
+                     "echo $A; exit 4")
+    # The fast path does not take "-t5": the same line goes through click.
+    slow = nsbox_cli("run", "-t5", "--json", "-e", "A=1", "--", "sh", "-c", "echo $A; exit 4")
+    assert fast.returncode == slow.returncode == 4, (fast.stderr, slow.stderr)
+    assert json.loads(fast.stdout)["stdout"] == json.loads(slow.stdout)["stdout"] == "1\n"
+
+
+def test_cli_fast_path_errors_match_click():
+    bad_env = nsbox_cli("run", "-e", "novalue", "--", "true")
+    assert bad_env.returncode == 2
+    assert "Invalid value for --env: 'novalue': expected KEY=VAL" in bad_env.stderr
+    missing = nsbox_cli("run", "--", "no-such-program-here")
+    assert missing.returncode == 127
+    assert "exec: command not found inside the sandbox" in missing.stderr
+
+
+# --- leaks -------------------------------------------------------------------------------------
+
+
+def test_short_soak_leaves_nothing_behind():
+    sys.path.insert(0, str(REPO))
+    from bench.soak import snapshot
+
+    nsbox.run(["true"])
+    with nsbox.Pool(size=2) as pool:
+        pool.run(["true"])
+        pool.wait_ready()
+        time.sleep(0.1)
+        before = snapshot()
+        for i in range(100):
+            assert nsbox.run(["true"]).ok, i
+            assert pool.run(["true"]).ok, i
+        pool.wait_ready()
+        time.sleep(0.2)
+        after = snapshot()
+    for key in ("host_mounts", "cgroups_below_ours", "fds_launcher", "fds_helper", "zombies",
+                "children_left"):
+        assert after[key] == before[key], (key, before, after)
+    assert wait_until(lambda: helper_children() == [])
+
+
+# --- the bench ---------------------------------------------------------------------------------
+
+
+def test_bench_quick_writes_valid_json(tmp_path: Path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--rounds", "2", "--soak", "20",
+         "--seconds", "0.2", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [report_path] = tmp_path.glob("bench-*.json")
+    report = json.loads(report_path.read_text())
+    rows = report["latency"]["/bin/true"]
+    for name in ("subprocess", "nsbox API cold", "nsbox pool", "nsbox CLI"):
+        assert rows[name]["n"] == 2
+        assert rows[name]["p10_ms"] <= rows[name]["median_ms"] <= rows[name]["p90_ms"]
+    assert report["soak"]["launches"] == 20
+    assert report["soak"]["left_behind"] == {}
+    assert {s["step"] for s in report["breakdown"]["cold"]["steps"]} >= {"helper: clone", "exec"}
+    assert set(report["targets"]) >= {"api_cold_x_bwrap", "pool_x_bwrap", "cli_x_bwrap"} or \
+        "bwrap" in report["skipped"]
