@@ -52,6 +52,9 @@ class Pool:
         # Checked and resolved once: a bad policy fails here, not at the first command.
         wire = planmod.build(policy, ["true"]).to_wire()
         wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
+        # What a command needs from the policy (rlimits, the seccomp program) is the same for
+        # every command: taken once, here; only argv, env, cwd and the deadline are per command.
+        self._template = {key: wire.get(key) for key in COMMAND_KEYS}
         if os.environ.get("NSBOX_TRACE") == "1":
             wire["trace"] = True
         self._lock = threading.Lock()
@@ -112,12 +115,24 @@ class Pool:
     ) -> Result:
         """Run ``argv`` in one of the prepared sandboxes; see ``nsbox.run``."""
         trace = launcher._trace_start()
-        plan = planmod.build(self.policy, list(argv), env=env, cwd=cwd, wall_time=timeout)
-        wire = plan.to_wire()
-        command = {key: wire.get(key) for key in COMMAND_KEYS}
+        command = self._command(argv, env, cwd, timeout)
         cap = output_limit if output_limit is not None else self.policy.limits.output
         return launcher._launch(command, stdin, cap, passthrough, submit=self._submit,
                                 trace=trace)
+
+    def _command(self, argv: list[str], env: dict[str, str] | None, cwd: str | None,
+                 timeout: float | None) -> dict[str, Any]:
+        """The command's part of the plan, as planmod.build would make it (tests/test_perf.py
+        checks that they agree), without resolving the policy's mounts again."""
+        if not argv or not argv[0]:
+            raise PolicyError("no command given", key="argv")
+        return {
+            **self._template,
+            "argv": list(argv),
+            "env": planmod._environment(self.policy, env),
+            "cwd": cwd or planmod.WORKSPACE,
+            "wall_time": timeout if timeout is not None else self.policy.limits.wall_time,
+        }
 
     def _submit(self, command: dict[str, Any], fds: list[int]) -> None:
         self._send({"command": command}, fds)

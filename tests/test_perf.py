@@ -177,6 +177,23 @@ def test_concurrent_commands_on_a_small_pool():
     assert outputs == {n: f"{n}\n".encode() for n in range(6)}
 
 
+def test_pooled_command_is_what_the_plan_would_say(monkeypatch: pytest.MonkeyPatch):
+    from nsbox import plan as planmod
+    from nsbox.pool import COMMAND_KEYS
+
+    monkeypatch.setenv("NSBOX_TEST_PASSED", "yes")
+    policy = nsbox.Policy(env_passthrough=("NSBOX_TEST_PASSED",), env=(("A", "1"),)).with_limits(
+        wall_time=7.0, open_files=99, file_size=12345)
+    with nsbox.Pool(policy, size=1) as pool:
+        for argv, env, cwd, timeout in ((["ls", "-l"], None, None, None),
+                                        (["env"], {"B": "2"}, "/tmp", 3.0)):
+            wire = planmod.build(policy, argv, env=env, cwd=cwd, wall_time=timeout).to_wire()
+            assert pool._command(argv, env, cwd, timeout) == {k: wire.get(k)
+                                                              for k in COMMAND_KEYS}
+        with pytest.raises(PolicyError):
+            pool.run([])
+
+
 def test_pool_refuses_network_allow_mode():
     policy = nsbox.Policy(network=nsbox.Network(mode="allow", allow=("example.org",)))
     with pytest.raises(PolicyError, match="network allow mode"):
