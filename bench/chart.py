@@ -12,6 +12,7 @@ def draw(report: dict[str, Any], path: str) -> str | None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return "matplotlib is not installed (pip install 'nsbox[bench]'): no chart"
     payloads = list(report["latency"])
@@ -32,6 +33,8 @@ def draw(report: dict[str, Any], path: str) -> str | None:
                                                            if ratio is not None else "")
             ax.text(rows[name]["p90_ms"], y, "  " + label, va="center", fontsize=8)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _p: f"{x:g}"))
         ax.set_xlabel("latency per launch, ms (median, bars p10-p90; log scale)")
         ax.set_title(f"{payload}")
         ax.set_xlim(right=max(r["p90_ms"] for r in rows.values()) * 6)

@@ -186,16 +186,25 @@ def nsbox_methods(pool_size: int) -> list[Method]:
     cli = _nsbox_cli()
     methods = [
         Method("nsbox API cold", "nsbox.run(argv, nsbox.Policy())  # helper warm, nothing "
-               "prepared", cold, "all namespaces, tmpfs root, /proc, /dev, seccomp, limits, "
-               "no capabilities"),
+               "prepared", cold, "all namespaces, tmpfs root, /proc, /dev, seccomp, the policy's "
+               "limits, no capabilities"),
         Method("nsbox pool", f"nsbox.Pool(nsbox.Policy(), size={pool_size}).run(argv)  "
                "# measured with the pool refilled (wait_ready, untimed)",
                lambda argv: _ok(pool.run(argv)), "as nsbox API cold",
                close=pool.close, after=pool.wait_ready),
         Method("nsbox CLI", " ".join(cli) + " -- ARGV", _wrap([*cli, "--"]),
                "as nsbox API cold, as a whole process (interpreter start, helper start)"),
+        Method("nsbox CLI -I -S", " ".join(LEAN_CLI) + " ARGV", _wrap(LEAN_CLI),
+               "the same fast path, without site-packages (and the editable install's import "
+               "hook): what a '#!/usr/bin/python3 -I -S' launcher script costs"),
     ]
     return methods
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(nsbox.__file__)))
+LEAN_CLI = [sys.executable, "-I", "-S", "-c",
+            f"import sys; sys.path.insert(0, {_ROOT!r}); sys.argv[0] = 'nsbox'; "
+            "from nsbox._fastcli import main; main()", "run", "--"]
 
 
 def _nsbox_cli() -> list[str]:
