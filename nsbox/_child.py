@@ -44,6 +44,7 @@ class Context:
         # just before the exec (docs/performance.md, "Where the time goes").
         self.trace: list[tuple[str, int]] | None = [] if plan.get("trace") else None
         self._step = "start"
+        self.capabilities_dropped = False  # a pooled sandbox drops them before it waits
 
     @property
     def step(self) -> str:
@@ -120,7 +121,8 @@ def finish_and_exec(ctx: Context, command: dict[str, Any]) -> NoReturn:
     _libc.close_range(3, 0xFFFFFFFF, CLOSE_RANGE_CLOEXEC)
     reset_signals()
     ctx.step = "drop capabilities"
-    _libc.drop_all_capabilities(ctx.cap_last)
+    if not ctx.capabilities_dropped:
+        _libc.drop_all_capabilities(ctx.cap_last)
     ctx.step = "no_new_privs"
     _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
     ctx.step = "seccomp"
@@ -152,6 +154,13 @@ def await_command(ctx: Context) -> dict[str, Any]:
     The command arrives with its stdin, stdout and stderr (SCM_RIGHTS), which replace the
     socket as fds 0-2; the socket is gone before the command's first step.
     """
+    # Nothing that follows needs a capability: they go now, off the command's path (earlier is
+    # no weaker; rlimits are only lowered, which needs none).
+    ctx.step = "drop capabilities"
+    _libc.drop_all_capabilities(ctx.cap_last)
+    ctx.capabilities_dropped = True
+    ctx.step = "no_new_privs"
+    _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
     ctx.step = "wait for command"
     sock = socket.socket(fileno=0)
     sock.send(b"ready")
