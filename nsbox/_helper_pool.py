@@ -191,6 +191,11 @@ class HelperPool:
     def dispatch(self, launch: Launch, command: dict[str, Any], fds: list[int],
                  received: int) -> bool:
         sock = self.command_socks[launch]
+        run_limits = getattr(launch, "limits", None)
+        if run_limits is not None:
+            # The rlimits the helper chose for this sandbox when it made its cgroup (with the
+            # fallbacks for what the cgroup cannot limit), not the caller's plain list.
+            command = {**command, "rlimits": run_limits.rlimits}
         if command.get("trace"):
             launch.trace = [("helper: receive command", received),
                             ("helper: hand over command", time.monotonic_ns())]
