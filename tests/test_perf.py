@@ -303,6 +303,15 @@ def test_cli_both_doors_give_the_same_result():
     assert json.loads(fast.stdout)["stdout"] == json.loads(slow.stdout)["stdout"] == "1\n"
 
 
+def test_cli_help_version_and_other_commands_go_to_click():
+    helped = nsbox_cli("run", "--help")
+    assert helped.returncode == 0
+    assert "Usage:" in helped.stdout and "--output-limit" in helped.stdout
+    version = nsbox_cli("--version")
+    assert version.returncode == 0
+    assert nsbox.__version__ in version.stdout
+
+
 def test_cli_fast_path_errors_match_click():
     bad_env = nsbox_cli("run", "-e", "novalue", "--", "true")
     assert bad_env.returncode == 2
