@@ -233,6 +233,14 @@ def test_fast_path_declares_exactly_the_click_options():
     assert fast == click_options
 
 
+def test_both_doors_know_the_same_limit_options():
+    from nsbox import _cli_run, _fastcli, cli, limits
+
+    assert {name: getattr(limits, parser) for name, parser in _fastcli.LIMIT_PARSERS.items()} \
+        == cli._LIMIT_PARSERS
+    assert set(_cli_run.LIMIT_NAMES) == set(cli._LIMIT_PARSERS)
+
+
 @pytest.mark.parametrize("args", [
     ["--", "/bin/true"],
     ["true"],
@@ -241,6 +249,8 @@ def test_fast_path_declares_exactly_the_click_options():
      "/tmp:/scratch", "-e", "A=1", "--env=B=2", "--pass-env", "HOME", "--cwd", "/tmp",
      "--json", "--seccomp-log", "--net", "loopback", "--", "ls", "-la"],
     ["--net=allow", "--allow-host", "example.org:443", "--allow-host=*.test", "echo", "x"],
+    ["--memory", "256M", "--pids=64", "--cpus", "0.5", "--cpu-time", "10s", "--open-files", "99",
+     "--file-size", "1M", "--tmp-size=8M", "--workspace-size", "16M", "--", "true"],
 ])
 def test_fast_path_and_click_parse_the_same(args: list[str]):
     from nsbox import _fastcli, cli
@@ -254,7 +264,8 @@ def test_fast_path_and_click_parse_the_same(args: list[str]):
 @pytest.mark.parametrize("args", [
     ["--help"], ["-h", "true"], ["-t5", "true"], ["--time", "0", "true"], ["--time", "x", "true"],
     ["--net", "everything", "true"], ["--json=1", "true"], ["--unknown", "true"], [],
-    ["echo", "--json"], ["--cwd"], ["--output-limit", "lots", "true"],
+    ["echo", "--json"], ["--cwd"], ["--output-limit", "lots", "true"], ["--memory", "0", "true"],
+    ["--pids", "many", "true"],
 ])
 def test_fast_path_leaves_the_rest_to_click(args: list[str]):
     from nsbox import _fastcli
