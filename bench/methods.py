@@ -201,9 +201,16 @@ def nsbox_methods(pool_size: int) -> list[Method]:
     return methods
 
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(nsbox.__file__)))
+def _lean_paths() -> list[str]:
+    """The package, and cgroupspy (the cgroup v1 backend) as the helper gets it."""
+    from nsbox import cgroups
+
+    return [os.path.dirname(os.path.dirname(os.path.abspath(nsbox.__file__))),
+            *cgroups.helper_paths()]
+
+
 LEAN_CLI = [sys.executable, "-I", "-S", "-c",
-            f"import sys; sys.path.insert(0, {_ROOT!r}); sys.argv[0] = 'nsbox'; "
+            f"import sys; sys.path[:0] = {_lean_paths()!r}; sys.argv[0] = 'nsbox'; "
             "from nsbox._fastcli import main; main()", "run", "--"]
 
 

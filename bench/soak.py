@@ -1,8 +1,9 @@
 """The leak soak: many sequential launches, then count what was left behind.
 
 Counted before and after (after a warm-up, so that one-time caches do not count as growth):
-host mounts, cgroups below this process's own, open descriptors of this process and of the
-launch helper, zombies and leftover children of either, and resident memory.
+host mounts, the cgroups nsbox made for this process below its own cgroup, open descriptors of
+this process and of the launch helper, zombies and leftover children of either, and resident
+memory.
 """
 
 from __future__ import annotations
@@ -37,8 +38,20 @@ def _cgroup_dirs() -> list[str]:
     return [d for d in dirs if os.path.isdir(d)]
 
 
-def _count_cgroups_below() -> int:
-    return sum(len(subdirs) for d in _cgroup_dirs() for _root, subdirs, _files in os.walk(d))
+def _count_cgroups_below(owners: set[int]) -> int:
+    """The cgroups below this process's own that nsbox made for ``owners`` (by the owner pid in
+    their names, nsbox/cgroups/_names.py): other programs may share our cgroup and make their
+    own there."""
+    from nsbox.cgroups import _names
+
+    count = 0
+    for directory in _cgroup_dirs():
+        for _root, subdirs, _files in os.walk(directory):
+            for name in subdirs:
+                parsed = _names.parse(name)
+                if parsed is not None and parsed[1] in owners:
+                    count += 1
+    return count
 
 
 def _fds(pid: int) -> int:
@@ -82,7 +95,7 @@ def snapshot() -> dict[str, int]:
     zombies, live = _children({os.getpid(), helper})
     return {
         "host_mounts": mounts,
-        "cgroups_below_ours": _count_cgroups_below(),
+        "cgroups_below_ours": _count_cgroups_below({helper, os.getpid()}),
         "fds_launcher": _fds(os.getpid()),
         "fds_helper": _fds(helper),
         "zombies": zombies,

@@ -355,6 +355,26 @@ def test_short_soak_leaves_nothing_behind(pool_size: int):
     assert report["after"]["children_left"] == 0
 
 
+def test_soak_sees_the_cgroup_of_a_running_sandbox():
+    import threading
+
+    sys.path.insert(0, str(REPO))
+    from bench.soak import snapshot
+    from nsbox import cgroups
+
+    if not cgroups.get_backend().supports():
+        pytest.skip("no writable cgroup here: runs get none, so there is nothing to count")
+    nsbox.run(["true"])
+    assert snapshot()["cgroups_below_ours"] == 0
+    runner = threading.Thread(target=nsbox.run, args=(["sleep", "1"],))
+    runner.start()
+    try:
+        assert wait_until(lambda: snapshot()["cgroups_below_ours"] > 0, 5.0)
+    finally:
+        runner.join()
+    assert wait_until(lambda: snapshot()["cgroups_below_ours"] == 0, 5.0)
+
+
 # --- the bench ---------------------------------------------------------------------------------
 
 
