@@ -22,7 +22,7 @@ from nsbox.units import parse_duration, parse_size
 
 VALUE, MULTIPLE, FLAG = "value", "multiple", "flag"
 
-# (flags, parameter name, kind); the order is click's.
+# (flags, parameter name, kind), grouped as in nsbox/cli.py.
 RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     # sessions: data in and out, audit (nsbox/_cli_session.py)
     (("--input",), "inputs", MULTIPLE),

@@ -13,6 +13,7 @@ for what nsbox decided:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 

@@ -231,6 +231,10 @@ def test_fast_path_declares_exactly_the_click_options():
         click_options[param.name] = (tuple(sorted(param.opts + param.secondary_opts)), kind)
     fast = {name: (tuple(sorted(flags)), kind) for flags, name, kind in _fastcli.RUN_OPTIONS}
     assert fast == click_options
+    with cli.run.make_context("run", ["true"]) as ctx:
+        defaults = {k: v for k, v in ctx.params.items()
+                    if k != "command" and v not in (None, False, ())}
+    assert defaults == _fastcli.DEFAULTS
 
 
 def test_both_doors_know_the_same_limit_options():
@@ -249,6 +253,9 @@ def test_both_doors_know_the_same_limit_options():
      "/tmp:/scratch", "-e", "A=1", "--env=B=2", "--pass-env", "HOME", "--cwd", "/tmp",
      "--json", "--seccomp-log", "--net", "loopback", "--", "ls", "-la"],
     ["--net=allow", "--allow-host", "example.org:443", "--allow-host=*.test", "echo", "x"],
+    ["-p", "python", "--set", "limits.memory=64M", "--set=hostname=box", "--print-profile", "--",
+     "true"],
+    ["--profile=minimal", "true"],
     ["--memory", "256M", "--pids=64", "--cpus", "0.5", "--cpu-time", "10s", "--open-files", "99",
      "--file-size", "1M", "--tmp-size=8M", "--workspace-size", "16M", "--", "true"],
 ])
@@ -265,7 +272,7 @@ def test_fast_path_and_click_parse_the_same(args: list[str]):
     ["--help"], ["-h", "true"], ["-t5", "true"], ["--time", "0", "true"], ["--time", "x", "true"],
     ["--net", "everything", "true"], ["--json=1", "true"], ["--unknown", "true"], [],
     ["echo", "--json"], ["--cwd"], ["--output-limit", "lots", "true"], ["--memory", "0", "true"],
-    ["--pids", "many", "true"],
+    ["--pids", "many", "true"], ["--print-profile"],
 ])
 def test_fast_path_leaves_the_rest_to_click(args: list[str]):
     from nsbox import _fastcli
