@@ -194,6 +194,20 @@ def test_pooled_command_is_what_the_plan_would_say(monkeypatch: pytest.MonkeyPat
             pool.run([])
 
 
+def test_pooled_command_runs_under_the_pools_cgroup_limits():
+    from nsbox import cgroups
+
+    if not cgroups.get_backend().supports():
+        pytest.skip("no writable cgroup here: the limits are rlimits only (tests/test_limits.py)")
+    policy = nsbox.Policy().with_limits(memory=48 * 1024 * 1024)
+    hog = "x = bytearray(200 * 1024 * 1024); x[::4096] = b'a' * len(x[::4096])"
+    with nsbox.Pool(policy, size=1) as pool:
+        result = pool.run([PYTHON, "-c", hog], timeout=30)
+    assert result.status is Status.ML
+    assert result.oom_killed
+    assert result.accounting == "cgroup"
+
+
 def test_pool_refuses_network_allow_mode():
     policy = nsbox.Policy(network=nsbox.Network(mode="allow", allow=("example.org",)))
     with pytest.raises(PolicyError, match="network allow mode"):
