@@ -212,6 +212,19 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
 # --- profiles and doctor (nsbox/profiles.py, nsbox/doctor.py); imported only when used ---------
 
 
+def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ...],
+                 binds: list[tuple[str, str, bool]]) -> Policy:
+    """The profile with the options applied (nsbox/_cli_run.py, shared with the fast path of
+    nsbox run); a malformed --set or bind is a usage error."""
+    try:
+        _cli_run.check({"ro_bind": (), "rw_bind": (), "env": (), "settings": settings})
+        for _option, spec, writable in binds:
+            _cli_run.bind_override(spec, writable)
+    except _cli_run.OptionError as exc:
+        raise click.BadParameter(str(exc), param_hint=exc.param_hint) from None
+    return _cli_run.load_policy(profile, overrides, settings, binds)
+
+
 @main.group(invoke_without_command=True)
 @click.pass_context
 def profiles(ctx: click.Context) -> None:

@@ -270,6 +270,8 @@ def test_both_doors_know_the_same_limit_options():
     ["-p", "python", "--set", "limits.memory=64M", "--set=hostname=box", "--print-profile", "--",
      "true"],
     ["--profile=minimal", "true"],
+    ["--input", "/etc/hostname:h", "--collect", "*.txt", "--collect-dir=out", "--audit",
+     "/tmp/audit.jsonl", "--", "true"],
     ["--memory", "256M", "--pids=64", "--cpus", "0.5", "--cpu-time", "10s", "--open-files", "99",
      "--file-size", "1M", "--tmp-size=8M", "--workspace-size", "16M", "--", "true"],
 ])
