@@ -46,9 +46,19 @@ def public_tree() -> Iterator[Path]:
     root.chmod(0o755)
     shutil.copytree(REPO / "nsbox", root / "nsbox", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(DRIVER, root / "_driver.py")
-    import pyseccomp  # one module over ctypes: the seccomp compiler of the plan builder
+    # The runtime dependencies too (the seccomp compiler of the plan builder, the v1 cgroup
+    # library, the CLI's parser), so that /usr/bin/python3 with this tree on its path is a
+    # whole nsbox for any uid: the test environment's own interpreter may sit in a private
+    # directory.
+    import cgroupspy
+    import click
+    import pyseccomp
 
     shutil.copy(pyseccomp.__file__, root / "pyseccomp.py")
+    for package in (cgroupspy, click):
+        source = Path(package.__file__).parent
+        shutil.copytree(source, root / source.name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     for path in root.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     yield root

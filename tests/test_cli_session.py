@@ -6,11 +6,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from conftest import PYTHON
 from sessiontools import UserRunner, sleepers, user_runner, wait_until
 
 from nsbox._supervisor import _ensure_private, runtime_dir
@@ -29,7 +29,7 @@ class Cli:
     def __call__(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(self.user.tree),
                "XDG_RUNTIME_DIR": str(self.runtime), "HOME": "/tmp"}
-        return subprocess.run([*self.user.prefix(), sys.executable, "-m", "nsbox", *args],
+        return subprocess.run([*self.user.prefix(), PYTHON, "-m", "nsbox", *args],
                               capture_output=True, input=input, env=env, cwd=self.runtime,
                               timeout=60)
 
@@ -89,7 +89,7 @@ def test_killed_supervisor_leaves_nothing(cli: Cli):
     supervisor = cli.record(sid)["pid"]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(cli.user.tree),
            "XDG_RUNTIME_DIR": str(cli.runtime)}
-    client = subprocess.Popen([*cli.user.prefix(), sys.executable, "-m", "nsbox", "session",
+    client = subprocess.Popen([*cli.user.prefix(), PYTHON, "-m", "nsbox", "session",
                                "exec", sid, "--", "sleep", marker], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -185,7 +185,7 @@ def test_interrupted_exec_cancels_its_command(cli: Cli):
     sid = cli("session", "start", "--time", "120").stdout.decode().strip()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(cli.user.tree),
            "XDG_RUNTIME_DIR": str(cli.runtime)}
-    client = subprocess.Popen([*cli.user.prefix(), sys.executable, "-m", "nsbox", "session",
+    client = subprocess.Popen([*cli.user.prefix(), PYTHON, "-m", "nsbox", "session",
                                "exec", sid, "--", "sleep", marker], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
