@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from nsbox import errors
+from nsbox import _cli_run, errors
 from nsbox._supervisor import runtime_dir
 from nsbox.errors import NsboxError
 from nsbox.policy import Policy
@@ -32,7 +32,7 @@ REMOTE_RE = re.compile(r"^([0-9a-f]{12}):(.*)$", re.S)
 
 
 def _cli() -> Any:
-    from nsbox import cli  # the shared helpers (_fail, _exit_code, option parsers)
+    from nsbox import cli  # the shared helpers (_fail, option parsers)
 
     return cli
 
@@ -283,7 +283,7 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         click.echo(f"nsbox: {result.status.value}: "
                    + ("wall-clock limit reached" if result.status is Status.TO
                       else "output limit reached"), err=True)
-    sys.exit(cli._exit_code(result))
+    sys.exit(_cli_run.exit_code(result))
 
 
 @session.command()

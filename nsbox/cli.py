@@ -15,41 +15,20 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from nsbox import _cli_run, limits
-from nsbox.errors import CommandNotFound, NsboxError, PolicyError, SetupError
+from nsbox._cli_run import EXIT_SETUP, fail_code
+from nsbox.errors import NsboxError, PolicyError
 from nsbox.policy import Policy
-from nsbox.result import Result, Status
 from nsbox.units import parse_duration, parse_size
 
-EXIT_OUTPUT_LIMIT = 123
-EXIT_TIMEOUT = 124
-EXIT_SETUP = 125
-EXIT_NOT_EXECUTABLE = 126
-EXIT_NOT_FOUND = 127
 
-
-def _fail(error: NsboxError) -> None:
+def _fail(error: NsboxError) -> NoReturn:
     """Print ``nsbox: <step>: <reason>`` (and the hint) and exit with the matching code."""
-    click.echo(f"nsbox: {error}", err=True)
-    if isinstance(error, CommandNotFound):
-        sys.exit(EXIT_NOT_FOUND)
-    if isinstance(error, SetupError) and error.step == "exec":
-        sys.exit(EXIT_NOT_EXECUTABLE)
-    sys.exit(EXIT_SETUP)
-
-
-def _exit_code(result: Result) -> int:
-    if result.status is Status.TO:
-        return EXIT_TIMEOUT
-    if result.status is Status.OL:
-        return EXIT_OUTPUT_LIMIT
-    if result.signal is not None:
-        return 128 + result.signal
-    return result.exit_code or 0
+    sys.exit(fail_code(error))
 
 
 def _size(_ctx: Any, param: click.Parameter, value: str | None) -> int | None:
