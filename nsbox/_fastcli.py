@@ -147,27 +147,6 @@ def parse_run(args: list[str]) -> dict[str, Any]:
     return params
 
 
-def _fork_helper() -> tuple[Any, int]:
-    """Start the launch helper now, as a fork of this still small process: it gets ready
-    (imports its modules) while this process imports the rest and builds the plan."""
-    import socket
-
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            ours.close()
-            os.setsid()
-            os.dup2(theirs.fileno(), 3)
-            from nsbox import _helper
-
-            _helper.serve(3)
-        finally:
-            os._exit(0)
-    theirs.close()
-    return ours, pid
-
-
 def main() -> None:
     args = sys.argv[1:]
     if args[:1] == ["run"]:
@@ -176,7 +155,9 @@ def main() -> None:
         except _Fallback:
             params = None
         if params is not None:
-            helper = _fork_helper()
+            from nsbox._helperfork import fork_helper
+
+            helper = fork_helper()
             from nsbox import _cli_run, launcher
 
             launcher._helper.adopt(*helper)

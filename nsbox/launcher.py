@@ -48,9 +48,12 @@ class _HelperClient:
         self._lock = threading.Lock()
 
     def _start(self) -> socket.socket:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         if self.fork and threading.active_count() == 1:
-            return self._fork(ours, theirs)
+            from nsbox._helperfork import fork_helper
+
+            sock, self._pid = fork_helper()
+            return sock
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         paths = [package_root, *cgroups.helper_paths()]  # cgroupspy, for cgroup v1
         # The package is entered without its __init__ (the public API, dataclasses, hashlib):
@@ -76,25 +79,6 @@ class _HelperClient:
         """Use a helper already started (the command line forks one at its very start)."""
         with self._lock:
             self._sock, self._pid = sock, pid
-
-    def _fork(self, ours: socket.socket, theirs: socket.socket) -> socket.socket:
-        """The helper as a fork of this process: for a short-lived, single-threaded, small
-        process (the CLI), where starting a second interpreter would cost more than the
-        launch itself."""
-        pid = os.fork()
-        if pid == 0:
-            try:
-                ours.close()
-                os.setsid()
-                os.dup2(theirs.fileno(), 3)
-                from nsbox import _helper
-
-                _helper.serve(3)
-            finally:
-                os._exit(0)
-        theirs.close()
-        self._pid = pid
-        return ours
 
     def _alive(self) -> bool:
         if not self._pid:
