@@ -22,7 +22,7 @@ from typing import Any
 
 from nsbox import _netns, cgroups, limits
 from nsbox import plan as planmod
-from nsbox.errors import CommandNotFound, HostError, LaunchError, SetupError
+from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
 from nsbox.network import RunNetwork
 from nsbox.policy import Network, Policy
 from nsbox.result import Result, Status
@@ -152,8 +152,12 @@ def run(
     cwd: str | None = None,
     passthrough: bool = False,
     audit: str | None = None,
+    profile: str | None = None,
 ) -> Result:
     """Run ``argv`` in a new sandbox and return its Result.
+
+    The sandbox is ``policy``, or the profile ``profile`` names (a shipped profile or a TOML
+    file), or the default policy.
 
     ``stdin`` is bytes to feed, a descriptor to pass, or None for /dev/null. With
     ``passthrough`` the output goes to this process's stdout/stderr as it arrives (still
@@ -162,6 +166,12 @@ def run(
     gets one JSON line for the run (nsbox/audit.py).
     """
     trace = _trace_start()
+    if profile is not None:
+        if policy is not None:
+            raise PolicyError("give a policy or a profile, not both", key="profile")
+        from nsbox.profiles import load_profile
+
+        policy = load_profile(profile)
     policy = policy or Policy()
     if audit is not None:
         from nsbox.session import run_audited  # a session lists the files before teardown

@@ -235,3 +235,12 @@ def test_cli_doctor_json_and_exit_status() -> None:
     assert table.returncode == 0
     assert table.stdout.splitlines()[0].split() == ["STATUS", "CHECK", "DETAIL"]
     assert os.uname().release in table.stdout
+
+
+def test_run_takes_a_profile_by_name():
+    import nsbox
+
+    result = nsbox.run(["sh", "-c", "echo $0"], profile="shell")
+    assert result.stdout == b"sh\n"
+    with pytest.raises(nsbox.PolicyError, match="give a policy or a profile, not both"):
+        nsbox.run(["true"], nsbox.Policy(), profile="shell")
