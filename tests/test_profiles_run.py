@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import PYTHON, Runner, require
 from netservers import HTTPServer
 
