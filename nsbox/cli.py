@@ -274,5 +274,29 @@ def bench(args: tuple[str, ...]) -> None:
 # --- end bench ---
 
 
+# --- nsbox mcp: a code-execution tool for coding agents (nsbox/mcp_server.py) ----------------
+
+
+@main.command("mcp")
+@click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
+              help="Mount a host file or directory read-only at /input/NAME (repeatable).")
+@click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Append one JSON line per command to FILE.")
+def mcp_command(inputs: tuple[str, ...], audit: str | None) -> None:
+    """Serve an MCP code-execution tool on stdin/stdout.
+
+    One sandboxed session per connection: its tools run Python and bash, and write, read and
+    list files in /workspace. The session is destroyed when the client disconnects. Needs the
+    extra: pip install 'nsbox[mcp]'.
+    """
+    from nsbox import mcp_server
+
+    config = mcp_server.ServerConfig(policy=Policy(), inputs=inputs, audit=audit)
+    try:
+        mcp_server.serve(config)
+    except NsboxError as error:
+        _fail(error)
+
+
 if __name__ == "__main__":
     main()
