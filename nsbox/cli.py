@@ -281,7 +281,7 @@ def bench(args: tuple[str, ...]) -> None:
 @click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
               help="Mount a host file or directory read-only at /input/NAME (repeatable).")
 @click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Append one JSON line per command to FILE.")
+              help="Append one JSON line per tool call to FILE.")
 def mcp_command(inputs: tuple[str, ...], audit: str | None) -> None:
     """Serve an MCP code-execution tool on stdin/stdout.
 

@@ -20,10 +20,13 @@ copy-out never follows a link the sandbox could have planted.
 # No `from __future__ import annotations`: the MCP SDK reads the tools' annotations at run
 # time, and those name objects local to build_server.
 
+import contextlib
+import datetime
 import hashlib
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +45,8 @@ DEFAULT_TIMEOUT = 30.0  # seconds, when the agent gives none
 MAX_TIMEOUT_WITHOUT_LIMIT = 600.0  # when the profile sets no wall-clock limit at all
 REPLY_STREAM_CAP = 32 * 1024  # bytes of each of stdout/stderr put in front of the model
 READ_FILE_CAP = 256 * 1024  # bytes of a text file read_file returns
+READ_FILE_MAX = 16 * 1024 * 1024  # larger files are refused: the agent can use head or tail
+AUDIT_HEAD = 1024  # bytes of written content kept in the audit line
 IMAGE_CAP = 4 * 1024 * 1024  # bytes of one PNG returned as image content
 MAX_IMAGES = 4  # per reply
 # A command given to bash -c is one argv string: execve(2) refuses one longer than
@@ -54,11 +59,12 @@ class ToolInputError(NsboxError):
     """The agent's arguments to a tool are invalid; the reply says what to do instead."""
 
 
-# What an agent's plotting code needs, unless the profile says otherwise: a backend without a
-# display, config and cache directories outside the workspace (so caches do not show up as files
-# the code produced), and Debian's matplotlib, which looks for its rc file in /etc (not bound
-# into the sandbox), pointed at the copy in its data directory.
+# What an agent's code needs, unless the profile says otherwise: no bytecode and config and cache
+# directories outside the workspace (so caches do not show up as files the code produced), a
+# plotting backend without a display, and Debian's matplotlib, which looks for its rc file in
+# /etc (not bound into the sandbox), pointed at the copy in its data directory.
 AGENT_ENV = (
+    ("PYTHONDONTWRITEBYTECODE", "1"),
     ("MPLBACKEND", "Agg"),
     ("MPLCONFIGDIR", "/tmp/matplotlib"),
     ("MATPLOTLIBRC", "/usr/share/matplotlib/mpl-data"),
@@ -123,11 +129,28 @@ def workspace_name(path: str) -> str:
 # --- the tools, over one session -------------------------------------------------------------
 
 
-def _file_entry(item: Any) -> dict[str, Any]:
-    """A file as the session lists it (object or mapping) -> {name, size, sha256}."""
-    if isinstance(item, dict):
-        return {"name": item["name"], "size": item["size"], "sha256": item["sha256"]}
-    return {"name": item.name, "size": item.size, "sha256": item.sha256}
+def _file_entry(info: Any) -> dict[str, Any]:
+    """A session's FileInfo (path relative to /workspace) -> {name, size, sha256}."""
+    return {"name": info.path, "size": info.size, "sha256": info.sha256}
+
+
+def _head(data: bytes) -> dict[str, Any]:
+    """What the audit line keeps of data the agent sent (like the session's own records)."""
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "head": data[:AUDIT_HEAD].decode("utf-8", "replace")}
+
+
+def _text_head(data: bytes, cap: int) -> str | None:
+    """The first ``cap`` bytes of ``data`` as text, or None when it is not UTF-8 text."""
+    part = data[:cap]
+    try:
+        return part.decode("utf-8")
+    except UnicodeDecodeError as error:
+        # A cut through the last character is still text; an error before it is not.
+        if len(data) > cap and error.start >= len(part) - 3 and error.reason.startswith(
+                "unexpected end"):
+            return part[:error.start].decode("utf-8")
+        return None
 
 
 def _clip(data: bytes, cap: int) -> tuple[str, bool]:
@@ -137,11 +160,16 @@ def _clip(data: bytes, cap: int) -> tuple[str, bool]:
 
 class Workbench:
     """The five tools over one session. One command at a time: calls are serialized, so two
-    concurrent tool calls never race on the same workspace."""
+    concurrent tool calls never race on the same workspace.
 
-    def __init__(self, session: Any, config: ServerConfig) -> None:
+    ``audit`` (an nsbox.audit.AuditLog on the session's audit file) gets a line for each call
+    of a file tool; the session itself writes the line of every command, with its code.
+    """
+
+    def __init__(self, session: Any, config: ServerConfig, audit: Any = None) -> None:
         self.session = session
         self.config = config
+        self.audit = audit
         self._lock = threading.Lock()
 
     def timeout(self, asked: float | None) -> tuple[float, str | None]:
@@ -160,7 +188,7 @@ class Workbench:
     def run_python(self, code: str, timeout: float | None = None) -> Reply:
         # The program comes on stdin (`python3 -`), so its size is not bounded by execve's
         # argument limit, and /workspace (the cwd) is on sys.path for the agent's own modules.
-        return self._run([PYTHON, "-"], code.encode(), timeout, code=code)
+        return self._run([PYTHON, "-"], code.encode(), timeout)
 
     def run_bash(self, command: str, timeout: float | None = None) -> Reply:
         if len(command.encode()) > MAX_COMMAND:
@@ -168,47 +196,67 @@ class Workbench:
                 f"the command is longer than {MAX_COMMAND} bytes; write it to a file with "
                 "write_file and run `bash FILE`")
         # bash -c, not a script on stdin: a command that reads stdin would eat the script.
-        return self._run([BASH, "-c", command], None, timeout, code=command)
+        return self._run([BASH, "-c", command], None, timeout)
 
     def write_file(self, path: str, content: str) -> Reply:
         name = workspace_name(path)
         data = content.encode()
-        with self._lock:
-            self.session.write_file(name, data)
         entry = {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        with self._lock, self._audited("write_file", name, content=_head(data)) as record:
+            self.session.write_file(name, data)
+            record["file"] = entry
         return Reply({"file": entry}, f"wrote {WORKSPACE}/{name} ({len(data)} bytes)")
 
     def read_file(self, path: str) -> Reply:
         name = workspace_name(path)
-        with self._lock:
-            data = self.session.read_file(name)
-        entry = {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        with self._lock, self._audited("read_file", name) as record:
+            data = self.session.read_file(name, max_size=READ_FILE_MAX)
+            entry = {"name": name, "size": len(data),
+                     "sha256": hashlib.sha256(data).hexdigest()}
+            record["file"] = entry
         if data.startswith(PNG_MAGIC) and len(data) <= IMAGE_CAP:
             return Reply({"file": entry, "image": True},
                          f"{WORKSPACE}/{name}: PNG image, {len(data)} bytes", [(name, data)])
-        try:
-            text = data[:READ_FILE_CAP].decode("utf-8")
-        except UnicodeDecodeError:
-            if len(data) > READ_FILE_CAP:
-                text = data[:READ_FILE_CAP].decode("utf-8", "ignore")  # cut in a character
-            else:
-                return Reply({"file": entry, "binary": True},
-                             f"{WORKSPACE}/{name}: binary file, {len(data)} bytes, "
-                             f"sha256 {entry['sha256']}; not shown")
-        truncated = len(data) > READ_FILE_CAP
-        note = f"\n[... {len(data) - READ_FILE_CAP} more bytes not shown]" if truncated else ""
+        text = _text_head(data, READ_FILE_CAP)
+        if text is None:
+            return Reply({"file": entry, "binary": True},
+                         f"{WORKSPACE}/{name}: binary file, {len(data)} bytes, "
+                         f"sha256 {entry['sha256']}; not shown")
+        truncated = len(text.encode()) < len(data)
+        note = (f"\n[{len(data)} bytes in all; the first {len(text.encode())} shown]"
+                if truncated else "")
         return Reply({"file": entry, "content": text, "truncated": truncated}, text + note)
 
     def list_files(self) -> Reply:
-        with self._lock:
-            files = [_file_entry(item) for item in self.session.files()]
+        with self._lock, self._audited("list_files", None) as record:
+            files = [_file_entry(info) for info in self.session.files()]
+            record["files"] = len(files)
         lines = [f"{f['name']}  {f['size']} bytes  sha256 {f['sha256']}" for f in files]
         return Reply({"files": files}, "\n".join(lines) or f"{WORKSPACE} has no files")
 
+    @contextlib.contextmanager
+    def _audited(self, tool: str, path: str | None, **fields: Any) -> Iterator[dict[str, Any]]:
+        """Write one audit line for a file tool's call, also when it fails."""
+        record: dict[str, Any] = {
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="milliseconds"),
+            "session": getattr(self.session, "id", None),
+            "tool": tool,
+            "path": path,
+            **fields,
+        }
+        try:
+            yield record
+        except NsboxError as error:
+            record["error"] = str(error)
+            raise
+        finally:
+            if self.audit is not None:
+                self.audit.write(record)
+
     # --- one command ---
 
-    def _run(self, argv: list[str], stdin: bytes | None, asked: float | None,
-             code: str) -> Reply:
+    def _run(self, argv: list[str], stdin: bytes | None, asked: float | None) -> Reply:
         timeout, note = self.timeout(asked)
         with self._lock:
             before = {f["name"]: f["sha256"] for f in map(_file_entry, self.session.files())}
@@ -413,13 +461,27 @@ def serve(config: ServerConfig) -> None:
     previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGTERM,
                                                                        signal.SIGHUP)}
     try:
+        # No idle timeout: the session lives exactly as long as the connection.
         with session_class(policy=agent_policy(config.policy), inputs=list(config.inputs),
-                           audit=config.audit) as session:
-            server = build_server(Workbench(session, config))
-            anyio.run(server.run_stdio_async)
+                           audit=config.audit, idle_timeout=None) as session:
+            tool_log = _audit_log(config.audit)
+            try:
+                server = build_server(Workbench(session, config, tool_log))
+                anyio.run(server.run_stdio_async)
+            finally:
+                if tool_log is not None:
+                    tool_log.close()
     except KeyboardInterrupt:
         pass
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sys.stdout.flush()
+
+
+def _audit_log(path: str | None) -> Any:
+    if path is None:
+        return None
+    from nsbox.audit import AuditLog
+
+    return AuditLog(path)
