@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import time
 import uuid
@@ -29,13 +30,13 @@ from conftest import UNPRIVILEGED_UID, processes_with
 import nsbox
 from nsbox.policy import Policy
 
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("mcp") is None,
-                       reason="the mcp SDK is not installed: pip install 'nsbox[mcp]'"),
-    pytest.mark.skipif(not hasattr(nsbox, "Session"),
-                       reason="nsbox.Session (sessions) is not in this tree yet; `nsbox mcp` "
-                              "serves one session per connection"),
-]
+
+def _require_server_parts() -> None:
+    if importlib.util.find_spec("mcp") is None:
+        pytest.skip("the mcp SDK is not installed: pip install 'nsbox[mcp]'")
+    if not hasattr(nsbox, "Session"):
+        pytest.skip("nsbox.Session (sessions) is not in this tree yet; `nsbox mcp` serves one "
+                    "session per connection")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -65,6 +66,7 @@ class Server:
 
 @pytest.fixture(params=["caller", "unprivileged"])
 def server(request: pytest.FixtureRequest, public_tree: Path) -> Server:
+    _require_server_parts()
     if request.param == "unprivileged" and os.geteuid() != 0:
         pytest.skip("this process is already unprivileged: the 'caller' run covers it")
     return Server(request.param, public_tree)
@@ -72,6 +74,7 @@ def server(request: pytest.FixtureRequest, public_tree: Path) -> Server:
 
 @pytest.fixture
 def caller_server(public_tree: Path) -> Server:
+    _require_server_parts()
     return Server("caller", public_tree)
 
 
@@ -105,6 +108,28 @@ def png_size(data: bytes) -> tuple[int, int]:
     assert data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
     return width, height
+
+
+# --- the optional extra ---------------------------------------------------------------------
+
+WITHOUT_SDK = "import sys; sys.modules['mcp'] = None; "  # makes `import mcp` raise ImportError
+
+
+def test_core_imports_without_the_sdk():
+    code = WITHOUT_SDK + "import nsbox, nsbox.cli, nsbox.mcp_server; print('imported')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout == "imported\n", proc.stderr
+
+
+def test_missing_sdk_names_the_extra():
+    code = WITHOUT_SDK + "from nsbox.cli import main; main(['mcp'])"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    assert proc.returncode == 125
+    assert proc.stdout == ""  # stdout is the protocol's channel: nothing else may go there
+    assert "pip install 'nsbox[mcp]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 # --- the tools ------------------------------------------------------------------------------
@@ -249,6 +274,36 @@ def test_output_is_capped_and_the_truncation_noted(caller_server: Server):
     assert data["stdout_truncated"] is True
     assert len(data["stdout"]) < 100_000
     assert "[stdout truncated: 100001 bytes written" in text_of(result)
+
+
+def test_every_tool_call_is_in_the_audit_record(caller_server: Server, unprivileged_tmp: Path):
+    audit = unprivileged_tmp / "audit.jsonl"
+    code = "print(open('notes.txt').read().upper())"
+
+    async def scenario() -> None:
+        async with connect(caller_server, "--audit", str(audit)) as client:
+            await call(client, "write_file", path="notes.txt", content="hello")
+            await call(client, "run_python", code=code)
+            await call(client, "run_bash", command="exit 3")
+            await call(client, "read_file", path="notes.txt")
+            await call(client, "read_file", path="missing.txt")
+            await call(client, "list_files")
+
+    run(scenario)
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    tools = [r.get("tool") or r["argv"][0] for r in records]
+    assert tools == ["write_file", "/usr/bin/python3", "/bin/bash", "read_file", "read_file",
+                     "list_files"]
+    wrote, python, bash, read, missing, listed = records
+    assert wrote["path"] == "notes.txt" and wrote["content"]["head"] == "hello"
+    assert python["stdin"]["head"] == code
+    assert python["result"]["status"] == "OK"
+    assert bash["argv"] == ["/bin/bash", "-c", "exit 3"]
+    assert bash["result"]["status"] == "RE" and bash["result"]["exit_code"] == 3
+    assert read["file"]["sha256"] == hashlib.sha256(b"hello").hexdigest()
+    assert "missing.txt" in missing["error"]
+    assert listed["files"] == 1
+    assert len({r["session"] for r in records}) == 1
 
 
 # --- the injected instruction ---------------------------------------------------------------
@@ -399,12 +454,13 @@ def test_nothing_outlives_the_connection(server: Server, unprivileged_tmp: Path,
     import anyio
 
     marker = "nsbox-mcp-" + uuid.uuid4().hex
-    audit = unprivileged_tmp / f"{marker}.jsonl"
+    tagged = unprivileged_tmp / marker  # an input whose name marks the server's argv
+    tagged.mkdir()
     cgroups_before, mounts_before = _own_cgroups(), _mounts()
     seen: dict[str, Any] = {}
 
     async def scenario() -> None:
-        async with connect(server, "--audit", str(audit)) as client:
+        async with connect(server, "--input", str(tagged)) as client:
             background = await call(client, "run_bash", timeout=10, command=(
                 f"(exec -a {marker}-bg sleep 600) > /dev/null 2>&1 & echo started"))
             assert background.structured_content["status"] == "OK", text_of(background)
@@ -414,7 +470,7 @@ def test_nothing_outlives_the_connection(server: Server, unprivileged_tmp: Path,
                 running = await anyio.to_thread.run_sync(
                     _wait_until, lambda: processes_with(f"{marker}-fg"), 20)
                 assert running, "the in-flight command did not start"
-                (server_pid,) = processes_with(str(audit))
+                (server_pid,) = processes_with(str(tagged))
                 seen["tree"] = _descendants(server_pid)
                 seen["cgroups"] = _own_cgroups()
                 if how == "kill":
