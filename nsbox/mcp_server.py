@@ -23,6 +23,7 @@ copy-out never follows a link the sandbox could have planted.
 import contextlib
 import datetime
 import hashlib
+import os
 import signal
 import sys
 import threading
@@ -447,36 +448,52 @@ def _to_mcp(reply: Reply, types: Any) -> Any:
                                 is_error=reply.is_error)
 
 
-def _stop_on_signal(signum: int, _frame: Any) -> None:
-    # Unwinds through serve()'s `with session`, which destroys the sandbox.
-    raise SystemExit(128 + signum)
-
-
 def serve(config: ServerConfig) -> None:
-    """Serve one MCP connection on stdin/stdout until the client disconnects."""
+    """Serve one MCP connection on stdin/stdout until the client disconnects or a signal
+    (SIGTERM, SIGHUP, SIGINT) ends the server."""
     _require_sdk()
     import anyio
 
     session_class = _session_class()
-    previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGTERM,
-                                                                       signal.SIGHUP)}
-    try:
-        # No idle timeout: the session lives exactly as long as the connection.
-        with session_class(policy=agent_policy(config.policy), inputs=list(config.inputs),
-                           audit=config.audit, idle_timeout=None) as session:
-            tool_log = _audit_log(config.audit)
-            try:
-                server = build_server(Workbench(session, config, tool_log))
-                anyio.run(server.run_stdio_async)
-            finally:
-                if tool_log is not None:
-                    tool_log.close()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        sys.stdout.flush()
+    # No idle timeout: the session lives exactly as long as the connection.
+    with session_class(policy=agent_policy(config.policy), inputs=list(config.inputs),
+                       audit=config.audit, idle_timeout=None) as session:
+        tool_log = _audit_log(config.audit)
+        try:
+            server = build_server(Workbench(session, config, tool_log))
+            anyio.run(_serve, server, lambda: _close(session, tool_log))
+        finally:
+            _close(session, tool_log)
+
+
+async def _serve(server: "MCPServer", close: Any) -> None:
+    import anyio
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(_exit_on_signal, close)
+        await server.run_stdio_async()  # returns at end-of-file on stdin
+        group.cancel_scope.cancel()
+
+
+async def _exit_on_signal(close: Any) -> None:
+    """On a signal, destroy the session and exit at once.
+
+    Unwinding the event loop instead would wait for the SDK's thread that reads stdin, which
+    only returns when the client closes it, so a signalled server would hang.
+    """
+    import anyio
+
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP, signal.SIGINT) as signals:
+        async for signum in signals:
+            close()
+            os._exit(128 + signum)
+
+
+def _close(session: Any, tool_log: Any) -> None:
+    session.close()  # idempotent: every process, mount and file of the sandbox is gone
+    if tool_log is not None:
+        tool_log.close()
+    sys.stderr.flush()
 
 
 def _audit_log(path: str | None) -> Any:

@@ -406,11 +406,14 @@ def _descendants(pid: int) -> set[tuple[int, str]]:
 
 
 def _start_time(pid: int) -> str | None:
+    """The start time of a live process ``pid``; None when it is gone or a zombie (it holds
+    nothing but its pid until whoever inherited it reaps it)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
+    return None if fields[0] == "Z" else fields[19]
 
 
 def _alive(processes: set[tuple[int, str]]) -> set[tuple[int, str]]:
@@ -449,7 +452,17 @@ def _wait_until(condition: Callable[[], bool], seconds: float) -> bool:
     return True
 
 
-@pytest.mark.parametrize("how", ["disconnect", "kill"])
+async def in_flight(client: Any, command: str) -> None:
+    """A command that is still running when the connection ends."""
+    from mcp.shared.exceptions import MCPError
+
+    try:
+        await client.call_tool("run_bash", {"command": command, "timeout": 60})
+    except MCPError as error:
+        assert "Connection closed" in str(error)  # the server went away under the call
+
+
+@pytest.mark.parametrize("how", ["disconnect", "terminate", "kill"])
 def test_nothing_outlives_the_connection(server: Server, unprivileged_tmp: Path, how: str):
     import anyio
 
@@ -465,20 +478,24 @@ def test_nothing_outlives_the_connection(server: Server, unprivileged_tmp: Path,
                 f"(exec -a {marker}-bg sleep 600) > /dev/null 2>&1 & echo started"))
             assert background.structured_content["status"] == "OK", text_of(background)
             async with anyio.create_task_group() as group:
-                group.start_soon(client.call_tool, "run_bash",
-                                 {"command": f"exec -a {marker}-fg sleep 600", "timeout": 60})
+                group.start_soon(in_flight, client, f"exec -a {marker}-fg sleep 600")
                 running = await anyio.to_thread.run_sync(
                     _wait_until, lambda: processes_with(f"{marker}-fg"), 20)
                 assert running, "the in-flight command did not start"
                 (server_pid,) = processes_with(str(tagged))
                 seen["tree"] = _descendants(server_pid)
                 seen["cgroups"] = _own_cgroups()
-                if how == "kill":
-                    os.kill(server_pid, signal.SIGKILL)
+                if how != "disconnect":
+                    # Checked before the client lets go: on leaving, it would kill the server.
+                    os.kill(server_pid, signal.SIGKILL if how == "kill" else signal.SIGTERM)
+                    seen["gone while connected"] = await anyio.to_thread.run_sync(
+                        _wait_until, lambda: not _alive(seen["tree"]), 10)
                 group.cancel_scope.cancel()
 
     run(scenario)
     assert len(seen["tree"]) >= 3, "expected the server, the helper and the sandbox"
+    if how != "disconnect":
+        assert seen["gone while connected"], f"left running: {_alive(seen['tree'])}"
     gone = _wait_until(lambda: not _alive(seen["tree"]) and not processes_with(marker), 15)
     assert gone, f"left running: {_alive(seen['tree'])} {processes_with(marker)}"
     assert processes_with(marker) == []
