@@ -269,7 +269,7 @@ class Workbench:
 
     def _images(self, produced: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
         """PNG files the command wrote, read back through the session (never by host path)."""
-        images = []
+        images: list[tuple[str, bytes]] = []
         for entry in produced:
             if len(images) >= MAX_IMAGES:
                 break
