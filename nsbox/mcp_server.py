@@ -2,9 +2,9 @@
 
 One server process serves one MCP connection over stdio and owns one nsbox session for it: the
 session is created before the handshake and destroyed when the client disconnects (end of
-stdin), on SIGTERM or SIGINT, and, because every sandbox is supervised by the launch helper that
-kills it when this process's socket to it closes (nsbox/_helper.py), also when this process is
-killed outright.
+stdin), on SIGTERM, SIGHUP or SIGINT, and, because every sandbox is supervised by the launch
+helper that kills it when this process's socket to it closes (nsbox/_helper.py), also when this
+process is killed outright.
 
 The tools' logic (``Workbench``) is plain, synchronous Python over the session; the MCP layer
 (``build_server``) only validates arguments, runs a tool in a worker thread so that a long
@@ -86,7 +86,7 @@ class ServerConfig:
 
     policy: Policy = field(default_factory=Policy)
     inputs: tuple[str, ...] = ()  # HOST_PATH[:NAME], mounted read-only under /input
-    audit: str | None = None  # append one JSON line per command to this file
+    audit: str | None = None  # append one JSON line per tool call to this file
 
     @property
     def max_timeout(self) -> float:
@@ -100,7 +100,6 @@ class Reply:
     data: dict[str, Any]
     text: str
     images: list[tuple[str, bytes]] = field(default_factory=list)  # (name, png bytes)
-    is_error: bool = False
 
 
 # --- paths -----------------------------------------------------------------------------------
@@ -275,7 +274,10 @@ class Workbench:
                 break
             if not entry["name"].lower().endswith(".png") or entry["size"] > IMAGE_CAP:
                 continue
-            data = self.session.read_file(entry["name"])
+            try:
+                data = self.session.read_file(entry["name"], max_size=IMAGE_CAP)
+            except NsboxError:
+                continue  # no longer a regular file of that size: it is listed, not shown
             if data.startswith(PNG_MAGIC):
                 images.append((entry["name"], data))
         return images
@@ -388,7 +390,8 @@ def build_server(bench: Workbench) -> "MCPServer":
     async def call(fn: Any, *args: Any) -> types.CallToolResult:
         try:
             # abandon_on_cancel: a client that cancels does not wait for the sandbox; the
-            # command still ends at its own deadline or when the session closes.
+            # command still ends at its own deadline or when the session closes. A command's
+            # non-zero exit is a result, not a tool error: only nsbox's own errors are.
             reply = await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
         except NsboxError as error:
             return types.CallToolResult(
@@ -444,8 +447,7 @@ def _to_mcp(reply: Reply, types: Any) -> Any:
     for _name, png in reply.images:
         content.append(types.ImageContent(type="image", data=base64.b64encode(png).decode(),
                                           mime_type="image/png"))
-    return types.CallToolResult(content=content, structured_content=reply.data,
-                                is_error=reply.is_error)
+    return types.CallToolResult(content=content, structured_content=reply.data)
 
 
 def serve(config: ServerConfig) -> None:
