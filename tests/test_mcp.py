@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import UNPRIVILEGED_UID, processes_with
+from conftest import UNPRIVILEGED_UID, processes_with, require
 
 import nsbox
 from nsbox.policy import Policy
@@ -37,6 +37,7 @@ def _require_server_parts() -> None:
     if not hasattr(nsbox, "Session"):
         pytest.skip("nsbox.Session (sessions) is not in this tree yet; `nsbox mcp` serves one "
                     "session per connection")
+
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -51,24 +52,42 @@ class Server:
         self.mode = mode
         self.tree = tree
 
+    def python(self, *args: str) -> list[str]:
+        """argv of this venv's Python, as the mode's user."""
+        if self.mode == "caller":
+            return [sys.executable, *args]
+        return ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
+                "--clear-groups", "--", sys.executable, *args]
+
+    def env(self) -> dict[str, str]:
+        # Unprivileged: the package from the copy that uid can read; the SDK from this venv.
+        return {"PYTHONPATH": str(self.tree)} if self.mode == "unprivileged" else {}
+
     def params(self, args: list[str], env: dict[str, str] | None = None) -> Any:
         from mcp.client.stdio import StdioServerParameters
 
-        argv = [sys.executable, "-m", "nsbox", "mcp", *args]
-        env = dict(env or {})
-        if self.mode == "unprivileged":
-            # The package from the copy an unprivileged uid can read; the SDK from this venv.
-            env["PYTHONPATH"] = str(self.tree)
-            argv = ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
-                    "--clear-groups", "--", *argv]
-        return StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd="/")
+        argv = self.python("-m", "nsbox", "mcp", *args)
+        return StdioServerParameters(command=argv[0], args=argv[1:],
+                                     env={**(env or {}), **self.env()}, cwd="/")
+
+
+@pytest.fixture(scope="session")
+def sdk_readable_by_unprivileged_uid(public_tree: Path) -> bool:
+    server = Server("unprivileged", public_tree)
+    proc = subprocess.run(server.python("-c", "import mcp.server, nsbox"), env=server.env(),
+                          cwd="/", capture_output=True, timeout=60)
+    return proc.returncode == 0
 
 
 @pytest.fixture(params=["caller", "unprivileged"])
 def server(request: pytest.FixtureRequest, public_tree: Path) -> Server:
     _require_server_parts()
-    if request.param == "unprivileged" and os.geteuid() != 0:
-        pytest.skip("this process is already unprivileged: the 'caller' run covers it")
+    if request.param == "unprivileged":
+        if os.geteuid() != 0:
+            pytest.skip("this process is already unprivileged: the 'caller' run covers it")
+        require(request.getfixturevalue("sdk_readable_by_unprivileged_uid"),
+                f"uid {UNPRIVILEGED_UID} cannot import the mcp SDK of {sys.executable}: put the "
+                "venv where every user can read it")
     return Server(request.param, public_tree)
 
 
@@ -83,7 +102,7 @@ async def connect(server: Server, *args: str,
                   env: dict[str, str] | None = None) -> AsyncIterator[Any]:
     from mcp import Client
 
-    async with Client(server.params(list(args), env), read_timeout_seconds=90) as client:
+    async with Client(server.params(list(args), env), read_timeout_seconds=60) as client:
         yield client
 
 
