@@ -253,20 +253,26 @@ def test_paths_stay_in_the_workspace_and_symlinks_are_not_followed(
             out["outside"] = await call(client, "write_file", path="/etc/x", content="x")
             await call(client, "run_bash", command=(
                 f"ln -s {secret} abs-link; ln -s ../../../..{secret} rel-link; "
-                "ln -s /etc/passwd passwd-link"))
-            for name in ("abs-link", "rel-link", "passwd-link"):
+                "ln -s /etc/passwd passwd-link; ln -s /etc etc-dir; "
+                "echo original > target.txt; ln -s target.txt write-link"))
+            for name in ("abs-link", "rel-link", "passwd-link", "etc-dir/passwd"):
                 out[name] = await call(client, "read_file", path=name)
+            out["write"] = await call(client, "write_file", path="write-link", content="changed")
+            out["target"] = await call(client, "read_file", path="target.txt")
             out["listed"] = await call(client, "list_files")
             return out
 
     out = run(scenario)
     assert out["dotdot"].is_error and "uses '..'" in text_of(out["dotdot"])
     assert out["outside"].is_error and "outside the workspace" in text_of(out["outside"])
-    for name in ("abs-link", "rel-link", "passwd-link"):
+    for name in ("abs-link", "rel-link", "passwd-link", "etc-dir/passwd"):
         assert out[name].is_error, text_of(out[name])
+        assert "symlink" in text_of(out[name])
         assert secret.read_text() not in text_of(out[name])
         assert "sandbox:x:1000" not in text_of(out[name])
-    assert out["listed"].structured_content["files"] == []
+    assert out["write"].is_error and "symlink" in text_of(out["write"])
+    assert out["target"].structured_content["content"] == "original\n"
+    assert [f["name"] for f in out["listed"].structured_content["files"]] == ["target.txt"]
 
 
 def test_timeout_gives_TO_and_the_session_keeps_working(caller_server: Server):
