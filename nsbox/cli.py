@@ -280,9 +280,13 @@ def bench(args: tuple[str, ...]) -> None:
 @main.command("mcp")
 @click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
               help="Mount a host file or directory read-only at /input/NAME (repeatable).")
+@click.option("--allow-host", multiple=True, metavar="HOST[:PORT]",
+              help="Reachable from the agent's code through nsbox's proxy (repeatable); "
+              "without it there is no network.")
 @click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
               help="Append one JSON line per tool call to FILE.")
-def mcp_command(inputs: tuple[str, ...], audit: str | None) -> None:
+def mcp_command(inputs: tuple[str, ...], allow_host: tuple[str, ...],
+                audit: str | None) -> None:
     """Serve an MCP code-execution tool on stdin/stdout.
 
     One sandboxed session per connection: its tools run Python and bash, and write, read and
@@ -290,10 +294,12 @@ def mcp_command(inputs: tuple[str, ...], audit: str | None) -> None:
     extra: pip install 'nsbox[mcp]'.
     """
     from nsbox import mcp_server
+    from nsbox.network import from_options
 
-    config = mcp_server.ServerConfig(policy=Policy(), inputs=inputs, audit=audit)
     try:
-        mcp_server.serve(config)
+        policy = Policy()
+        policy = policy.replace(network=from_options(policy.network, None, allow_host))
+        mcp_server.serve(mcp_server.ServerConfig(policy=policy, inputs=inputs, audit=audit))
     except NsboxError as error:
         _fail(error)
 

@@ -50,6 +50,7 @@ READ_FILE_MAX = 16 * 1024 * 1024  # larger files are refused: the agent can use 
 AUDIT_HEAD = 1024  # bytes of written content kept in the audit line
 IMAGE_CAP = 4 * 1024 * 1024  # bytes of one PNG returned as image content
 MAX_IMAGES = 4  # per reply
+MAX_NETWORK_LINES = 20  # network attempts listed in a reply's text (all are in its data)
 # A command given to bash -c is one argv string: execve(2) refuses one longer than
 # MAX_ARG_STRLEN (32 pages), so longer scripts go through a file.
 MAX_COMMAND = 100 * 1024
@@ -302,6 +303,9 @@ class Workbench:
             "stderr_truncated": result.stderr_truncated or err_cut,
             "files": produced,
         }
+        network = result.extra.get("network")
+        if network is not None:  # allow mode: every attempt through the proxy, as it logged it
+            data["network"] = network
         notes = [note] if note else []
         notes += _status_notes(result, timeout)
         notes += result.degraded
@@ -338,6 +342,14 @@ def _render(data: dict[str, Any]) -> str:
             if data[f"{stream}_truncated"]:
                 lines.append(f"[{stream} truncated: {data[f'{stream}_bytes']} bytes written, "
                              f"{len(data[stream].encode())} shown]")
+    attempts = (data.get("network") or {}).get("attempts", [])
+    if attempts:
+        lines.append("--- network ---")
+        lines += [f"{a['method']} {a['host']}:{a['port']} "
+                  + ("allowed" if a["allowed"] else f"refused: {a['reason']}")
+                  for a in attempts[:MAX_NETWORK_LINES]]
+        if len(attempts) > MAX_NETWORK_LINES:
+            lines.append(f"[{len(attempts) - MAX_NETWORK_LINES} more attempts]")
     if data["files"]:
         lines.append("--- files written ---")
         lines += [f"{f['name']}  {f['size']} bytes  sha256 {f['sha256']}" for f in data["files"]]
@@ -368,11 +380,17 @@ def _session_class() -> Any:
     return session
 
 
-INSTRUCTIONS = (
-    "Runs Python and bash in an isolated sandbox with no network. Files live in /workspace "
-    "and persist between calls for this connection; input files are read-only under /input. "
-    "PNG files a command writes come back as images."
-)
+def instructions(policy: Policy) -> str:
+    """What the server tells the agent about its sandbox."""
+    network = policy.network
+    if network.mode == "allow" and network.allow:
+        reach = ("The only network is an HTTP(S) proxy (already set in HTTP_PROXY and "
+                 "HTTPS_PROXY) to these hosts: " + ", ".join(network.allow) + ".")
+    else:
+        reach = "There is no network."
+    return ("Runs Python and bash in an isolated sandbox. " + reach + " Files live in "
+            "/workspace and persist between calls for this connection; input files are "
+            "read-only under /input. PNG files a command writes come back as images.")
 
 
 def build_server(bench: Workbench) -> "MCPServer":
@@ -384,7 +402,8 @@ def build_server(bench: Workbench) -> "MCPServer":
     from mcp.server import MCPServer
     from pydantic import Field
 
-    server: MCPServer = MCPServer("nsbox", instructions=INSTRUCTIONS, log_level="WARNING")
+    server: MCPServer = MCPServer("nsbox", instructions=instructions(bench.config.policy),
+                                  log_level="WARNING")
     limit = bench.config.max_timeout
 
     async def call(fn: Any, *args: Any) -> types.CallToolResult:

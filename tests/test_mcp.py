@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from conftest import UNPRIVILEGED_UID, processes_with, require
+from netservers import HTTPServer
 
 import nsbox
 from nsbox.policy import Policy
@@ -412,6 +413,46 @@ def test_injected_instruction_gets_nothing(server: Server, unprivileged_tmp: Pat
     assert "IGNORE PREVIOUS INSTRUCTIONS" in shell.structured_content["stdout"]
     assert canary.read_text() == "original"
     assert sorted(p.name for p in unprivileged_tmp.iterdir()) == ["canary.txt", "report.txt"]
+
+
+# --- the network allow-list ----------------------------------------------------------------
+
+FETCH = """\
+import urllib.error, urllib.request
+for port in ({listed}, {other}):
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{{port}}/data", timeout=10).read()
+        print(port, body.decode().strip())
+    except urllib.error.HTTPError as e:
+        print(port, e.code)
+"""
+
+
+def test_allow_host_reaches_the_listed_server_and_nothing_else(server: Server):
+    with HTTPServer(b"region,units") as listed, HTTPServer(b"not for you") as other:
+        async def scenario() -> Any:
+            async with connect(server, "--allow-host", f"127.0.0.1:{listed.port}") as client:
+                code = FETCH.format(listed=listed.port, other=other.port)
+                return await call(client, "run_python", code=code, timeout=30)
+
+        result = run(scenario)
+    data = result.structured_content
+    assert data["status"] == "OK", text_of(result)
+    assert data["stdout"].splitlines() == [f"{listed.port} region,units", f"{other.port} 403"]
+    assert len(listed.requests) == 1 and other.requests == []  # as the host saw it
+    attempts = data["network"]["attempts"]
+    assert [(a["port"], a["allowed"]) for a in attempts] == [(listed.port, True),
+                                                             (other.port, False)]
+    assert f"refused: 127.0.0.1:{other.port} is not in the allow-list" in text_of(result)
+
+
+def test_bad_allow_host_is_refused_before_serving(caller_server: Server):
+    proc = subprocess.run([sys.executable, "-m", "nsbox", "mcp", "--allow-host", "a b:80"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert proc.returncode == 125
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("nsbox: --allow-host: ")
+    assert "Traceback" not in proc.stderr
 
 
 # --- nothing outlives the connection --------------------------------------------------------
