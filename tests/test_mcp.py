@@ -298,18 +298,34 @@ def test_timeout_gives_TO_and_the_session_keeps_working(caller_server: Server):
     assert f"to the profile's limit of {limit:g} s" in text_of(bounded)
 
 
-def test_output_is_capped_and_the_truncation_noted(caller_server: Server):
-    async def scenario() -> Any:
+def test_output_and_files_are_capped_and_the_truncation_noted(caller_server: Server):
+    async def scenario() -> tuple[Any, Any, Any]:
         async with connect(caller_server) as client:
-            return await call(client, "run_python", code="print('y' * 100_000)")
+            printed = await call(client, "run_python", code="print('y' * 100_000)")
+            await call(client, "run_python", code=(
+                "open('euros.txt', 'w').write('\u20ac' * 200_000)\n"
+                "open('bytes.bin', 'wb').write(bytes(range(256)))"))
+            text = await call(client, "read_file", path="euros.txt")
+            binary = await call(client, "read_file", path="bytes.bin")
+            return printed, text, binary
 
-    result = run(scenario)
-    data = result.structured_content
+    printed, text, binary = run(scenario)
+    data = printed.structured_content
     assert data["status"] == "OK"
     assert data["stdout_bytes"] == 100_001
     assert data["stdout_truncated"] is True
     assert len(data["stdout"]) < 100_000
-    assert "[stdout truncated: 100001 bytes written" in text_of(result)
+    assert "[stdout truncated: 100001 bytes written" in text_of(printed)
+    # 3-byte characters: the cut at 256 KiB falls inside one, which is left out whole.
+    content = text.structured_content["content"]
+    assert content == "\u20ac" * (256 * 1024 // 3)
+    assert text.structured_content["truncated"] is True
+    assert text.structured_content["file"]["size"] == 600_000
+    assert f"[600000 bytes in all; the first {len(content.encode())} shown]" in text_of(text)
+    assert binary.structured_content["binary"] is True
+    assert binary.structured_content["file"]["sha256"] == hashlib.sha256(
+        bytes(range(256))).hexdigest()
+    assert "binary file, 256 bytes" in text_of(binary)
 
 
 def test_every_tool_call_is_in_the_audit_record(caller_server: Server, unprivileged_tmp: Path):
