@@ -278,6 +278,9 @@ def bench(args: tuple[str, ...]) -> None:
 
 
 @main.command("mcp")
+@click.option("-p", "--profile", default="python", show_default=True, metavar="NAME|FILE",
+              help="The session's profile (see `nsbox profiles`); its wall-clock limit bounds "
+              "every tool's timeout.")
 @click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
               help="Mount a host file or directory read-only at /input/NAME (repeatable).")
 @click.option("--allow-host", multiple=True, metavar="HOST[:PORT]",
@@ -285,7 +288,7 @@ def bench(args: tuple[str, ...]) -> None:
               "without it there is no network.")
 @click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
               help="Append one JSON line per tool call to FILE.")
-def mcp_command(inputs: tuple[str, ...], allow_host: tuple[str, ...],
+def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ...],
                 audit: str | None) -> None:
     """Serve an MCP code-execution tool on stdin/stdout.
 
@@ -297,7 +300,7 @@ def mcp_command(inputs: tuple[str, ...], allow_host: tuple[str, ...],
     from nsbox.network import from_options
 
     try:
-        policy = Policy()
+        policy = _load_policy(profile, {}, (), [])
         policy = policy.replace(network=from_options(policy.network, None, allow_host))
         mcp_server.serve(mcp_server.ServerConfig(policy=policy, inputs=inputs, audit=audit))
     except NsboxError as error:

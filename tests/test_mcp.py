@@ -29,7 +29,7 @@ from conftest import UNPRIVILEGED_UID, processes_with, require
 from netservers import HTTPServer
 
 import nsbox
-from nsbox.policy import Policy
+from nsbox.profiles import load_profile
 
 
 def _require_server_parts() -> None:
@@ -293,9 +293,30 @@ def test_timeout_gives_TO_and_the_session_keeps_working(caller_server: Server):
     assert after.structured_content["status"] == "OK", text_of(after)
     assert after.structured_content["stdout"] == "kept after\n"
     # A timeout above the profile's limit is lowered to it, and the reply says so.
-    limit = Policy().limits.wall_time
+    limit = load_profile("python").limits.wall_time  # the default profile of `nsbox mcp`
     assert bounded.structured_content["timeout"] == limit
     assert f"to the profile's limit of {limit:g} s" in text_of(bounded)
+
+
+def test_profile_sets_the_sandbox_and_bounds_the_timeout(caller_server: Server):
+    async def scenario() -> Any:
+        async with connect(caller_server, "--profile", "shell") as client:
+            return await call(client, "run_bash", command="echo $SHELL", timeout=10_000)
+
+    result = run(scenario)
+    limit = load_profile("shell").limits.wall_time
+    assert limit != load_profile("python").limits.wall_time
+    assert result.structured_content["timeout"] == limit
+    assert result.structured_content["stdout"] == "/bin/sh\n"  # the shell profile's variable
+
+
+def test_unknown_profile_is_refused_before_serving(caller_server: Server):
+    proc = subprocess.run([sys.executable, "-m", "nsbox", "mcp", "--profile", "no-such-profile"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert proc.returncode == 125
+    assert proc.stdout == ""
+    assert "no-such-profile" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_output_and_files_are_capped_and_the_truncation_noted(caller_server: Server):
