@@ -171,7 +171,16 @@ class Workbench:
         self.session = session
         self.config = config
         self.audit = audit
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one tool at a time
+        self._state = threading.Lock()  # guards _running
+        self._running: object | None = None  # the call whose command runs now
+
+    def cancel(self, call: object) -> None:
+        """Kill the command of ``call`` if it is the one running; a later call's command is
+        never touched."""
+        with self._state:
+            if self._running is call:
+                self.session.cancel()
 
     def timeout(self, asked: float | None) -> tuple[float, str | None]:
         """The wall-clock limit to use, bounded by the profile, and a note when lowered."""
@@ -186,18 +195,20 @@ class Workbench:
 
     # --- tools ---
 
-    def run_python(self, code: str, timeout: float | None = None) -> Reply:
+    def run_python(self, code: str, timeout: float | None = None,
+                   call: object | None = None) -> Reply:
         # The program comes on stdin (`python3 -`), so its size is not bounded by execve's
         # argument limit, and /workspace (the cwd) is on sys.path for the agent's own modules.
-        return self._run([PYTHON, "-"], code.encode(), timeout)
+        return self._run([PYTHON, "-"], code.encode(), timeout, call)
 
-    def run_bash(self, command: str, timeout: float | None = None) -> Reply:
+    def run_bash(self, command: str, timeout: float | None = None,
+                 call: object | None = None) -> Reply:
         if len(command.encode()) > MAX_COMMAND:
             raise ToolInputError(
                 f"the command is longer than {MAX_COMMAND} bytes; write it to a file with "
                 "write_file and run `bash FILE`")
         # bash -c, not a script on stdin: a command that reads stdin would eat the script.
-        return self._run([BASH, "-c", command], None, timeout)
+        return self._run([BASH, "-c", command], None, timeout, call)
 
     def write_file(self, path: str, content: str) -> Reply:
         name = workspace_name(path)
@@ -257,11 +268,18 @@ class Workbench:
 
     # --- one command ---
 
-    def _run(self, argv: list[str], stdin: bytes | None, asked: float | None) -> Reply:
+    def _run(self, argv: list[str], stdin: bytes | None, asked: float | None,
+             call: object | None) -> Reply:
         timeout, note = self.timeout(asked)
         with self._lock:
             before = {f["name"]: f["sha256"] for f in map(_file_entry, self.session.files())}
-            result: Result = self.session.run(argv, stdin=stdin, timeout=timeout)
+            with self._state:
+                self._running = call
+            try:
+                result: Result = self.session.run(argv, stdin=stdin, timeout=timeout)
+            finally:
+                with self._state:
+                    self._running = None
             after = [_file_entry(item) for item in self.session.files()]
             produced = [f for f in after if before.get(f["name"]) != f["sha256"]]
             images = self._images(produced)
@@ -397,6 +415,7 @@ def build_server(bench: Workbench) -> "MCPServer":
     """The MCP server with the five tools, each one a call into ``bench``."""
     from typing import Annotated
 
+    import anyio
     import anyio.to_thread
     import mcp_types as types
     from mcp.server import MCPServer
@@ -408,14 +427,22 @@ def build_server(bench: Workbench) -> "MCPServer":
 
     async def call(fn: Any, *args: Any) -> types.CallToolResult:
         try:
-            # abandon_on_cancel: a client that cancels does not wait for the sandbox; the
-            # command still ends at its own deadline or when the session closes. A command's
-            # non-zero exit is a result, not a tool error: only nsbox's own errors are.
+            # abandon_on_cancel: a client that cancels (or goes away) does not wait for the
+            # sandbox. A command's non-zero exit is a result, not a tool error: only nsbox's
+            # own errors are.
             reply = await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
         except NsboxError as error:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=f"error: {error}")], is_error=True)
         return _to_mcp(reply, types)
+
+    async def run_command(fn: Any, text: str, timeout: float) -> types.CallToolResult:
+        handle = object()  # this call, for cancel()
+        try:
+            return await call(fn, text, timeout, handle)
+        except anyio.get_cancelled_exc_class():
+            bench.cancel(handle)  # the client cancelled: the command stops now (status SG)
+            raise
 
     Timeout = Annotated[float, Field(
         description=f"Wall-clock limit in seconds (at most {limit:g}); the command and "
@@ -428,14 +455,14 @@ def build_server(bench: Workbench) -> "MCPServer":
         """Run Python code in the sandbox. Returns the status (OK, RE non-zero exit, TO time
         limit, ML memory limit, OL output limit, SG signal), the exit code, stdout and stderr,
         and the files the code wrote (PNG files also as images)."""
-        return await call(bench.run_python, code, timeout)
+        return await run_command(bench.run_python, code, timeout)
 
     async def run_bash(
         command: Annotated[str, Field(description="A bash command, run with /workspace as cwd")],
         timeout: Timeout = DEFAULT_TIMEOUT,
     ) -> types.CallToolResult:
         """Run a bash command in the sandbox. Returns the same as run_python."""
-        return await call(bench.run_bash, command, timeout)
+        return await run_command(bench.run_bash, command, timeout)
 
     async def write_file(
         path: Annotated[str, Field(description="Path relative to /workspace")],

@@ -319,6 +319,31 @@ def test_unknown_profile_is_refused_before_serving(caller_server: Server):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_cancelled_call_stops_its_command_and_the_session_goes_on(caller_server: Server):
+    import anyio
+
+    marker = "nsbox-mcp-cancel-" + uuid.uuid4().hex
+
+    async def scenario() -> tuple[bool, Any]:
+        async with connect(caller_server) as client:
+            async with anyio.create_task_group() as group:
+                group.start_soon(client.call_tool, "run_bash",
+                                 {"command": f"exec -a {marker} sleep 600", "timeout": 60})
+                started = await anyio.to_thread.run_sync(
+                    _wait_until, lambda: processes_with(marker), 20)
+                assert started, "the command did not start"
+                group.cancel_scope.cancel()  # the client sends notifications/cancelled
+            stopped = await anyio.to_thread.run_sync(
+                _wait_until, lambda: not processes_with(marker), 10)
+            after = await call(client, "run_bash", command="echo after", timeout=10)
+            return stopped, after
+
+    stopped, after = run(scenario)
+    assert stopped, "the cancelled command still runs"
+    assert after.structured_content["status"] == "OK", text_of(after)
+    assert after.structured_content["stdout"] == "after\n"
+
+
 def test_output_and_files_are_capped_and_the_truncation_noted(caller_server: Server):
     async def scenario() -> tuple[Any, Any, Any]:
         async with connect(caller_server) as client:
