@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from nsbox.errors import NsboxError
 from nsbox.policy import Policy
 from nsbox.result import Result
+from nsbox.session import Session
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -387,17 +388,6 @@ def _require_sdk() -> None:
         raise NsboxError(f"`nsbox mcp` needs version 2 of the `mcp` package; {EXTRA_HINT}")
 
 
-def _session_class() -> Any:
-    """nsbox.Session, imported when a server starts (sessions are their own module)."""
-    import nsbox
-
-    session = getattr(nsbox, "Session", None)
-    if session is None:
-        raise NsboxError("`nsbox mcp` needs sessions (nsbox.Session), which this version of "
-                         "nsbox does not have")
-    return session
-
-
 def instructions(policy: Policy) -> str:
     """What the server tells the agent about its sandbox."""
     network = policy.network
@@ -502,9 +492,8 @@ def serve(config: ServerConfig) -> None:
     _require_sdk()
     import anyio
 
-    session_class = _session_class()
     # No idle timeout: the session lives exactly as long as the connection.
-    with session_class(policy=agent_policy(config.policy), inputs=list(config.inputs),
+    with Session(policy=agent_policy(config.policy), inputs=list(config.inputs),
                        audit=config.audit, idle_timeout=None) as session:
         tool_log = _audit_log(config.audit)
         try:

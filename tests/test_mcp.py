@@ -28,16 +28,12 @@ import pytest
 from conftest import UNPRIVILEGED_UID, processes_with, require
 from netservers import HTTPServer
 
-import nsbox
 from nsbox.profiles import load_profile
 
 
 def _require_server_parts() -> None:
-    if importlib.util.find_spec("mcp") is None:
-        pytest.skip("the mcp SDK is not installed: pip install 'nsbox[mcp]'")
-    if not hasattr(nsbox, "Session"):
-        pytest.skip("nsbox.Session (sessions) is not in this tree yet; `nsbox mcp` serves one "
-                    "session per connection")
+    require(importlib.util.find_spec("mcp") is not None,
+            "the mcp SDK is not installed: pip install 'nsbox[mcp]'")
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
