@@ -624,6 +624,12 @@ def serve(fd: int) -> None:
     """Serve the control socket ``fd`` until the host process is gone."""
     # Descriptors the host process leaked without close-on-exec end here, not in a sandbox.
     _libc.close_range(fd + 1)
+    # Nor does the helper keep the host's own stdio (a pipe a reader waits on, an MCP client's
+    # protocol stream): each sandbox gets its streams with its request.
+    null = os.open("/dev/null", os.O_RDWR)
+    for std in (0, 1, 2):
+        os.dup2(null, std)
+    os.close(null)
     control = socket.socket(fileno=fd)
     os.set_inheritable(control.fileno(), False)
     # The helper must not be stopped by the terminal's ^C meant for the host program: the host

@@ -360,3 +360,29 @@ def test_concurrent_launches_from_threads():
         thread.join()
     assert results == {k: f"{k}\n".encode() for k in results}
     assert len(results) == 24
+
+
+def test_helper_does_not_hold_the_callers_stdio(public_tree: Path):
+    # A reader of the host program's stdout (a pipe, an MCP client) must see end-of-file when
+    # the program exits, not when its launch helper does.
+    code = (f"import sys; sys.path.insert(0, {str(public_tree)!r}); import nsbox; "
+            "print(nsbox.run(['echo', 'x']).stdout, flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([PYTHON, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline() == b"b'x\\n'\n"
+        helpers = [pid for pid in processes_with("nsbox._helper") if _parent(pid) == proc.pid]
+        assert len(helpers) == 1
+        streams = [os.readlink(f"/proc/{helpers[0]}/fd/{fd}") for fd in (0, 1, 2)]
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    assert streams == ["/dev/null"] * 3
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
