@@ -1,0 +1,480 @@
+"""nsbox as the sandbox executor of a Ray cluster (``pip install 'nsbox[ray]'``).
+
+Ray places the work, retries it and scales the cluster; nsbox only runs it. On each node an
+executor actor owns the sandboxes of one policy and runs jobs in them, several at a time; a
+client (``Executors``) starts the actors, one or more per node, and hands them jobs::
+
+    with nsbox.ray.Executors(policy, pool_size=2) as executors:
+        ref = executors.submit(["python3", "-c", "print(6 * 7)"], timeout=10)
+        print(ray.get(ref)["stdout"])                      # b'42\\n'
+        for result in executors.map(jobs, max_in_flight=64):
+            ...
+
+What comes back is plain data: a dict holding the Result's fields, the captured output and the
+files the job produced (bytes with their SHA-256), never an object that runs anything where it
+is unpickled. A sandbox that times out, exits non-zero or hits a limit is a normal result; a job
+whose sandbox cannot be built is a result with status XX and the failed step.
+
+Failures of the executor itself are Ray's business: an executor process that dies is restarted
+by Ray on the same node, and the jobs it was running are run again once (``max_task_retries``).
+Each job leaves a marker file on the node while it runs, so the run after a restart knows it is
+a retry and says so in ``attempts``. A node that cannot run the policy safely refuses to start its
+executor (a real probe launch in the constructor) instead of running weaker sandboxes.
+"""
+
+from __future__ import annotations
+
+import collections
+import fnmatch
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+try:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+except ImportError as exc:  # the core must work without Ray; this module cannot
+    raise ImportError(
+        "nsbox.ray needs Ray, which is not installed: pip install 'nsbox[ray]'",
+        name="ray") from exc
+
+import nsbox
+from nsbox.errors import HostError, NsboxError, SetupError
+from nsbox.policy import MiB, Policy
+from nsbox.result import Result
+
+# execve(2): one argument string is at most MAX_ARG_STRLEN (32 pages).
+MAX_CODE = 128 * 1024 - 1
+MAX_COLLECT_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class CollectLimits:
+    """Caps on the files one job may send back."""
+
+    max_file_size: int = 16 * MiB
+    max_files: int = 100
+    max_total: int = 64 * MiB
+
+
+@dataclass(frozen=True)
+class Job:
+    """One command for a sandbox: ``argv``, or ``code`` (Python source run with python3 -c).
+
+    ``files`` (relative path -> bytes) are written into /workspace before the command runs;
+    ``collect`` are glob patterns (relative to /workspace) of the files to send back. A job with
+    either gets a host workspace directory of its own for the run. ``limits`` are fields of
+    nsbox.Limits for this job only (e.g. ``{"pids": 16}``).
+    """
+
+    argv: tuple[str, ...] = ()
+    code: str | None = None
+    stdin: bytes | None = None
+    timeout: float | None = None
+    output_limit: int | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    files: tuple[tuple[str, bytes], ...] = ()
+    collect: tuple[str, ...] = ()
+    limits: tuple[tuple[str, Any], ...] = ()
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @classmethod
+    def make(cls, argv: Iterable[str] | None = None, *, code: str | None = None,
+             stdin: bytes | None = None, timeout: float | None = None,
+             output_limit: int | None = None, env: dict[str, str] | None = None,
+             files: dict[str, bytes | str] | None = None, collect: Iterable[str] = (),
+             limits: dict[str, Any] | None = None, id: str | None = None) -> Job:
+        """A job from keyword arguments, checked before it leaves the caller."""
+        if (argv is None) == (code is None):
+            raise ValueError("a job needs either argv or code, not both")
+        if code is not None and len(code.encode()) > MAX_CODE:
+            raise ValueError(f"code is longer than {MAX_CODE} bytes (the kernel's limit on one "
+                             "argument); put it in files= and run it with argv")
+        argv = tuple(argv) if argv is not None else ()
+        if code is None and not argv:
+            raise ValueError("argv is empty")
+        for name in (files or {}):
+            _check_relative(name)
+        extra = {"id": id} if id is not None else {}
+        return cls(
+            argv=argv, code=code, stdin=stdin, timeout=timeout, output_limit=output_limit,
+            env=tuple(sorted((env or {}).items())),
+            files=tuple((k, v.encode() if isinstance(v, str) else v)
+                        for k, v in (files or {}).items()),
+            collect=tuple(collect), limits=tuple(sorted((limits or {}).items())), **extra)
+
+    def command(self) -> list[str]:
+        return ["python3", "-c", self.code] if self.code is not None else list(self.argv)
+
+
+def _as_job(job: Job | dict[str, Any] | list[str] | tuple[str, ...]) -> Job:
+    if isinstance(job, Job):
+        return job
+    if isinstance(job, dict):
+        return Job.make(**job)
+    return Job.make(job)
+
+
+def _check_relative(path: str) -> None:
+    parts = path.split("/")
+    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts) \
+            or "\0" in path:
+        raise ValueError(f"{path!r}: a workspace file needs a plain relative path")
+
+
+# --- the executor: one Ray actor on one node ----------------------------------------------------
+
+
+class Executor:
+    """Runs jobs in sandboxes of one policy, ``concurrency`` at a time (Ray calls ``run`` from
+    that many threads). Use through ``Executors``; Ray makes it an actor."""
+
+    def __init__(self, policy: Policy, *, pool_size: int, state_dir: str, name: str,
+                 collect_limits: CollectLimits, allow_degraded: bool = False) -> None:
+        self.policy = policy
+        self.name = name
+        self.collect_limits = collect_limits
+        self.node = ray.get_runtime_context().get_node_id()
+        # Jobs in flight leave a marker here; a restarted executor finds those of the
+        # executor it replaces (same name, same node).
+        self.state_dir = os.path.join(state_dir, name)
+        self.jobs_dir = os.path.join(self.state_dir, "jobs")
+        self.work_dir = os.path.join(self.state_dir, "work")
+        os.makedirs(self.jobs_dir, mode=0o700, exist_ok=True)
+        # Workspaces of a dead predecessor: its sandboxes died with its launch helper.
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        os.makedirs(self.work_dir, mode=0o700)
+        _refuse_unsafe_node(policy, allow_degraded)
+        self._pool = None  # nsbox.Pool(policy, size=pool_size) once the warm pool is in
+        self._lock = threading.Lock()
+
+    @ray.method(concurrency_group="control")
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "node": self.node, "pid": os.getpid()}
+
+    @ray.method(concurrency_group="control")
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def run(self, job: Job) -> dict[str, Any]:
+        marker = os.path.join(self.jobs_dir, job.id)
+        attempts = 1
+        try:
+            with open(marker) as f:
+                attempts = int(f.read() or 0) + 1
+        except (FileNotFoundError, ValueError):
+            pass
+        with open(marker, "w") as f:
+            f.write(str(attempts))
+        try:
+            data = self._run(job)
+        finally:
+            os.unlink(marker)
+        data.update(job=job.id, attempts=attempts, node=self.node, executor=self.name)
+        return data
+
+    def _run(self, job: Job) -> dict[str, Any]:
+        workspace = None
+        if job.files or job.collect:
+            workspace = tempfile.mkdtemp(prefix="job-", dir=self.work_dir)
+        try:
+            if workspace is not None:
+                _write_files(workspace, job.files)
+            try:
+                result = self._launch(job, workspace)
+            except NsboxError as error:
+                return _failure(error)
+            data = _plain(result)
+            if workspace is not None and job.collect:
+                data["files"], data["skipped_files"] = collect(
+                    workspace, job.collect, self.collect_limits)
+            return data
+        finally:
+            if workspace is not None:
+                shutil.rmtree(workspace, ignore_errors=True)
+
+    def _launch(self, job: Job, workspace: str | None) -> Result:
+        """The one place where a job meets a sandbox."""
+        options: dict[str, Any] = dict(stdin=job.stdin, timeout=job.timeout,
+                                       output_limit=job.output_limit, env=dict(job.env) or None)
+        if self._pool is not None and workspace is None and not job.limits:
+            return self._pool.run(job.command(), **options)
+        policy = self.policy.with_limits(**dict(job.limits)) if job.limits else self.policy
+        return nsbox.run(job.command(), policy, workspace=workspace, **options)
+
+
+def _refuse_unsafe_node(policy: Policy, allow_degraded: bool) -> None:
+    """One real launch with the policy: a node where it fails or runs weaker refuses to serve."""
+    host = os.uname().nodename
+    try:
+        result = nsbox.run(["true"], policy, timeout=30)
+    except NsboxError as error:
+        raise HostError(f"node {host} cannot run the sandbox policy {policy.name!r}: {error}",
+                        feature="sandbox", hint=getattr(error, "hint", None)) from None
+    if result.status.value != "OK":
+        raise HostError(f"node {host}: the probe launch of policy {policy.name!r} ended with "
+                        f"{result.status.value}: {result.stderr.decode(errors='replace')}",
+                        feature="sandbox")
+    if result.degraded and not allow_degraded:
+        raise HostError(f"node {host} would run weaker sandboxes than policy {policy.name!r} "
+                        f"asks: {'; '.join(result.degraded)}", feature="sandbox",
+                        hint="fix the node (nsbox doctor), or pass allow_degraded=True")
+
+
+def _plain(result: Result) -> dict[str, Any]:
+    data = result.to_dict()
+    data["stdout"], data["stderr"] = result.stdout, result.stderr
+    data["files"], data["skipped_files"] = [], []
+    return data
+
+
+def _failure(error: NsboxError) -> dict[str, Any]:
+    """A job whose sandbox could not be built: status XX, naming the step."""
+    data = _plain(Result(status=nsbox.Status.XX, error=str(error)))
+    data["error_type"] = type(error).__name__
+    if isinstance(error, SetupError):
+        data["step"] = error.step
+    return data
+
+
+def _write_files(workspace: str, files: Iterable[tuple[str, bytes]]) -> None:
+    # The directory is new and no sandbox has seen it yet, so plain paths are safe here.
+    for name, data in files:
+        _check_relative(name)
+        path = os.path.join(workspace, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def collect(root: str, patterns: Iterable[str], limits: CollectLimits
+            ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """The regular files below ``root`` matching ``patterns``, as data.
+
+    The sandbox wrote this tree, so nothing in it is trusted: the walk opens every component
+    relative to its parent with O_NOFOLLOW, takes only regular files with one link (a FIFO
+    would block, a device or a link could lead out), and caps size and count. Every process of
+    the sandbox is dead by now (its pid namespace ended with its pid 1), so nothing changes the
+    tree while it is read.
+    """
+    patterns = tuple(patterns)
+    files: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    total = 0
+
+    def walk(dir_fd: int, prefix: str, depth: int) -> None:
+        nonlocal total
+        for entry in sorted(os.scandir(dir_fd), key=lambda e: e.name):
+            rel = prefix + entry.name
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if stat.S_ISDIR(mode):
+                if depth >= MAX_COLLECT_DEPTH:
+                    skipped.append({"path": rel, "reason": "too deep"})
+                    continue
+                fd = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                             dir_fd=dir_fd)
+                try:
+                    walk(fd, rel + "/", depth + 1)
+                finally:
+                    os.close(fd)
+                continue
+            if not any(fnmatch.fnmatchcase(rel, p) for p in patterns):
+                continue
+            if not stat.S_ISREG(mode):
+                skipped.append({"path": rel, "reason": "not a regular file"})
+                continue
+            if len(files) >= limits.max_files:
+                skipped.append({"path": rel, "reason": "too many files"})
+                continue
+            fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+            try:
+                info = os.fstat(fd)
+                reason = None
+                if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                    reason = "not a regular file with one name"
+                elif info.st_size > limits.max_file_size:
+                    reason = f"larger than {limits.max_file_size} bytes"
+                elif total + info.st_size > limits.max_total:
+                    reason = f"over the total of {limits.max_total} bytes"
+                if reason:
+                    skipped.append({"path": rel, "reason": reason})
+                    continue
+                data = _read_exactly(fd, info.st_size)
+            finally:
+                os.close(fd)
+            total += len(data)
+            files.append({"path": rel, "size": len(data), "data": data,
+                          "sha256": hashlib.sha256(data).hexdigest()})
+
+    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        walk(top, "", 0)
+    finally:
+        os.close(top)
+    return files, skipped
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    chunks = []
+    while size > 0:
+        chunk = os.read(fd, min(size, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+# The actor: the executor's jobs run in a concurrency group of their own, so ``info`` and
+# ``close`` are answered while every job slot is busy.
+_ExecutorActor = ray.remote(concurrency_groups={"control": 1})(Executor)
+
+
+# --- the client --------------------------------------------------------------------------------
+
+
+class NodeRefused(HostError):
+    """An executor refused to start because its node cannot run the policy safely."""
+
+
+class Executors:
+    """Executor actors on the nodes of the connected Ray cluster, and the client side.
+
+    ``per_node`` executors on each alive node (``"cpus"``: one per CPU of the node), each
+    running up to ``concurrency`` jobs at once (default ``pool_size``) with its own
+    ``pool_size`` warm sandboxes. ``nodes`` limits the nodes (Ray node ids). A node that refuses
+    raises NodeRefused from the constructor, or with ``skip_refused`` is left out and named in
+    ``refused``. ``actor_options`` go to Ray as they are (e.g. ``runtime_env``, ``num_cpus``).
+    """
+
+    def __init__(self, policy: Policy | None = None, *, pool_size: int = 2,
+                 concurrency: int | None = None, per_node: int | str = 1,
+                 nodes: Iterable[str] | None = None, skip_refused: bool = False,
+                 allow_degraded: bool = False, max_restarts: int = -1,
+                 collect_limits: CollectLimits | None = None,
+                 actor_options: dict[str, Any] | None = None, timeout: float = 120.0) -> None:
+        if not ray.is_initialized():
+            raise NsboxError("Ray is not initialized: call ray.init(address=...) first")
+        if pool_size < 1:
+            raise ValueError("pool_size must be at least 1")
+        self.policy = policy or Policy()
+        self.group = uuid.uuid4().hex[:12]
+        self.refused: dict[str, str] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+        state_dir = os.path.join(tempfile.gettempdir(), f"nsbox-ray-{os.getuid()}", self.group)
+        wanted = set(nodes) if nodes is not None else None
+        candidates = []
+        for node in ray.nodes():
+            if not node["Alive"] or (wanted is not None and node["NodeID"] not in wanted):
+                continue
+            count = int(node["Resources"].get("CPU", 1)) if per_node == "cpus" else int(per_node)
+            candidates += [(node["NodeID"], i) for i in range(max(1, count))]
+        if not candidates:
+            raise NsboxError("no alive Ray node to start an executor on")
+        options = {"num_cpus": 0, **(actor_options or {})}
+        started = []
+        for node_id, i in candidates:
+            name = f"nsbox-{self.group}-{node_id[:12]}-{i}"
+            actor = _ExecutorActor.options(
+                name=name, max_restarts=max_restarts, max_task_retries=1,
+                max_concurrency=concurrency or pool_size,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                **options,
+            ).remote(self.policy, pool_size=pool_size, state_dir=state_dir, name=name,
+                     collect_limits=collect_limits or CollectLimits(),
+                     allow_degraded=allow_degraded)
+            started.append((node_id, actor, actor.info.remote()))
+        self._actors: list[Any] = []
+        self.executors: list[dict[str, Any]] = []
+        for node_id, actor, ready in started:
+            try:
+                self.executors.append(ray.get(ready, timeout=timeout))
+                self._actors.append(actor)
+            except ray.exceptions.RayActorError as error:
+                self.refused[node_id] = _refusal(error)
+                ray.kill(actor, no_restart=True)
+        if self.refused and (not skip_refused or not self._actors):
+            self.shutdown()
+            raise NodeRefused("; ".join(sorted(set(self.refused.values()))),
+                              feature="sandbox")
+
+    def __enter__(self) -> Executors:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.shutdown()
+
+    def submit(self, argv: Iterable[str] | None = None, **job: Any) -> Any:
+        """Run one job (see Job.make for the arguments); returns a Ray ObjectRef of its result
+        dict."""
+        return self._submit(_as_job(job if argv is None else {"argv": argv, **job}))
+
+    def _submit(self, job: Job, actor: Any = None) -> Any:
+        if actor is None:
+            with self._lock:
+                actor = self._actors[self._next % len(self._actors)]
+                self._next += 1
+        return actor.run.remote(job)
+
+    def map(self, jobs: Iterable[Job | dict[str, Any] | list[str]], *,
+            max_in_flight: int | None = None, ordered: bool = True) -> Iterator[dict[str, Any]]:
+        """Run ``jobs`` and yield their results (in input order, or as they finish), with at
+        most ``max_in_flight`` submitted and not yet yielded: the caller's iterator is read
+        only as fast as the cluster works, and results do not pile up."""
+        limit = max_in_flight or 2 * len(self._actors) * 8
+        source = iter(jobs)
+        pending: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        load = {id(a): 0 for a in self._actors}
+        exhausted = False
+        while pending or not exhausted:
+            while not exhausted and len(pending) < limit:
+                try:
+                    job = _as_job(next(source))
+                except StopIteration:
+                    exhausted = True
+                    break
+                actor = min(self._actors, key=lambda a: load[id(a)])
+                load[id(actor)] += 1
+                pending[self._submit(job, actor)] = actor
+            if not pending:
+                break
+            if ordered:
+                ref = next(iter(pending))
+            else:
+                [ref], _ = ray.wait(list(pending), num_returns=1)
+            actor = pending.pop(ref)
+            load[id(actor)] -= 1
+            yield ray.get(ref)
+
+    def shutdown(self) -> None:
+        """Stop the executors: their sandboxes end with them."""
+        actors, self._actors = self._actors, []
+        closing = []
+        for actor in actors:
+            closing.append(actor.close.remote())
+        try:
+            ray.get(closing, timeout=30)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+
+
+def _refusal(error: Exception) -> str:
+    """The refusal message of an executor whose constructor raised."""
+    text = str(error)
+    marker = "HostError: "
+    if marker in text:
+        return text[text.rindex(marker) + len(marker):].strip()
+    return text.strip().splitlines()[-1] if text.strip() else repr(error)
+
