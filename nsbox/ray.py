@@ -151,13 +151,16 @@ class Executor:
         # Workspaces of a dead predecessor: its sandboxes died with its launch helper.
         shutil.rmtree(self.work_dir, ignore_errors=True)
         os.makedirs(self.work_dir, mode=0o700)
-        _refuse_unsafe_node(policy, allow_degraded)
+        # A refusal is kept, not raised: the client reads it from info() and stops the actor
+        # (an exception here would reach the client as a Ray traceback).
+        self.refusal = _refusal(policy, allow_degraded)
         self._pool = None  # nsbox.Pool(policy, size=pool_size) once the warm pool is in
         self._lock = threading.Lock()
 
     @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
-        return {"name": self.name, "node": self.node, "pid": os.getpid()}
+        return {"name": self.name, "node": self.node, "pid": os.getpid(),
+                "state_dir": self.state_dir, "refusal": self.refusal}
 
     @ray.method(concurrency_group="control")
     def close(self) -> None:
@@ -166,6 +169,8 @@ class Executor:
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def run(self, job: Job) -> dict[str, Any]:
+        if self.refusal is not None:
+            raise HostError(self.refusal, feature="sandbox")
         marker = os.path.join(self.jobs_dir, job.id)
         attempts = 1
         try:
@@ -212,22 +217,23 @@ class Executor:
         return nsbox.run(job.command(), policy, workspace=workspace, **options)
 
 
-def _refuse_unsafe_node(policy: Policy, allow_degraded: bool) -> None:
-    """One real launch with the policy: a node where it fails or runs weaker refuses to serve."""
+def _refusal(policy: Policy, allow_degraded: bool) -> str | None:
+    """Why this node must not run the policy, from one real launch; None when it may."""
     host = os.uname().nodename
     try:
         result = nsbox.run(["true"], policy, timeout=30)
     except NsboxError as error:
-        raise HostError(f"node {host} cannot run the sandbox policy {policy.name!r}: {error}",
-                        feature="sandbox", hint=getattr(error, "hint", None)) from None
+        reason = f"{error.step}: {error.message}" if isinstance(error, SetupError) else error
+        hint = f" ({error.hint})" if error.hint else ""
+        return f"node {host} cannot run the sandbox policy {policy.name!r}: {reason}{hint}"
     if result.status.value != "OK":
-        raise HostError(f"node {host}: the probe launch of policy {policy.name!r} ended with "
-                        f"{result.status.value}: {result.stderr.decode(errors='replace')}",
-                        feature="sandbox")
+        return (f"node {host}: the probe launch of policy {policy.name!r} ended with "
+                f"{result.status.value}: {result.stderr.decode(errors='replace').strip()}")
     if result.degraded and not allow_degraded:
-        raise HostError(f"node {host} would run weaker sandboxes than policy {policy.name!r} "
-                        f"asks: {'; '.join(result.degraded)}", feature="sandbox",
-                        hint="fix the node (nsbox doctor), or pass allow_degraded=True")
+        return (f"node {host} would run weaker sandboxes than policy {policy.name!r} asks: "
+                f"{'; '.join(result.degraded)} (fix the node, see nsbox doctor, or pass "
+                "allow_degraded=True)")
+    return None
 
 
 def _plain(result: Result) -> dict[str, Any]:
@@ -397,11 +403,12 @@ class Executors:
         self._actors: list[Any] = []
         self.executors: list[dict[str, Any]] = []
         for node_id, actor, ready in started:
-            try:
-                self.executors.append(ray.get(ready, timeout=timeout))
+            info = ray.get(ready, timeout=timeout)
+            if info["refusal"] is None:
+                self.executors.append(info)
                 self._actors.append(actor)
-            except ray.exceptions.RayActorError as error:
-                self.refused[node_id] = _refusal(error)
+            else:
+                self.refused[node_id] = info["refusal"]
                 ray.kill(actor, no_restart=True)
         if self.refused and (not skip_refused or not self._actors):
             self.shutdown()
@@ -468,13 +475,3 @@ class Executors:
             pass
         for actor in actors:
             ray.kill(actor, no_restart=True)
-
-
-def _refusal(error: Exception) -> str:
-    """The refusal message of an executor whose constructor raised."""
-    text = str(error)
-    marker = "HostError: "
-    if marker in text:
-        return text[text.rindex(marker) + len(marker):].strip()
-    return text.strip().splitlines()[-1] if text.strip() else repr(error)
-

@@ -1,0 +1,337 @@
+"""nsbox as the executor of a Ray cluster: a local cluster of two nodes on this machine.
+
+The nodes are small (one CPU each, 200 MB of object store) because other test suites share the
+machine. Attacks run inside jobs and are checked from the host, as in test_core.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import processes_with, require
+
+import nsbox
+from nsbox.policy import DEFAULT_MOUNTS, Bind
+
+try:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from nsbox import ray as nsray
+except ImportError:  # skipped locally, a failure in CI (see require)
+    ray = None
+
+NODE = {"num_cpus": 1, "object_store_memory": 200 * 1024 * 1024}
+
+
+def start_cluster() -> Cluster:
+    require(ray is not None, "Ray is not installed: pip install -e '.[ray]'")
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
+    cluster.add_node(**NODE)
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+    cluster.wait_for_nodes()
+    return cluster
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    ray.shutdown()
+    cluster.shutdown()
+
+
+class LocalCluster:
+    """The module's cluster: started on first use, again after a test stopped it."""
+
+    def __init__(self) -> None:
+        self.cluster: Cluster | None = None
+
+    def up(self) -> LocalCluster:
+        if self.cluster is None:
+            self.cluster = start_cluster()
+        return self
+
+    def down(self) -> None:
+        if self.cluster is not None:
+            stop_cluster(self.cluster)
+            self.cluster = None
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[LocalCluster]:
+    local = LocalCluster()
+    yield local
+    local.down()
+
+
+@pytest.fixture
+def cluster(local: LocalCluster) -> LocalCluster:
+    return local.up()
+
+
+@pytest.fixture
+def executors(cluster: LocalCluster) -> Iterator[nsray.Executors]:
+    with nsray.Executors(pool_size=2) as executors:
+        yield executors
+
+
+def node_ids() -> set[str]:
+    return {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+
+
+# --- without Ray -------------------------------------------------------------------------------
+
+
+def test_core_imports_without_ray_and_the_error_names_the_extra():
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # as if Ray were not installed
+        "import nsbox; assert nsbox.run(['true']).ok\n"
+        "try:\n"
+        "    import nsbox.ray\n"
+        "except ImportError as e: print(e)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (
+        "nsbox.ray needs Ray, which is not installed: pip install 'nsbox[ray]'")
+
+
+def test_job_arguments_are_checked_on_the_callers_side():
+    require(ray is not None, "Ray is not installed: pip install -e '.[ray]'")
+    with pytest.raises(ValueError, match="either argv or code"):
+        nsray.Job.make(["true"], code="pass")
+    with pytest.raises(ValueError, match="plain relative path"):
+        nsray.Job.make(["true"], files={"../escape": b""})
+    with pytest.raises(ValueError, match="longer than"):
+        nsray.Job.make(code="#" * (200 * 1024))
+
+
+# --- many jobs, both nodes ---------------------------------------------------------------------
+
+
+def mixed_jobs(n: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(job, what its result must be) pairs: mostly OK, every 7th RE, every 50th TO."""
+    jobs = []
+    for i in range(n):
+        if i % 50 == 49:
+            jobs.append(({"argv": ["sleep", "30"], "timeout": 0.3},
+                         {"status": "TO", "stdout": b""}))
+        elif i % 7 == 6:
+            jobs.append(({"argv": ["sh", "-c", f"echo {i} >&2; exit {i % 100 + 1}"]},
+                         {"status": "RE", "exit_code": i % 100 + 1, "stderr": f"{i}\n".encode()}))
+        elif i % 5 == 0:
+            jobs.append(({"code": f"print({i} * 2)"},
+                         {"status": "OK", "stdout": f"{i * 2}\n".encode()}))
+        else:
+            jobs.append(({"argv": ["echo", f"job {i}"]},
+                         {"status": "OK", "exit_code": 0, "stdout": f"job {i}\n".encode()}))
+    return jobs
+
+
+def test_500_jobs_complete_with_their_results_on_both_nodes(executors: nsray.Executors):
+    jobs = mixed_jobs(500)
+    results = list(executors.map((job for job, _ in jobs), max_in_flight=32))
+    assert len(results) == 500
+    for (job, expected), result in zip(jobs, results, strict=True):
+        assert {k: result[k] for k in expected} == expected, (job, result)
+        assert result["attempts"] == 1
+    statuses = collections.Counter(r["status"] for r in results)
+    assert statuses == collections.Counter(expected["status"] for _, expected in jobs)
+    assert set(statuses) == {"OK", "RE", "TO"}
+    assert {r["node"] for r in results} == node_ids()
+    assert len({r["job"] for r in results}) == 500
+
+
+def test_results_are_plain_data(executors: nsray.Executors):
+    result = ray.get(executors.submit(["sh", "-c", "echo out; echo err >&2; exit 3"]))
+    plain = (str, bytes, int, float, bool, type(None))
+
+    def check(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                assert isinstance(key, str)
+                check(item)
+        elif isinstance(value, list):
+            for item in value:
+                check(item)
+        else:
+            assert isinstance(value, plain), (type(value), value)
+
+    check(result)
+    assert (result["status"], result["exit_code"]) == ("RE", 3)
+    assert (result["stdout"], result["stderr"]) == (b"out\n", b"err\n")
+
+
+def test_a_job_whose_sandbox_cannot_start_is_an_XX_result(executors: nsray.Executors):
+    result = ray.get(executors.submit(["no-such-program-here"]))
+    assert result["status"] == "XX"
+    assert result["error_type"] == "CommandNotFound"
+    assert result["step"] == "exec"
+    assert "command not found inside the sandbox: no-such-program-here" in result["error"]
+
+
+# --- files in and out --------------------------------------------------------------------------
+
+
+def test_files_in_and_out_as_bytes_with_hashes(executors: nsray.Executors, tmp_path: Path):
+    secret = tmp_path / "host-secret"
+    secret.write_text("host-" + uuid.uuid4().hex)
+    code = (
+        "import os\n"
+        "data = open('input/data.txt').read()\n"
+        "os.makedirs('out', exist_ok=True)\n"
+        "open('out/upper.txt', 'w').write(data.upper())\n"
+        "open('out/big.bin', 'wb').write(b'x' * 3000)\n"
+        f"os.symlink({str(secret)!r}, 'out/link.txt')\n"
+        "os.mkfifo('out/fifo.txt')\n"
+        "os.link('out/upper.txt', 'out/hard.txt')\n"
+        "print('done')\n"
+    )
+    result = ray.get(executors.submit(code=code, files={"input/data.txt": b"hello"},
+                                      collect=["out/*"]))
+    assert result["status"] == "OK", result["stderr"]
+    assert result["stdout"] == b"done\n"
+    files = {f["path"]: f for f in result["files"]}
+    assert set(files) == {"out/big.bin"}
+    assert files["out/big.bin"]["data"] == b"x" * 3000
+    assert files["out/big.bin"]["sha256"] == hashlib.sha256(b"x" * 3000).hexdigest()
+    skipped = {s["path"]: s["reason"] for s in result["skipped_files"]}
+    assert skipped == {
+        "out/fifo.txt": "not a regular file",
+        "out/link.txt": "not a regular file",
+        "out/hard.txt": "not a regular file with one name",
+        "out/upper.txt": "not a regular file with one name",
+    }
+
+
+def test_collect_caps_size_and_count(cluster: LocalCluster):
+    caps = nsray.CollectLimits(max_file_size=100, max_files=3, max_total=150)
+    code = ("open('big', 'wb').truncate(10**12)\n"  # sparse: 1 TB that takes no disk
+            "for i in range(4): open(f'f{i}', 'wb').write(b'y' * 60)\n"
+            "for i in range(2): open(f'g{i}', 'wb').write(b'z')\n")
+    with nsray.Executors(collect_limits=caps, per_node=1) as executors:
+        result = ray.get(executors.submit(code=code, collect=["*"]))
+    assert result["status"] == "OK", result["stderr"]
+    assert [(f["path"], f["size"]) for f in result["files"]] == [
+        ("f0", 60), ("f1", 60), ("g0", 1)]
+    assert {s["path"]: s["reason"] for s in result["skipped_files"]} == {
+        "big": "larger than 100 bytes", "f2": "over the total of 150 bytes",
+        "f3": "over the total of 150 bytes", "g1": "too many files"}
+
+
+# --- the seed attacks, inside jobs -------------------------------------------------------------
+
+
+def test_seed_attacks_fail_inside_jobs_as_they_do_locally(cluster: LocalCluster, tmp_path: Path):
+    canary_env = "canary-" + uuid.uuid4().hex
+    canary_dir = tmp_path / "outside"
+    canary_dir.mkdir()
+    canary_dir.chmod(0o777)
+    canary = canary_dir / "canary.txt"
+    canary.write_text("original")
+    canary.chmod(0o666)
+    policy = nsbox.Policy(mounts=(*DEFAULT_MOUNTS, Bind(str(canary_dir), "/ro")))
+    with socket.socket() as listener, nsray.Executors(
+            policy, actor_options={"runtime_env": {"env_vars": {"NSBOX_CANARY": canary_env}}}
+    ) as executors:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        # The secret is in every executor's own environment: the jobs run below it.
+        for info in executors.executors:
+            assert canary_env.encode() in Path(f"/proc/{info['pid']}/environ").read_bytes()
+        connect = (
+            "import socket,errno\n"
+            "s=socket.socket()\n"
+            "try:\n"
+            f"  s.connect(('127.0.0.1',{port})); print('connected')\n"
+            "except OSError as e: print(errno.errorcode[e.errno])\n"
+        )
+        tamper = (f"echo changed > /ro/canary.txt; rm -f /ro/canary.txt; touch /ro/new; "
+                  f"echo changed > {canary}; echo done")
+        jobs = []
+        for _ in range(4):  # enough to reach both nodes
+            jobs += [["sh", "-c", "env; cat /proc/self/environ /proc/1/environ"],
+                     {"code": connect}, ["sh", "-c", tamper]]
+        results = list(executors.map(jobs))
+        listener.settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    assert {r["node"] for r in results} == node_ids()
+    for env, net, files in zip(results[0::3], results[1::3], results[2::3], strict=True):
+        assert env["status"] == "OK"
+        assert canary_env.encode() not in env["stdout"]
+        assert net["stdout"].strip() in (b"ENETUNREACH", b"ECONNREFUSED"), net
+        assert files["stdout"] == b"done\n"
+        assert b"Read-only file system" in files["stderr"]
+    assert canary.read_text() == "original"
+    assert sorted(p.name for p in canary_dir.iterdir()) == ["canary.txt"]
+
+
+# --- executors that fail -----------------------------------------------------------------------
+
+
+def test_killing_an_executor_mid_run_loses_no_job(executors: nsray.Executors):
+    jobs = [{"argv": ["sh", "-c", f"sleep 0.2; echo {i}"]} for i in range(60)]
+    victim = executors._actors[0]
+    victim_pid = executors.executors[0]["pid"]
+    results = []
+    for i, result in enumerate(executors.map(jobs, max_in_flight=8)):
+        results.append(result)
+        if i == 10:
+            ray.kill(victim, no_restart=False)  # Ray restarts it on its node
+    assert [r["stdout"] for r in results] == [f"{i}\n".encode() for i in range(60)]
+    assert all(r["status"] == "OK" for r in results)
+    retried = [r for r in results if r["attempts"] == 2]
+    assert retried, "no job was running on the killed executor"
+    assert {r["executor"] for r in retried} == {executors.executors[0]["name"]}
+    assert max(r["attempts"] for r in results) == 2
+    info = ray.get(victim.info.remote())
+    assert info["pid"] != victim_pid and info["node"] == executors.executors[0]["node"]
+
+
+def test_a_node_that_cannot_run_the_policy_refuses_to_serve(cluster: LocalCluster):
+    policy = nsbox.Policy(mounts=(*DEFAULT_MOUNTS, Bind("/no/such/dir", "/data")))
+    with pytest.raises(nsray.NodeRefused) as info:
+        nsray.Executors(policy)
+    assert "cannot run the sandbox policy 'default'" in str(info.value)
+    assert "bind /data: source /no/such/dir does not exist on the host" in str(info.value)
+    assert info.value.feature == "sandbox"
+    assert str(info.value).startswith(f"node {os.uname().nodename} cannot run")
+
+
+# --- nothing left behind -----------------------------------------------------------------------
+
+
+def test_nothing_is_left_after_the_cluster_shuts_down(local: LocalCluster):
+    # The cluster stops in the middle of the jobs, without a word to the executors.
+    local.up()
+    try:
+        marker = f"6{uuid.uuid4().int % 10**8}"
+        executors = nsray.Executors(pool_size=2)
+        group = Path(executors.executors[0]["state_dir"]).parent
+        refs = [executors.submit(["sleep", marker], files={"f": b"x"}) for _ in range(4)]
+        deadline = time.monotonic() + 30
+        while len(processes_with(marker)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(processes_with(marker)) == 4, "the jobs did not start"
+        assert len(list(group.glob("*/work/job-*"))) == 4
+    finally:
+        local.down()
+    deadline = time.monotonic() + 30
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(marker) == []
+    assert len(refs) == 4
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(group) not in mounts
