@@ -25,6 +25,7 @@ executor (a real probe launch in the constructor) instead of running weaker sand
 from __future__ import annotations
 
 import collections
+import dataclasses
 import fnmatch
 import hashlib
 import os
@@ -83,6 +84,7 @@ class Job:
     files: tuple[tuple[str, bytes], ...] = ()
     collect: tuple[str, ...] = ()
     limits: tuple[tuple[str, Any], ...] = ()
+    attempt: int = 1  # 2 when the client runs it again after its executor was lost
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @classmethod
@@ -102,13 +104,13 @@ class Job:
             raise ValueError("argv is empty")
         for name in (files or {}):
             _check_relative(name)
-        extra = {"id": id} if id is not None else {}
-        return cls(
+        job = cls(
             argv=argv, code=code, stdin=stdin, timeout=timeout, output_limit=output_limit,
             env=tuple(sorted((env or {}).items())),
             files=tuple((k, v.encode() if isinstance(v, str) else v)
                         for k, v in (files or {}).items()),
-            collect=tuple(collect), limits=tuple(sorted((limits or {}).items())), **extra)
+            collect=tuple(collect), limits=tuple(sorted((limits or {}).items())))
+        return dataclasses.replace(job, id=id) if id is not None else job
 
     def command(self) -> list[str]:
         return ["python3", "-c", self.code] if self.code is not None else list(self.argv)
@@ -136,9 +138,10 @@ class Executor:
     """Runs jobs in sandboxes of one policy, ``concurrency`` at a time (Ray calls ``run`` from
     that many threads). Use through ``Executors``; Ray makes it an actor."""
 
-    def __init__(self, policy: Policy, *, pool_size: int, state_dir: str, name: str,
-                 collect_limits: CollectLimits, allow_degraded: bool = False) -> None:
+    def __init__(self, policy: Policy, *, pool_size: int, concurrency: int, state_dir: str,
+                 name: str, collect_limits: CollectLimits, allow_degraded: bool = False) -> None:
         self.policy = policy
+        self.concurrency = concurrency
         self.name = name
         self.collect_limits = collect_limits
         self.node = ray.get_runtime_context().get_node_id()
@@ -160,7 +163,8 @@ class Executor:
     @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "node": self.node, "pid": os.getpid(),
-                "state_dir": self.state_dir, "refusal": self.refusal}
+                "state_dir": self.state_dir, "refusal": self.refusal,
+                "concurrency": self.concurrency}
 
     @ray.method(concurrency_group="control")
     def close(self) -> None:
@@ -172,10 +176,10 @@ class Executor:
         if self.refusal is not None:
             raise HostError(self.refusal, feature="sandbox")
         marker = os.path.join(self.jobs_dir, job.id)
-        attempts = 1
+        attempts = job.attempt
         try:
             with open(marker) as f:
-                attempts = int(f.read() or 0) + 1
+                attempts = max(attempts, int(f.read() or 0) + 1)
         except (FileNotFoundError, ValueError):
             pass
         with open(marker, "w") as f:
@@ -215,6 +219,20 @@ class Executor:
             return self._pool.run(job.command(), **options)
         policy = self.policy.with_limits(**dict(job.limits)) if job.limits else self.policy
         return nsbox.run(job.command(), policy, workspace=workspace, **options)
+
+
+@dataclass
+class _InFlight:
+    job: Job
+    actor: Any
+    ref: Any
+
+
+def _lost(job: Job, error: Exception) -> dict[str, Any]:
+    data = _plain(Result(status=nsbox.Status.XX, error=f"the executor was lost: {error}"))
+    data.update(job=job.id, attempts=job.attempt, node=None, executor=None,
+                error_type="ExecutorLost")
+    return data
 
 
 def _refusal(policy: Policy, allow_degraded: bool) -> str | None:
@@ -342,7 +360,7 @@ def _read_exactly(fd: int, size: int) -> bytes:
 
 # The actor: the executor's jobs run in a concurrency group of their own, so ``info`` and
 # ``close`` are answered while every job slot is busy.
-_ExecutorActor = ray.remote(concurrency_groups={"control": 1})(Executor)
+_ExecutorActor = ray.remote(concurrency_groups={"control": 1})(Executor)  # type: ignore[call-overload]
 
 
 # --- the client --------------------------------------------------------------------------------
@@ -391,13 +409,14 @@ class Executors:
         started = []
         for node_id, i in candidates:
             name = f"nsbox-{self.group}-{node_id[:12]}-{i}"
+            slots = concurrency or pool_size
             actor = _ExecutorActor.options(
                 name=name, max_restarts=max_restarts, max_task_retries=1,
-                max_concurrency=concurrency or pool_size,
+                max_concurrency=slots,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 **options,
-            ).remote(self.policy, pool_size=pool_size, state_dir=state_dir, name=name,
-                     collect_limits=collect_limits or CollectLimits(),
+            ).remote(self.policy, pool_size=pool_size, concurrency=slots, state_dir=state_dir,
+                     name=name, collect_limits=collect_limits or CollectLimits(),
                      allow_degraded=allow_degraded)
             started.append((node_id, actor, actor.info.remote()))
         self._actors: list[Any] = []
@@ -437,31 +456,67 @@ class Executors:
             max_in_flight: int | None = None, ordered: bool = True) -> Iterator[dict[str, Any]]:
         """Run ``jobs`` and yield their results (in input order, or as they finish), with at
         most ``max_in_flight`` submitted and not yet yielded: the caller's iterator is read
-        only as fast as the cluster works, and results do not pile up."""
-        limit = max_in_flight or 2 * len(self._actors) * 8
+        only as fast as the cluster works, and results do not pile up.
+
+        Each job goes to the executor with the fewest of this map's jobs. When an executor is
+        gone for good (its node died, or Ray gave up restarting it), its jobs in flight run
+        once more on another executor; a job that loses its executor twice comes back as XX.
+        """
+        limit = max_in_flight or 4 * self.slots
         source = iter(jobs)
-        pending: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-        load = {id(a): 0 for a in self._actors}
+        window: collections.OrderedDict[Any, _InFlight] = collections.OrderedDict()
+        load: collections.Counter[int] = collections.Counter()
         exhausted = False
-        while pending or not exhausted:
-            while not exhausted and len(pending) < limit:
+        while True:
+            while not exhausted and len(window) < limit:
                 try:
                     job = _as_job(next(source))
                 except StopIteration:
                     exhausted = True
                     break
-                actor = min(self._actors, key=lambda a: load[id(a)])
-                load[id(actor)] += 1
-                pending[self._submit(job, actor)] = actor
-            if not pending:
-                break
+                entry = self._place(job, load)
+                window[entry.ref] = entry
+            if not window:
+                return
             if ordered:
-                ref = next(iter(pending))
+                ref = next(iter(window))
             else:
-                [ref], _ = ray.wait(list(pending), num_returns=1)
-            actor = pending.pop(ref)
-            load[id(actor)] -= 1
-            yield ray.get(ref)
+                [ref], _ = ray.wait(list(window), num_returns=1)
+            entry = window[ref]
+            load[id(entry.actor)] -= 1
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError as error:
+                self._forget(entry.actor)
+                if entry.job.attempt > 1 or not self._actors:
+                    result = _lost(entry.job, error)
+                else:
+                    retry = self._place(dataclasses.replace(entry.job, attempt=2), load)
+                    # The retry keeps the job's place in the order of results.
+                    window = collections.OrderedDict(
+                        (retry.ref, retry) if key == ref else (key, value)
+                        for key, value in window.items())
+                    continue
+            del window[ref]
+            yield result
+
+    @property
+    def slots(self) -> int:
+        """Jobs the executors run at once, in all."""
+        return sum(info["concurrency"] for info in self.executors)
+
+    def _place(self, job: Job, load: collections.Counter[int]) -> _InFlight:
+        if not self._actors:
+            raise NsboxError("no executor is left: every one of them is gone")
+        actor = min(self._actors, key=lambda a: load[id(a)])
+        load[id(actor)] += 1
+        return _InFlight(job, actor, self._submit(job, actor))
+
+    def _forget(self, actor: Any) -> None:
+        with self._lock:
+            if actor in self._actors:
+                index = self._actors.index(actor)
+                del self._actors[index], self.executors[index]
 
     def shutdown(self) -> None:
         """Stop the executors: their sandboxes end with them."""

@@ -300,6 +300,33 @@ def test_killing_an_executor_mid_run_loses_no_job(executors: nsray.Executors):
     assert info["pid"] != victim_pid and info["node"] == executors.executors[0]["node"]
 
 
+def test_jobs_of_an_executor_gone_for_good_run_once_more_elsewhere(executors: nsray.Executors):
+    jobs = [{"argv": ["sh", "-c", f"sleep 0.2; echo {i}"]} for i in range(40)]
+    victim, survivor = executors.executors
+    results = []
+    for i, result in enumerate(executors.map(jobs, max_in_flight=8)):
+        results.append(result)
+        if i == 10:  # as if its node were lost: Ray does not restart it
+            ray.kill(executors._actors[0], no_restart=True)
+    assert [r["stdout"] for r in results] == [f"{i}\n".encode() for i in range(40)]
+    assert all(r["status"] == "OK" for r in results)
+    retried = [r for r in results if r["attempts"] == 2]
+    assert retried, "no job was running on the lost executor"
+    assert {r["executor"] for r in retried} == {survivor["name"]}
+    assert {r["executor"] for r in results[20:]} == {survivor["name"]}
+    assert [e["name"] for e in executors.executors] == [survivor["name"]]
+    assert victim["name"] in {r["executor"] for r in results[:10]}
+
+
+def test_limits_of_one_job(executors: nsray.Executors):
+    fill = ["sh", "-c", "head -c 2000000 /dev/zero > /tmp/fill && echo written"]
+    small, default = ray.get([executors.submit(fill, limits={"tmp_size": 1024 * 1024}),
+                              executors.submit(fill)])
+    assert small["status"] == "RE"
+    assert b"No space left on device" in small["stderr"]
+    assert (default["status"], default["stdout"]) == ("OK", b"written\n")
+
+
 def test_a_node_that_cannot_run_the_policy_refuses_to_serve(cluster: LocalCluster):
     policy = nsbox.Policy(mounts=(*DEFAULT_MOUNTS, Bind("/no/such/dir", "/data")))
     with pytest.raises(nsray.NodeRefused) as info:
