@@ -29,8 +29,8 @@ import dataclasses
 import fnmatch
 import hashlib
 import os
-import shutil
 import stat
+import subprocess
 import tempfile
 import threading
 import uuid
@@ -54,6 +54,10 @@ from nsbox.result import Result
 # execve(2): one argument string is at most MAX_ARG_STRLEN (32 pages).
 MAX_CODE = 128 * 1024 - 1
 MAX_COLLECT_DEPTH = 32
+# Until jobs with files run in a session (a size-capped tmpfs workspace), their workspace is a
+# directory on the node's disk, and each result says so.
+HOST_WORKSPACE = ("workspace: a directory on the node's disk, not capped by "
+                  "limits.workspace_size (a job with files or collect)")
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,7 @@ class Executor:
         self.work_dir = os.path.join(self.state_dir, "work")
         os.makedirs(self.jobs_dir, mode=0o700, exist_ok=True)
         # Workspaces of a dead predecessor: its sandboxes died with its launch helper.
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        _remove_tree(self.work_dir)
         os.makedirs(self.work_dir, mode=0o700)
         # A refusal is kept, not raised: the client reads it from info() and stops the actor
         # (an exception here would reach the client as a Ray traceback).
@@ -170,7 +174,7 @@ class Executor:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
-        shutil.rmtree(self.state_dir, ignore_errors=True)
+        _remove_tree(self.state_dir)
 
     def run(self, job: Job) -> dict[str, Any]:
         if self.refusal is not None:
@@ -203,13 +207,15 @@ class Executor:
             except NsboxError as error:
                 return _failure(error)
             data = _plain(result)
+            if workspace is not None:
+                data["degraded"].append(HOST_WORKSPACE)
             if workspace is not None and job.collect:
                 data["files"], data["skipped_files"] = collect(
                     workspace, job.collect, self.collect_limits)
             return data
         finally:
             if workspace is not None:
-                shutil.rmtree(workspace, ignore_errors=True)
+                _remove_tree(workspace)
 
     def _launch(self, job: Job, workspace: str | None) -> Result:
         """The one place where a job meets a sandbox."""
@@ -304,8 +310,12 @@ def collect(root: str, patterns: Iterable[str], limits: CollectLimits
                 if depth >= MAX_COLLECT_DEPTH:
                     skipped.append({"path": rel, "reason": "too deep"})
                     continue
-                fd = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                             dir_fd=dir_fd)
+                try:
+                    fd = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                 dir_fd=dir_fd)
+                except OSError as error:  # e.g. a directory the job made unreadable
+                    skipped.append({"path": rel, "reason": f"cannot open: {error.strerror}"})
+                    continue
                 try:
                     walk(fd, rel + "/", depth + 1)
                 finally:
@@ -319,7 +329,12 @@ def collect(root: str, patterns: Iterable[str], limits: CollectLimits
             if len(files) >= limits.max_files:
                 skipped.append({"path": rel, "reason": "too many files"})
                 continue
-            fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+            try:
+                fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK,
+                             dir_fd=dir_fd)
+            except OSError as error:
+                skipped.append({"path": rel, "reason": f"cannot open: {error.strerror}"})
+                continue
             try:
                 info = os.fstat(fd)
                 reason = None
@@ -345,6 +360,15 @@ def collect(root: str, patterns: Iterable[str], limits: CollectLimits
     finally:
         os.close(top)
     return files, skipped
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a tree a sandbox wrote: any depth (rm uses no recursion of its own), symlinks
+    not followed, and as a regular user, directories the job made unreadable too."""
+    if os.geteuid() != 0:
+        # chmod -R does not follow the symlinks it meets in the tree (coreutils' chmod(1)).
+        subprocess.run(["chmod", "-R", "u+rwx", "--", path], capture_output=True)
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", path], capture_output=True)
 
 
 def _read_exactly(fd: int, size: int) -> bytes:

@@ -214,6 +214,34 @@ def test_files_in_and_out_as_bytes_with_hashes(executors: nsray.Executors, tmp_p
     }
 
 
+def test_a_hostile_workspace_is_read_and_removed_safely(executors: nsray.Executors,
+                                                       tmp_path: Path):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "file").write_text("host data")
+    code = (
+        "import os\n"
+        f"os.symlink({str(keep)!r}, 'link')\n"  # a link out: neither read nor followed
+        "os.mkdir('locked'); open('locked/x', 'w').write('x'); os.chmod('locked', 0)\n"
+        "for _ in range(3000): os.mkdir('d'); os.chdir('d')\n"  # deeper than any recursion
+        "print('built')\n"
+    )
+    result = ray.get(executors.submit(code=code, collect=["*", "locked/*"]))
+    assert result["stdout"] == b"built\n", result["stderr"]
+    assert nsray.HOST_WORKSPACE in result["degraded"]
+    skipped = {s["path"]: s["reason"] for s in result["skipped_files"]}
+    assert skipped["link"] == "not a regular file"
+    assert "d/" * 32 + "d" in skipped and skipped["d/" * 32 + "d"] == "too deep"
+    if os.geteuid() == 0:  # root reads what the job locked; a regular user cannot
+        assert [f["path"] for f in result["files"]] == ["locked/x"]
+    else:
+        assert result["files"] == []
+        assert skipped["locked"] == "cannot open: Permission denied"
+    work = Path(executors.executors[0]["state_dir"]).parent
+    assert list(work.glob("*/work/*")) == []  # every job's workspace is gone
+    assert (keep / "file").read_text() == "host data"
+
+
 def test_collect_caps_size_and_count(cluster: LocalCluster):
     caps = nsray.CollectLimits(max_file_size=100, max_files=3, max_total=150)
     code = ("open('big', 'wb').truncate(10**12)\n"  # sparse: 1 TB that takes no disk
