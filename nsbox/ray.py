@@ -48,7 +48,7 @@ except ImportError as exc:  # the core must work without Ray; this module cannot
 
 import nsbox
 from nsbox.errors import HostError, NsboxError, SetupError
-from nsbox.policy import MiB, Policy
+from nsbox.policy import Limits, MiB, Policy
 from nsbox.result import Result
 
 # execve(2): one argument string is at most MAX_ARG_STRLEN (32 pages).
@@ -108,6 +108,10 @@ class Job:
             raise ValueError("argv is empty")
         for name in (files or {}):
             _check_relative(name)
+        unknown = set(limits or {}) - {f.name for f in dataclasses.fields(Limits)}
+        if unknown:
+            raise ValueError(f"limits: no such limit {', '.join(sorted(unknown))} (the fields "
+                             "of nsbox.Limits)")
         job = cls(
             argv=argv, code=code, stdin=stdin, timeout=timeout, output_limit=output_limit,
             env=tuple(sorted((env or {}).items())),
@@ -162,7 +166,6 @@ class Executor:
         # (an exception here would reach the client as a Ray traceback).
         self.refusal = _refusal(policy, allow_degraded)
         self._pool = None  # nsbox.Pool(policy, size=pool_size) once the warm pool is in
-        self._lock = threading.Lock()
 
     @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
@@ -179,7 +182,8 @@ class Executor:
     def run(self, job: Job) -> dict[str, Any]:
         if self.refusal is not None:
             raise HostError(self.refusal, feature="sandbox")
-        marker = os.path.join(self.jobs_dir, job.id)
+        # The id comes from the caller: hashed, it is a file name whatever it holds.
+        marker = os.path.join(self.jobs_dir, hashlib.sha256(job.id.encode()).hexdigest())
         attempts = job.attempt
         try:
             with open(marker) as f:
@@ -446,7 +450,13 @@ class Executors:
         self._actors: list[Any] = []
         self.executors: list[dict[str, Any]] = []
         for node_id, actor, ready in started:
-            info = ray.get(ready, timeout=timeout)
+            try:
+                info = ray.get(ready, timeout=timeout)
+            except (ray.exceptions.RayError, TimeoutError) as error:
+                for _node, other, _ready in started:
+                    ray.kill(other, no_restart=True)
+                raise NsboxError(f"the executor on node {node_id} did not start within "
+                                 f"{timeout} s: {error}") from None
             if info["refusal"] is None:
                 self.executors.append(info)
                 self._actors.append(actor)

@@ -112,6 +112,8 @@ def test_job_arguments_are_checked_on_the_callers_side():
         nsray.Job.make(["true"], code="pass")
     with pytest.raises(ValueError, match="plain relative path"):
         nsray.Job.make(["true"], files={"../escape": b""})
+    with pytest.raises(ValueError, match="no such limit memroy"):
+        nsray.Job.make(["true"], limits={"memroy": 1})
     with pytest.raises(ValueError, match="longer than"):
         nsray.Job.make(code="#" * (200 * 1024))
 
@@ -150,6 +152,16 @@ def test_500_jobs_complete_with_their_results_on_both_nodes(executors: nsray.Exe
     assert set(statuses) == {"OK", "RE", "TO"}
     assert {r["node"] for r in results} == node_ids()
     assert len({r["job"] for r in results}) == 500
+
+
+def test_several_executors_per_node(cluster: LocalCluster):
+    with nsray.Executors(pool_size=1, per_node=2) as executors:
+        per_node = collections.Counter(e["node"] for e in executors.executors)
+        assert per_node == {node: 2 for node in node_ids()}
+        assert executors.slots == 4
+        results = list(executors.map([["echo", str(i)] for i in range(40)], max_in_flight=8))
+    assert [r["stdout"] for r in results] == [f"{i}\n".encode() for i in range(40)]
+    assert {r["executor"] for r in results} == {e["name"] for e in executors.executors}
 
 
 def test_results_are_plain_data(executors: nsray.Executors):
