@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -122,12 +123,19 @@ def test_job_arguments_are_checked_on_the_callers_side():
 
 
 def mixed_jobs(n: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(job, what its result must be) pairs: mostly OK, every 7th RE, every 50th TO."""
+    """(job, what its result must be) pairs: mostly OK, with RE, TO, SG and OL mixed in."""
     jobs = []
     for i in range(n):
         if i % 50 == 49:
             jobs.append(({"argv": ["sleep", "30"], "timeout": 0.3},
-                         {"status": "TO", "stdout": b""}))
+                         {"status": "TO", "timed_out": True, "stdout": b""}))
+        elif i % 97 == 96:
+            jobs.append(({"argv": ["yes", str(i)], "output_limit": 1000},
+                         {"status": "OL", "stdout_truncated": True,
+                          "stdout": (f"{i}\n" * 1000).encode()[:1000]}))
+        elif i % 61 == 60:  # a fault reaches even pid 1
+            jobs.append(({"code": "import ctypes; ctypes.string_at(0)"},
+                         {"status": "SG", "signal": signal.SIGSEGV}))
         elif i % 7 == 6:
             jobs.append(({"argv": ["sh", "-c", f"echo {i} >&2; exit {i % 100 + 1}"]},
                          {"status": "RE", "exit_code": i % 100 + 1, "stderr": f"{i}\n".encode()}))
@@ -149,7 +157,7 @@ def test_500_jobs_complete_with_their_results_on_both_nodes(executors: nsray.Exe
         assert result["attempts"] == 1
     statuses = collections.Counter(r["status"] for r in results)
     assert statuses == collections.Counter(expected["status"] for _, expected in jobs)
-    assert set(statuses) == {"OK", "RE", "TO"}
+    assert set(statuses) == {"OK", "RE", "TO", "SG", "OL"}
     assert {r["node"] for r in results} == node_ids()
     assert len({r["job"] for r in results}) == 500
 
