@@ -172,6 +172,16 @@ def test_several_executors_per_node(cluster: LocalCluster):
     assert {r["executor"] for r in results} == {e["name"] for e in executors.executors}
 
 
+def test_map_unordered_yields_each_result_once_as_it_finishes(executors: nsray.Executors):
+    # The first job is the slowest: in finishing order it cannot come first.
+    jobs = [{"argv": ["sh", "-c", "sleep 1; echo slow"], "id": "slow"}] + [
+        {"argv": ["echo", str(i)], "id": f"fast-{i}"} for i in range(20)]
+    results = list(executors.map(jobs, ordered=False, max_in_flight=6))
+    assert sorted(r["job"] for r in results) == sorted(j["id"] for j in jobs)
+    assert results[0]["job"] != "slow"
+    assert {r["job"]: r["stdout"] for r in results}["slow"] == b"slow\n"
+
+
 def test_results_are_plain_data(executors: nsray.Executors):
     result = ray.get(executors.submit(["sh", "-c", "echo out; echo err >&2; exit 3"]))
     plain = (str, bytes, int, float, bool, type(None))
