@@ -165,7 +165,7 @@ class Executor:
         # A refusal is kept, not raised: the client reads it from info() and stops the actor
         # (an exception here would reach the client as a Ray traceback).
         self.refusal = _refusal(policy, allow_degraded)
-        self._pool = None  # nsbox.Pool(policy, size=pool_size) once the warm pool is in
+        self._pool = _warm_pool(policy, pool_size) if self.refusal is None else None
 
     @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
@@ -229,6 +229,12 @@ class Executor:
             return self._pool.run(job.command(), **options)
         policy = self.policy.with_limits(**dict(job.limits)) if job.limits else self.policy
         return nsbox.run(job.command(), policy, workspace=workspace, **options)
+
+
+def _warm_pool(policy: Policy, size: int) -> Any:
+    """Sandboxes prepared ahead for the jobs that need nothing of their own (no workspace
+    directory, no limits); None: every job launches with nsbox.run."""
+    return None  # until nsbox.Pool is there; it cannot serve network allow mode
 
 
 @dataclass
