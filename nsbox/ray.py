@@ -561,6 +561,8 @@ class Executors:
     def shutdown(self) -> None:
         """Stop the executors: their sandboxes end with them."""
         actors, self._actors = self._actors, []
+        if not actors or not ray.is_initialized():
+            return  # the cluster is gone, and the executors with it
         closing = []
         for actor in actors:
             closing.append(actor.close.remote())
