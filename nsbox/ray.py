@@ -146,7 +146,7 @@ class Executor:
     """Runs jobs in sandboxes of one policy, ``concurrency`` at a time (Ray calls ``run`` from
     that many threads). Use through ``Executors``; Ray makes it an actor."""
 
-    def __init__(self, policy: Policy, *, pool_size: int, concurrency: int, state_dir: str,
+    def __init__(self, policy: Policy, *, pool_size: int, concurrency: int, group: str,
                  name: str, collect_limits: CollectLimits, allow_degraded: bool = False) -> None:
         self.policy = policy
         self.concurrency = concurrency
@@ -155,17 +155,27 @@ class Executor:
         self.node = ray.get_runtime_context().get_node_id()
         # Jobs in flight leave a marker here; a restarted executor finds those of the
         # executor it replaces (same name, same node).
-        self.state_dir = os.path.join(state_dir, name)
+        self.group_dir = os.path.join(tempfile.gettempdir(), f"nsbox-ray-{os.geteuid()}", group)
+        self.state_dir = os.path.join(self.group_dir, name)
         self.jobs_dir = os.path.join(self.state_dir, "jobs")
         self.work_dir = os.path.join(self.state_dir, "work")
-        os.makedirs(self.jobs_dir, mode=0o700, exist_ok=True)
-        # Workspaces of a dead predecessor: its sandboxes died with its launch helper.
-        _remove_tree(self.work_dir)
-        os.makedirs(self.work_dir, mode=0o700)
+        self._pool = None
         # A refusal is kept, not raised: the client reads it from info() and stops the actor
         # (an exception here would reach the client as a Ray traceback).
-        self.refusal = _refusal(policy, allow_degraded)
-        self._pool = _warm_pool(policy, pool_size) if self.refusal is None else None
+        self.refusal = self._prepare_state() or _refusal(policy, allow_degraded)
+        if self.refusal is None:
+            self._pool = _warm_pool(policy, pool_size)
+
+    def _prepare_state(self) -> str | None:
+        try:
+            _check_private(os.path.dirname(self.group_dir))
+            os.makedirs(self.jobs_dir, mode=0o700, exist_ok=True)
+            # Workspaces of a dead predecessor: its sandboxes died with its launch helper.
+            _remove_tree(self.work_dir)
+            os.makedirs(self.work_dir, mode=0o700)
+        except (HostError, OSError) as error:
+            return f"node {os.uname().nodename}: {error}"
+        return None
 
     @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
@@ -178,6 +188,10 @@ class Executor:
         if self._pool is not None:
             self._pool.close()
         _remove_tree(self.state_dir)
+        try:
+            os.rmdir(self.group_dir)  # the last executor of the group on this node
+        except OSError:
+            pass
 
     def run(self, job: Job) -> dict[str, Any]:
         if self.refusal is not None:
@@ -229,6 +243,31 @@ class Executor:
             return self._pool.run(job.command(), **options)
         policy = self.policy.with_limits(**dict(job.limits)) if job.limits else self.policy
         return nsbox.run(job.command(), policy, workspace=workspace, **options)
+
+
+def _check_private(path: str) -> None:
+    """Make ``path`` for this user's executor state, and check that no other user of the node
+    planted it (or a link in its place) beforehand in the shared temporary directory."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise HostError(f"{path} is not a private directory of uid {os.geteuid()} (a link, "
+                        "another owner, or open to others); remove it and start again",
+                        feature="state directory")
+
+
+@ray.remote(num_cpus=0)
+def _remove_group(group: str) -> None:
+    """On one node: remove what the executors of ``group`` kept there."""
+    base = os.path.join(tempfile.gettempdir(), f"nsbox-ray-{os.geteuid()}")
+    try:
+        _check_private(base)
+    except (HostError, OSError):
+        return  # not ours to touch: the executors refused to use it
+    _remove_tree(os.path.join(base, group))
 
 
 def _warm_pool(policy: Policy, size: int) -> Any:
@@ -429,7 +468,6 @@ class Executors:
         self.refused: dict[str, str] = {}
         self._next = 0
         self._lock = threading.Lock()
-        state_dir = os.path.join(tempfile.gettempdir(), f"nsbox-ray-{os.getuid()}", self.group)
         wanted = set(nodes) if nodes is not None else None
         candidates = []
         for node in ray.nodes():
@@ -440,6 +478,8 @@ class Executors:
         if not candidates:
             raise NsboxError("no alive Ray node to start an executor on")
         options = {"num_cpus": 0, **(actor_options or {})}
+        self._nodes = {node_id for node_id, _ in candidates}
+        self._actors: list[Any] = []
         started = []
         for node_id, i in candidates:
             name = f"nsbox-{self.group}-{node_id[:12]}-{i}"
@@ -449,18 +489,17 @@ class Executors:
                 max_concurrency=slots,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 **options,
-            ).remote(self.policy, pool_size=pool_size, concurrency=slots, state_dir=state_dir,
+            ).remote(self.policy, pool_size=pool_size, concurrency=slots, group=self.group,
                      name=name, collect_limits=collect_limits or CollectLimits(),
                      allow_degraded=allow_degraded)
             started.append((node_id, actor, actor.info.remote()))
-        self._actors: list[Any] = []
         self.executors: list[dict[str, Any]] = []
         for node_id, actor, ready in started:
             try:
                 info = ray.get(ready, timeout=timeout)
             except (ray.exceptions.RayError, TimeoutError) as error:
-                for _node, other, _ready in started:
-                    ray.kill(other, no_restart=True)
+                self._actors = [other for _node, other, _ready in started]
+                self.shutdown()
                 raise NsboxError(f"the executor on node {node_id} did not start within "
                                  f"{timeout} s: {error}") from None
             if info["refusal"] is None:
@@ -559,16 +598,23 @@ class Executors:
                 del self._actors[index], self.executors[index]
 
     def shutdown(self) -> None:
-        """Stop the executors: their sandboxes end with them."""
+        """Stop the executors (their sandboxes end with them) and remove their state on every
+        node, also of those that died or refused."""
         actors, self._actors = self._actors, []
-        if not actors or not ray.is_initialized():
+        nodes, self._nodes = self._nodes, set()
+        if not ray.is_initialized():
             return  # the cluster is gone, and the executors with it
-        closing = []
-        for actor in actors:
-            closing.append(actor.close.remote())
+        closing = [actor.close.remote() for actor in actors]
         try:
             ray.get(closing, timeout=30)
         except (ray.exceptions.RayError, TimeoutError):
             pass
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        cleanups = [_remove_group.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+        ).remote(self.group) for node in nodes]
+        try:
+            ray.get(cleanups, timeout=30)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass  # a node that is gone took its state with it

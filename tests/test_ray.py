@@ -9,10 +9,12 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -395,6 +397,23 @@ def test_a_node_that_cannot_run_the_policy_refuses_to_serve(cluster: LocalCluste
     assert str(info.value).startswith(f"node {os.uname().nodename} cannot run")
 
 
+def test_a_planted_state_directory_makes_the_node_refuse(cluster: LocalCluster,
+                                                         tmp_path: Path):
+    # Another user of the node could have made the path first, as a link to a place of theirs.
+    base = Path(tempfile.gettempdir()) / f"nsbox-ray-{os.geteuid()}"
+    if base.is_dir() and not base.is_symlink():
+        assert list(base.iterdir()) == [], f"executors left state behind in {base} (or an earlier run was cut short: remove it)"
+        base.rmdir()
+    base.symlink_to(tmp_path)
+    try:
+        with pytest.raises(nsray.NodeRefused) as info:
+            nsray.Executors()
+    finally:
+        base.unlink()
+    assert f"{base} is not a private directory of uid {os.geteuid()}" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- nothing left behind -----------------------------------------------------------------------
 
 
@@ -413,6 +432,7 @@ def test_nothing_is_left_after_the_cluster_shuts_down(local: LocalCluster):
         assert len(list(group.glob("*/work/job-*"))) == 4
     finally:
         local.down()
+    executors.shutdown()  # nothing left to stop: no error either
     deadline = time.monotonic() + 30
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -420,3 +440,6 @@ def test_nothing_is_left_after_the_cluster_shuts_down(local: LocalCluster):
     assert len(refs) == 4
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(group) not in mounts
+    # What an abrupt stop leaves: the group's small state directory (docs/scale-out.md).
+    assert sorted(p.name for p in group.glob("*/work/job-*/*")) == ["f"] * 4
+    shutil.rmtree(group)
