@@ -402,7 +402,8 @@ def test_a_planted_state_directory_makes_the_node_refuse(cluster: LocalCluster,
     # Another user of the node could have made the path first, as a link to a place of theirs.
     base = Path(tempfile.gettempdir()) / f"nsbox-ray-{os.geteuid()}"
     if base.is_dir() and not base.is_symlink():
-        assert list(base.iterdir()) == [], f"executors left state behind in {base} (or an earlier run was cut short: remove it)"
+        assert list(base.iterdir()) == [], (
+            f"executors left state behind in {base} (or an earlier run was cut short)")
         base.rmdir()
     base.symlink_to(tmp_path)
     try:
