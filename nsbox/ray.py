@@ -18,8 +18,9 @@ whose sandbox cannot be built is a result with status XX and the failed step.
 Failures of the executor itself are Ray's business: an executor process that dies is restarted
 by Ray on the same node, and the jobs it was running are run again once (``max_task_retries``).
 Each job leaves a marker file on the node while it runs, so the run after a restart knows it is
-a retry and says so in ``attempts``. A node that cannot run the policy safely refuses to start its
-executor (a real probe launch in the constructor) instead of running weaker sandboxes.
+a retry and says so in ``attempts``. A node that cannot run the policy safely (nsbox doctor
+fails for it, or a real probe launch does) refuses to serve instead of running weaker
+sandboxes.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ except ImportError as exc:  # the core must work without Ray; this module cannot
         name="ray") from exc
 
 import nsbox
+from nsbox.doctor import run_doctor
 from nsbox.errors import HostError, NsboxError, SetupError
 from nsbox.policy import Limits, MiB, Policy
 from nsbox.result import Result
@@ -147,7 +149,7 @@ class Executor:
     that many threads). Use through ``Executors``; Ray makes it an actor."""
 
     def __init__(self, policy: Policy, *, pool_size: int, concurrency: int, group: str,
-                 name: str, collect_limits: CollectLimits, allow_degraded: bool = False) -> None:
+                 name: str, collect_limits: CollectLimits) -> None:
         self.policy = policy
         self.concurrency = concurrency
         self.name = name
@@ -162,7 +164,7 @@ class Executor:
         self._pool = None
         # A refusal is kept, not raised: the client reads it from info() and stops the actor
         # (an exception here would reach the client as a Ray traceback).
-        self.refusal = self._prepare_state() or _refusal(policy, allow_degraded)
+        self.refusal = self._prepare_state() or _refusal(policy)
         if self.refusal is None:
             self._pool = _warm_pool(policy, pool_size)
 
@@ -290,9 +292,22 @@ def _lost(job: Job, error: Exception) -> dict[str, Any]:
     return data
 
 
-def _refusal(policy: Policy, allow_degraded: bool) -> str | None:
-    """Why this node must not run the policy, from one real launch; None when it may."""
+def _refusal(policy: Policy) -> str | None:
+    """Why this node must not run the policy; None when it may.
+
+    First nsbox doctor's verdict for the policy (a check that fails: the policy cannot run
+    safely here; a warning is a weaker guarantee the policy accepts, e.g. rlimits instead of
+    cgroups unless limits.require_cgroup, and every Result names it in ``degraded``). Then one
+    real launch with the policy, which also finds what the doctor does not look at, such as a
+    bind source missing on this node.
+    """
     host = os.uname().nodename
+    report = run_doctor(policy=policy)
+    if not report.ok:
+        failed = [f"{c.name}: {c.detail}" + (f" ({c.remedy})" if c.remedy else "")
+                  for c in report.checks if c.status == "fail"]
+        return (f"node {host} cannot run the sandbox policy {policy.name!r} safely "
+                f"(nsbox doctor): {'; '.join(failed)}")
     try:
         result = nsbox.run(["true"], policy, timeout=30)
     except NsboxError as error:
@@ -302,10 +317,6 @@ def _refusal(policy: Policy, allow_degraded: bool) -> str | None:
     if result.status.value != "OK":
         return (f"node {host}: the probe launch of policy {policy.name!r} ended with "
                 f"{result.status.value}: {result.stderr.decode(errors='replace').strip()}")
-    if result.degraded and not allow_degraded:
-        return (f"node {host} would run weaker sandboxes than policy {policy.name!r} asks: "
-                f"{'; '.join(result.degraded)} (fix the node, see nsbox doctor, or pass "
-                "allow_degraded=True)")
     return None
 
 
@@ -456,7 +467,7 @@ class Executors:
     def __init__(self, policy: Policy | None = None, *, pool_size: int = 2,
                  concurrency: int | None = None, per_node: int | str = 1,
                  nodes: Iterable[str] | None = None, skip_refused: bool = False,
-                 allow_degraded: bool = False, max_restarts: int = -1,
+                 max_restarts: int = -1,
                  collect_limits: CollectLimits | None = None,
                  actor_options: dict[str, Any] | None = None, timeout: float = 120.0) -> None:
         if not ray.is_initialized():
@@ -490,8 +501,7 @@ class Executors:
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 **options,
             ).remote(self.policy, pool_size=pool_size, concurrency=slots, group=self.group,
-                     name=name, collect_limits=collect_limits or CollectLimits(),
-                     allow_degraded=allow_degraded)
+                     name=name, collect_limits=collect_limits or CollectLimits())
             started.append((node_id, actor, actor.info.remote()))
         self.executors: list[dict[str, Any]] = []
         for node_id, actor, ready in started:

@@ -25,7 +25,7 @@ import pytest
 from conftest import processes_with, require
 
 import nsbox
-from nsbox.policy import DEFAULT_MOUNTS, Bind
+from nsbox.policy import DEFAULT_MOUNTS, Bind, MiB
 
 try:
     import ray
@@ -124,11 +124,20 @@ def test_job_arguments_are_checked_on_the_callers_side():
 # --- many jobs, both nodes ---------------------------------------------------------------------
 
 
-def mixed_jobs(n: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(job, what its result must be) pairs: mostly OK, with RE, TO, SG and OL mixed in."""
+def cgroup_memory() -> bool:
+    """Whether this user's sandboxes get a memory cgroup here (else RLIMIT_AS stands in)."""
+    probe = nsbox.run(["true"], nsbox.Policy().with_limits(memory=64 * MiB))
+    return not any(entry.startswith("memory:") for entry in probe.degraded)
+
+
+def mixed_jobs(n: int, oom_status: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(job, what its result must be) pairs: mostly OK, with RE, TO, SG, OL and ML mixed in."""
     jobs = []
     for i in range(n):
-        if i % 50 == 49:
+        if i % 45 == 44:  # 200 MB under a limit of 64 MiB
+            jobs.append(({"code": "x = bytearray(200 * 2**20)", "limits": {"memory": 64 * MiB}},
+                         {"status": oom_status, "stdout": b""}))
+        elif i % 50 == 49:
             jobs.append(({"argv": ["sleep", "30"], "timeout": 0.3},
                          {"status": "TO", "timed_out": True, "stdout": b""}))
         elif i % 97 == 96:
@@ -151,7 +160,9 @@ def mixed_jobs(n: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
 
 
 def test_500_jobs_complete_with_their_results_on_both_nodes(executors: nsray.Executors):
-    jobs = mixed_jobs(500)
+    # Without a memory cgroup the allocation fails with MemoryError instead of an OOM kill.
+    oom_status = "ML" if cgroup_memory() else "RE"
+    jobs = mixed_jobs(500, oom_status)
     results = list(executors.map((job for job, _ in jobs), max_in_flight=32))
     assert len(results) == 500
     for (job, expected), result in zip(jobs, results, strict=True):
@@ -159,7 +170,7 @@ def test_500_jobs_complete_with_their_results_on_both_nodes(executors: nsray.Exe
         assert result["attempts"] == 1
     statuses = collections.Counter(r["status"] for r in results)
     assert statuses == collections.Counter(expected["status"] for _, expected in jobs)
-    assert set(statuses) == {"OK", "RE", "TO", "SG", "OL"}
+    assert set(statuses) == {"OK", "RE", "TO", "SG", "OL", oom_status}
     assert {r["node"] for r in results} == node_ids()
     assert len({r["job"] for r in results}) == 500
 
@@ -395,6 +406,19 @@ def test_a_node_that_cannot_run_the_policy_refuses_to_serve(cluster: LocalCluste
     assert "bind /data: source /no/such/dir does not exist on the host" in str(info.value)
     assert info.value.feature == "sandbox"
     assert str(info.value).startswith(f"node {os.uname().nodename} cannot run")
+
+
+def test_a_node_whose_doctor_fails_refuses_with_the_doctors_message(cluster: LocalCluster):
+    # limits.require_cgroup: no falling back to rlimits; without a writable cgroup (a regular
+    # user without delegation) the doctor fails the policy.
+    if os.geteuid() == 0:
+        pytest.skip("root has writable cgroups on this host: the doctor passes the policy")
+    policy = nsbox.Policy().with_limits(require_cgroup=True)
+    with pytest.raises(nsray.NodeRefused) as info:
+        nsray.Executors(policy)
+    assert f"node {os.uname().nodename} cannot run the sandbox policy 'default' safely " \
+           "(nsbox doctor): cgroups: " in str(info.value)
+    assert f"not writable by uid {os.geteuid()}" in str(info.value)
 
 
 def test_a_planted_state_directory_makes_the_node_refuse(cluster: LocalCluster,
