@@ -1,6 +1,6 @@
 """Launches per second through Ray against direct nsbox calls and Ray without a sandbox.
 
-    python bench/ray_throughput.py [jobs] [rounds]
+    python bench/ray_throughput.py [jobs] [rounds] [default|nolimits]
 
 Starts a local Ray cluster of two nodes on this machine (``ray.cluster_utils.Cluster``, one
 CPU and 200 MB of object store each) and runs ``jobs`` short commands (``/bin/true``) with each
@@ -11,6 +11,10 @@ method, ``rounds`` times in turn so that the noise of other tenants falls on all
 - ``ray-plain``: a Ray task per job that runs the command with subprocess, no sandbox: the cost
   of Ray alone;
 - ``ray-nsbox``: ``nsbox.ray.Executors.map``, one executor per node: both.
+
+``nolimits`` runs every sandbox without memory and process limits, so without a cgroup per run:
+the difference to ``default`` is the cost of the cgroup (on a cgroup v1 host, moving a process
+into a cgroup has a tail of 10-20 ms).
 
 Prints the median jobs per second of each method and the figures of every round as JSON.
 """
@@ -44,9 +48,9 @@ def plain(argv: list[str]) -> int:
     return subprocess.run(argv, capture_output=True).returncode
 
 
-def direct(jobs: int, threads: int) -> None:
+def direct(policy: nsbox.Policy, jobs: int, threads: int) -> None:
     with ThreadPoolExecutor(threads) as workers:
-        codes = list(workers.map(lambda _: nsbox.run(COMMAND).exit_code, range(jobs)))
+        codes = list(workers.map(lambda _: nsbox.run(COMMAND, policy).exit_code, range(jobs)))
     assert codes == [0] * jobs
 
 
@@ -76,16 +80,22 @@ def rate(work: Callable[[], None], jobs: int) -> float:
 def main() -> None:
     jobs = int(sys.argv[1]) if len(sys.argv) > 1 else 400
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    variant = sys.argv[3] if len(sys.argv) > 3 else "default"
+    policy = nsbox.Policy()
+    if variant == "nolimits":
+        policy = policy.with_limits(memory=None, pids=None)
+    elif variant != "default":
+        sys.exit(f"unknown variant {variant!r}: default or nolimits")
     cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
     cluster.add_node(**NODE)
     try:
         ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
         cluster.wait_for_nodes()
-        with nsray.Executors(pool_size=POOL_SIZE) as executors:
+        with nsray.Executors(policy, pool_size=POOL_SIZE) as executors:
             slots = POOL_SIZE * len(executors.executors)
             in_flight = 4 * slots
             methods: dict[str, Callable[[], None]] = {
-                "direct": lambda: direct(jobs, slots),
+                "direct": lambda: direct(policy, jobs, slots),
                 "ray-plain": lambda: ray_plain(jobs, in_flight),
                 "ray-nsbox": lambda: ray_nsbox(executors, jobs, in_flight),
             }
@@ -98,11 +108,12 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
-    print(f"{jobs} x {' '.join(COMMAND)}, {rounds} rounds, 2 nodes x 1 CPU, "
+    print(f"{jobs} x {' '.join(COMMAND)} ({variant}), {rounds} rounds, 2 nodes x 1 CPU, "
           f"{POOL_SIZE} jobs at once per executor, {os.cpu_count()} cores")
     for name, values in figures.items():
         print(f"  {name:<10} {statistics.median(values):8.1f} jobs/s (median)")
-    print(json.dumps({"jobs": jobs, "rounds": rounds, "jobs_per_second": figures}))
+    print(json.dumps({"jobs": jobs, "rounds": rounds, "variant": variant,
+                      "jobs_per_second": figures}))
 
 
 if __name__ == "__main__":
