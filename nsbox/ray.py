@@ -34,6 +34,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ except ImportError as exc:  # the core must work without Ray; this module cannot
         name="ray") from exc
 
 import nsbox
+from nsbox import cgroups
 from nsbox.doctor import run_doctor
 from nsbox.errors import HostError, NsboxError, SetupError
 from nsbox.policy import Limits, MiB, Policy
@@ -186,7 +188,9 @@ class Executor:
                 "concurrency": self.concurrency}
 
     @ray.method(concurrency_group="control")
-    def close(self) -> None:
+    def close(self) -> list[int]:
+        """Stop serving; returns this process and its children (the launch helper), so that
+        the cleanup after them can wait for them to be gone."""
         if self._pool is not None:
             self._pool.close()
         _remove_tree(self.state_dir)
@@ -194,6 +198,7 @@ class Executor:
             os.rmdir(self.group_dir)  # the last executor of the group on this node
         except OSError:
             pass
+        return [os.getpid(), *_children()]
 
     def run(self, job: Job) -> dict[str, Any]:
         if self.refusal is not None:
@@ -261,9 +266,27 @@ def _check_private(path: str) -> None:
                         feature="state directory")
 
 
+def _children() -> list[int]:
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(pid) for pid in f.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
 @ray.remote(num_cpus=0)
-def _remove_group(group: str) -> None:
-    """On one node: remove what the executors of ``group`` kept there."""
+def _remove_group(group: str, pids: list[int]) -> None:
+    """On one node, once the executors' processes ``pids`` are gone: remove what the executors
+    of ``group`` kept there, and the run cgroups of their launch helpers. (Ray kills an
+    actor's child processes with it, so a helper may not have removed the cgroups of the
+    sandboxes it was running; nsbox reclaims the cgroups of dead owners.)"""
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cgroups.detect().reclaim()
     base = os.path.join(tempfile.gettempdir(), f"nsbox-ray-{os.geteuid()}")
     try:
         _check_private(base)
@@ -490,6 +513,7 @@ class Executors:
             raise NsboxError("no alive Ray node to start an executor on")
         options = {"num_cpus": 0, **(actor_options or {})}
         self._nodes = {node_id for node_id, _ in candidates}
+        self._node_of: dict[int, str] = {}
         self._actors: list[Any] = []
         started = []
         for node_id, i in candidates:
@@ -503,6 +527,7 @@ class Executors:
             ).remote(self.policy, pool_size=pool_size, concurrency=slots, group=self.group,
                      name=name, collect_limits=collect_limits or CollectLimits())
             started.append((node_id, actor, actor.info.remote()))
+            self._node_of[id(actor)] = node_id
         self.executors: list[dict[str, Any]] = []
         for node_id, actor, ready in started:
             try:
@@ -614,16 +639,16 @@ class Executors:
         nodes, self._nodes = self._nodes, set()
         if not ray.is_initialized():
             return  # the cluster is gone, and the executors with it
-        closing = [actor.close.remote() for actor in actors]
-        try:
-            ray.get(closing, timeout=30)
-        except (ray.exceptions.RayError, TimeoutError):
-            pass
+        pids: dict[str, list[int]] = {node: [] for node in nodes}
         for actor in actors:
+            try:
+                pids[self._node_of[id(actor)]] += ray.get(actor.close.remote(), timeout=30)
+            except (ray.exceptions.RayError, TimeoutError):
+                pass  # dead already
             ray.kill(actor, no_restart=True)
         cleanups = [_remove_group.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-        ).remote(self.group) for node in nodes]
+        ).remote(self.group, pids[node]) for node in nodes]
         try:
             ray.get(cleanups, timeout=30)
         except (ray.exceptions.RayError, TimeoutError):
