@@ -497,6 +497,8 @@ class Executors:
             raise NsboxError("Ray is not initialized: call ray.init(address=...) first")
         if pool_size < 1:
             raise ValueError("pool_size must be at least 1")
+        if per_node != "cpus" and (not isinstance(per_node, int) or per_node < 1):
+            raise ValueError(f"per_node must be a positive number or 'cpus', not {per_node!r}")
         self.policy = policy or Policy()
         self.group = uuid.uuid4().hex[:12]
         self.refused: dict[str, str] = {}
@@ -507,8 +509,8 @@ class Executors:
         for node in ray.nodes():
             if not node["Alive"] or (wanted is not None and node["NodeID"] not in wanted):
                 continue
-            count = int(node["Resources"].get("CPU", 1)) if per_node == "cpus" else int(per_node)
-            candidates += [(node["NodeID"], i) for i in range(max(1, count))]
+            count = int(node["Resources"].get("CPU", 1)) if per_node == "cpus" else per_node
+            candidates += [(node["NodeID"], i) for i in range(max(1, int(count)))]
         if not candidates:
             raise NsboxError("no alive Ray node to start an executor on")
         options = {"num_cpus": 0, **(actor_options or {})}

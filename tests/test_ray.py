@@ -195,6 +195,13 @@ def test_map_unordered_yields_each_result_once_as_it_finishes(executors: nsray.E
     assert {r["job"]: r["stdout"] for r in results}["slow"] == b"slow\n"
 
 
+def test_executor_arguments_are_checked(cluster: LocalCluster):
+    with pytest.raises(ValueError, match="per_node must be a positive number or 'cpus', not 0"):
+        nsray.Executors(per_node=0)
+    with pytest.raises(ValueError, match="pool_size must be at least 1"):
+        nsray.Executors(pool_size=0)
+
+
 def test_results_are_plain_data(executors: nsray.Executors):
     result = ray.get(executors.submit(["sh", "-c", "echo out; echo err >&2; exit 3"]))
     plain = (str, bytes, int, float, bool, type(None))
