@@ -446,6 +446,30 @@ def test_a_planted_state_directory_makes_the_node_refuse(cluster: LocalCluster,
     assert list(tmp_path.iterdir()) == []
 
 
+def test_skip_refused_serves_from_the_nodes_that_can(local: LocalCluster, tmp_path: Path):
+    # A third node whose temporary directory holds a planted link where the state goes.
+    planted = tmp_path / "third-tmp"
+    planted.mkdir()
+    (planted / f"nsbox-ray-{os.geteuid()}").symlink_to(tmp_path)
+    assert local.up().cluster is not None
+    try:
+        third = local.cluster.add_node(**NODE, env_vars={"TMPDIR": str(planted)}).node_id
+        local.cluster.wait_for_nodes()
+        with pytest.raises(nsray.NodeRefused, match="is not a private directory"):
+            nsray.Executors()  # by default every node must serve
+        with nsray.Executors(skip_refused=True) as executors:
+            assert list(executors.refused) == [third]
+            assert f"{planted}/nsbox-ray-{os.geteuid()} is not a private directory" in \
+                executors.refused[third]
+            assert {e["node"] for e in executors.executors} == node_ids() - {third}
+            results = list(executors.map([["echo", str(i)] for i in range(10)]))
+        assert [r["stdout"] for r in results] == [f"{i}\n".encode() for i in range(10)]
+        assert third not in {r["node"] for r in results}
+        assert [p.name for p in tmp_path.iterdir()] == ["third-tmp"]  # nothing went through
+    finally:
+        local.down()  # the next test gets the two nodes again
+
+
 # --- nothing left behind -----------------------------------------------------------------------
 
 
