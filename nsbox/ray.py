@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import fnmatch
 import hashlib
 import os
+import shutil
 import stat
-import subprocess
 import tempfile
 import threading
 import time
@@ -52,25 +51,13 @@ import nsbox
 from nsbox import cgroups
 from nsbox.doctor import run_doctor
 from nsbox.errors import HostError, NsboxError, SetupError
-from nsbox.policy import Limits, MiB, Policy
+from nsbox.plan import WORKSPACE
+from nsbox.policy import Limits, Policy
 from nsbox.result import Result
+from nsbox.session import CopyLimits
 
 # execve(2): one argument string is at most MAX_ARG_STRLEN (32 pages).
 MAX_CODE = 128 * 1024 - 1
-MAX_COLLECT_DEPTH = 32
-# Until jobs with files run in a session (a size-capped tmpfs workspace), their workspace is a
-# directory on the node's disk, and each result says so.
-HOST_WORKSPACE = ("workspace: a directory on the node's disk, not capped by "
-                  "limits.workspace_size (a job with files or collect)")
-
-
-@dataclass(frozen=True)
-class CollectLimits:
-    """Caps on the files one job may send back."""
-
-    max_file_size: int = 16 * MiB
-    max_files: int = 100
-    max_total: int = 64 * MiB
 
 
 @dataclass(frozen=True)
@@ -78,9 +65,10 @@ class Job:
     """One command for a sandbox: ``argv``, or ``code`` (Python source run with python3 -c).
 
     ``files`` (relative path -> bytes) are written into /workspace before the command runs;
-    ``collect`` are glob patterns (relative to /workspace) of the files to send back. A job with
-    either gets a host workspace directory of its own for the run. ``limits`` are fields of
-    nsbox.Limits for this job only (e.g. ``{"pids": 16}``).
+    ``collect`` are glob patterns (relative to /workspace; ``*`` also matches ``/``) of the files
+    to send back. A job with either runs in a session of its own (nsbox.Session), so that files
+    move only through the sandbox. ``limits`` are fields of nsbox.Limits for this job only
+    (e.g. ``{"pids": 16}``).
     """
 
     argv: tuple[str, ...] = ()
@@ -151,18 +139,17 @@ class Executor:
     that many threads). Use through ``Executors``; Ray makes it an actor."""
 
     def __init__(self, policy: Policy, *, pool_size: int, concurrency: int, group: str,
-                 name: str, collect_limits: CollectLimits) -> None:
+                 name: str, copy_limits: CopyLimits) -> None:
         self.policy = policy
         self.concurrency = concurrency
         self.name = name
-        self.collect_limits = collect_limits
+        self.copy_limits = copy_limits
         self.node = ray.get_runtime_context().get_node_id()
         # Jobs in flight leave a marker here; a restarted executor finds those of the
         # executor it replaces (same name, same node).
         self.group_dir = os.path.join(tempfile.gettempdir(), f"nsbox-ray-{os.geteuid()}", group)
         self.state_dir = os.path.join(self.group_dir, name)
         self.jobs_dir = os.path.join(self.state_dir, "jobs")
-        self.work_dir = os.path.join(self.state_dir, "work")
         self._pool = None
         # A refusal is kept, not raised: the client reads it from info() and stops the actor
         # (an exception here would reach the client as a Ray traceback).
@@ -174,9 +161,6 @@ class Executor:
         try:
             _check_private(os.path.dirname(self.group_dir))
             os.makedirs(self.jobs_dir, mode=0o700, exist_ok=True)
-            # Workspaces of a dead predecessor: its sandboxes died with its launch helper.
-            _remove_tree(self.work_dir)
-            os.makedirs(self.work_dir, mode=0o700)
         except (HostError, OSError) as error:
             return f"node {os.uname().nodename}: {error}"
         return None
@@ -193,7 +177,7 @@ class Executor:
         the cleanup after them can wait for them to be gone."""
         if self._pool is not None:
             self._pool.close()
-        _remove_tree(self.state_dir)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
         try:
             os.rmdir(self.group_dir)  # the last executor of the group on this node
         except OSError:
@@ -221,35 +205,39 @@ class Executor:
         return data
 
     def _run(self, job: Job) -> dict[str, Any]:
-        workspace = None
-        if job.files or job.collect:
-            workspace = tempfile.mkdtemp(prefix="job-", dir=self.work_dir)
-        try:
-            if workspace is not None:
-                _write_files(workspace, job.files)
-            try:
-                result = self._launch(job, workspace)
-            except NsboxError as error:
-                return _failure(error)
-            data = _plain(result)
-            if workspace is not None:
-                data["degraded"].append(HOST_WORKSPACE)
-            if workspace is not None and job.collect:
-                data["files"], data["skipped_files"] = collect(
-                    workspace, job.collect, self.collect_limits)
-            return data
-        finally:
-            if workspace is not None:
-                _remove_tree(workspace)
-
-    def _launch(self, job: Job, workspace: str | None) -> Result:
         """The one place where a job meets a sandbox."""
         options: dict[str, Any] = dict(stdin=job.stdin, timeout=job.timeout,
                                        output_limit=job.output_limit, env=dict(job.env) or None)
-        if self._pool is not None and workspace is None and not job.limits:
-            return self._pool.run(job.command(), **options)
         policy = self.policy.with_limits(**dict(job.limits)) if job.limits else self.policy
-        return nsbox.run(job.command(), policy, workspace=workspace, **options)
+        try:
+            if job.files or job.collect:
+                return self._run_in_session(job, policy, options)
+            if self._pool is not None and not job.limits:
+                return _plain(self._pool.run(job.command(), **options))
+            return _plain(nsbox.run(job.command(), policy, **options))
+        except NsboxError as error:
+            return _failure(error)
+
+    def _run_in_session(self, job: Job, policy: Policy, options: dict[str, Any]
+                        ) -> dict[str, Any]:
+        """Files in, the command, files out: all through the sandbox (nsbox.Session), whose
+        workspace is a size-capped tmpfs and whose copy-out opens nothing on the host."""
+        with nsbox.Session(policy, idle_timeout=None, copy_limits=self.copy_limits) as session:
+            for name, content in job.files:
+                session.write_file(name, content)
+            data = _plain(session.run(job.command(), **options))
+            if not job.collect:
+                return data
+            skipped: list[tuple[str, str]] = []
+            for info in session.files(job.collect, skipped=skipped):
+                content = session.read_file(f"{WORKSPACE}/{info.path}", max_size=info.size)
+                if hashlib.sha256(content).hexdigest() != info.sha256:
+                    skipped.append((info.path, "changed while it was read"))
+                    continue
+                data["files"].append({"path": info.path, "size": len(content),
+                                      "sha256": info.sha256, "data": content})
+            data["skipped_files"] = [{"path": path, "reason": reason} for path, reason in skipped]
+        return data
 
 
 def _check_private(path: str) -> None:
@@ -292,7 +280,7 @@ def _remove_group(group: str, pids: list[int]) -> None:
         _check_private(base)
     except (HostError, OSError):
         return  # not ours to touch: the executors refused to use it
-    _remove_tree(os.path.join(base, group))
+    shutil.rmtree(os.path.join(base, group), ignore_errors=True)
 
 
 def _warm_pool(policy: Policy, size: int) -> Any:
@@ -359,112 +347,6 @@ def _failure(error: NsboxError) -> dict[str, Any]:
     return data
 
 
-def _write_files(workspace: str, files: Iterable[tuple[str, bytes]]) -> None:
-    # The directory is new and no sandbox has seen it yet, so plain paths are safe here.
-    for name, data in files:
-        _check_relative(name)
-        path = os.path.join(workspace, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-
-
-def collect(root: str, patterns: Iterable[str], limits: CollectLimits
-            ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """The regular files below ``root`` matching ``patterns``, as data.
-
-    The sandbox wrote this tree, so nothing in it is trusted: the walk opens every component
-    relative to its parent with O_NOFOLLOW, takes only regular files with one link (a FIFO
-    would block, a device or a link could lead out), and caps size and count. Every process of
-    the sandbox is dead by now (its pid namespace ended with its pid 1), so nothing changes the
-    tree while it is read.
-    """
-    patterns = tuple(patterns)
-    files: list[dict[str, Any]] = []
-    skipped: list[dict[str, str]] = []
-    total = 0
-
-    def walk(dir_fd: int, prefix: str, depth: int) -> None:
-        nonlocal total
-        for entry in sorted(os.scandir(dir_fd), key=lambda e: e.name):
-            rel = prefix + entry.name
-            mode = entry.stat(follow_symlinks=False).st_mode
-            if stat.S_ISDIR(mode):
-                if depth >= MAX_COLLECT_DEPTH:
-                    skipped.append({"path": rel, "reason": "too deep"})
-                    continue
-                try:
-                    fd = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                 dir_fd=dir_fd)
-                except OSError as error:  # e.g. a directory the job made unreadable
-                    skipped.append({"path": rel, "reason": f"cannot open: {error.strerror}"})
-                    continue
-                try:
-                    walk(fd, rel + "/", depth + 1)
-                finally:
-                    os.close(fd)
-                continue
-            if not any(fnmatch.fnmatchcase(rel, p) for p in patterns):
-                continue
-            if not stat.S_ISREG(mode):
-                skipped.append({"path": rel, "reason": "not a regular file"})
-                continue
-            if len(files) >= limits.max_files:
-                skipped.append({"path": rel, "reason": "too many files"})
-                continue
-            try:
-                fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK,
-                             dir_fd=dir_fd)
-            except OSError as error:
-                skipped.append({"path": rel, "reason": f"cannot open: {error.strerror}"})
-                continue
-            try:
-                info = os.fstat(fd)
-                reason = None
-                if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-                    reason = "not a regular file with one name"
-                elif info.st_size > limits.max_file_size:
-                    reason = f"larger than {limits.max_file_size} bytes"
-                elif total + info.st_size > limits.max_total:
-                    reason = f"over the total of {limits.max_total} bytes"
-                if reason:
-                    skipped.append({"path": rel, "reason": reason})
-                    continue
-                data = _read_exactly(fd, info.st_size)
-            finally:
-                os.close(fd)
-            total += len(data)
-            files.append({"path": rel, "size": len(data), "data": data,
-                          "sha256": hashlib.sha256(data).hexdigest()})
-
-    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        walk(top, "", 0)
-    finally:
-        os.close(top)
-    return files, skipped
-
-
-def _remove_tree(path: str) -> None:
-    """Remove a tree a sandbox wrote: any depth (rm uses no recursion of its own), symlinks
-    not followed, and as a regular user, directories the job made unreadable too."""
-    if os.geteuid() != 0:
-        # chmod -R does not follow the symlinks it meets in the tree (coreutils' chmod(1)).
-        subprocess.run(["chmod", "-R", "u+rwx", "--", path], capture_output=True)
-    subprocess.run(["rm", "-rf", "--one-file-system", "--", path], capture_output=True)
-
-
-def _read_exactly(fd: int, size: int) -> bytes:
-    chunks = []
-    while size > 0:
-        chunk = os.read(fd, min(size, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
 # The actor: the executor's jobs run in a concurrency group of their own, so ``info`` and
 # ``close`` are answered while every job slot is busy.
 _ExecutorActor = ray.remote(concurrency_groups={"control": 1})(Executor)  # type: ignore[call-overload]
@@ -491,7 +373,7 @@ class Executors:
                  concurrency: int | None = None, per_node: int | str = 1,
                  nodes: Iterable[str] | None = None, skip_refused: bool = False,
                  max_restarts: int = -1,
-                 collect_limits: CollectLimits | None = None,
+                 copy_limits: CopyLimits | None = None,
                  actor_options: dict[str, Any] | None = None, timeout: float = 120.0) -> None:
         if not ray.is_initialized():
             raise NsboxError("Ray is not initialized: call ray.init(address=...) first")
@@ -527,7 +409,7 @@ class Executors:
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 **options,
             ).remote(self.policy, pool_size=pool_size, concurrency=slots, group=self.group,
-                     name=name, collect_limits=collect_limits or CollectLimits())
+                     name=name, copy_limits=copy_limits or CopyLimits())
             started.append((node_id, actor, actor.info.remote()))
             self._node_of[id(actor)] = node_id
         self.executors: list[dict[str, Any]] = []
