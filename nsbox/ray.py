@@ -150,7 +150,7 @@ class Executor:
         self.group_dir = os.path.join(tempfile.gettempdir(), f"nsbox-ray-{os.geteuid()}", group)
         self.state_dir = os.path.join(self.group_dir, name)
         self.jobs_dir = os.path.join(self.state_dir, "jobs")
-        self._pool = None
+        self._pool: nsbox.Pool | None = None
         # A refusal is kept, not raised: the client reads it from info() and stops the actor
         # (an exception here would reach the client as a Ray traceback).
         self.refusal = self._prepare_state() or _refusal(policy)
@@ -169,7 +169,8 @@ class Executor:
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "node": self.node, "pid": os.getpid(),
                 "state_dir": self.state_dir, "refusal": self.refusal,
-                "concurrency": self.concurrency}
+                "concurrency": self.concurrency,
+                "pool": self._pool.size if self._pool is not None else 0}
 
     @ray.method(concurrency_group="control")
     def close(self) -> list[int]:
@@ -283,10 +284,10 @@ def _remove_group(group: str, pids: list[int]) -> None:
     shutil.rmtree(os.path.join(base, group), ignore_errors=True)
 
 
-def _warm_pool(policy: Policy, size: int) -> Any:
-    """Sandboxes prepared ahead for the jobs that need nothing of their own (no workspace
-    directory, no limits); None: every job launches with nsbox.run."""
-    return None  # until nsbox.Pool is there; it cannot serve network allow mode
+def _warm_pool(policy: Policy, size: int) -> nsbox.Pool | None:
+    """Sandboxes prepared ahead for the jobs that need nothing of their own (no files, no
+    limits); None (network allow mode, whose proxy is per run): every job uses nsbox.run."""
+    return nsbox.Pool(policy, size=size) if policy.network.mode != "allow" else None
 
 
 @dataclass

@@ -173,6 +173,8 @@ def test_500_jobs_complete_with_their_results_on_both_nodes(executors: nsray.Exe
     assert set(statuses) == {"OK", "RE", "TO", "SG", "OL", oom_status}
     assert {r["node"] for r in results} == node_ids()
     assert len({r["job"] for r in results}) == 500
+    # The plain jobs ran in each node's warm sandboxes.
+    assert [e["pool"] for e in executors.executors] == [2, 2]
 
 
 def test_several_executors_per_node(cluster: LocalCluster):
