@@ -8,6 +8,8 @@ method, ``rounds`` times in turn so that the noise of other tenants falls on all
 
 - ``direct``: ``nsbox.run`` from as many threads as the Ray methods run jobs at once, in this
   process (no Ray): the cost of the sandbox alone;
+- ``direct-pool``: the same through an ``nsbox.Pool`` of that many warm sandboxes, as each
+  executor runs plain jobs;
 - ``ray-plain``: a Ray task per job that runs the command with subprocess, no sandbox: the cost
   of Ray alone;
 - ``ray-nsbox``: ``nsbox.ray.Executors.map``, one executor per node: both.
@@ -54,6 +56,12 @@ def direct(policy: nsbox.Policy, jobs: int, threads: int) -> None:
     assert codes == [0] * jobs
 
 
+def direct_pool(pool: nsbox.Pool, jobs: int, threads: int) -> None:
+    with ThreadPoolExecutor(threads) as workers:
+        codes = list(workers.map(lambda _: pool.run(COMMAND).exit_code, range(jobs)))
+    assert codes == [0] * jobs
+
+
 def ray_plain(jobs: int, in_flight: int) -> None:
     pending, done = [], 0
     for _ in range(jobs):
@@ -91,11 +99,13 @@ def main() -> None:
     try:
         ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
         cluster.wait_for_nodes()
-        with nsray.Executors(policy, pool_size=POOL_SIZE) as executors:
+        with nsray.Executors(policy, pool_size=POOL_SIZE) as executors, \
+                nsbox.Pool(policy, size=POOL_SIZE * 2) as pool:
             slots = POOL_SIZE * len(executors.executors)
             in_flight = 4 * slots
             methods: dict[str, Callable[[], None]] = {
                 "direct": lambda: direct(policy, jobs, slots),
+                "direct-pool": lambda: direct_pool(pool, jobs, slots),
                 "ray-plain": lambda: ray_plain(jobs, in_flight),
                 "ray-nsbox": lambda: ray_nsbox(executors, jobs, in_flight),
             }
@@ -111,7 +121,7 @@ def main() -> None:
     print(f"{jobs} x {' '.join(COMMAND)} ({variant}), {rounds} rounds, 2 nodes x 1 CPU, "
           f"{POOL_SIZE} jobs at once per executor, {os.cpu_count()} cores")
     for name, values in figures.items():
-        print(f"  {name:<10} {statistics.median(values):8.1f} jobs/s (median)")
+        print(f"  {name:<11} {statistics.median(values):8.1f} jobs/s (median)")
     print(json.dumps({"jobs": jobs, "rounds": rounds, "variant": variant,
                       "jobs_per_second": figures}))
 
