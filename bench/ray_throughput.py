@@ -34,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# The local cluster binds and dials 127.0.0.1 only (see tests/test_ray.py).
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
