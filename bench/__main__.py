@@ -105,7 +105,9 @@ def table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__.split("\n")[0],
+        epilog="Example: nsbox bench --quick --out /tmp/bench (a short check that all runs)")
     parser.add_argument("--quick", action="store_true",
                         help="a few rounds, a short soak: checks that everything runs")
     parser.add_argument("--rounds", type=int, default=None, help="latency rounds (default 100)")

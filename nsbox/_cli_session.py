@@ -199,7 +199,12 @@ def start(profile: str, settings: tuple[str, ...], wall_time: float | None,
           ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
           pass_env: tuple[str, ...], net_mode: str | None, allow_host: tuple[str, ...],
           idle_timeout: float | None, audit: str | None, **limit_values: Any) -> None:
-    """Start a session and print its id."""
+    """Start a session and print its id.
+
+    \b
+    Example:
+      ID=$(nsbox session start --time 30 --memory 512M)
+    """
     from nsbox.network import from_options
 
     cli = _cli()
@@ -254,7 +259,12 @@ def start(profile: str, settings: tuple[str, ...], wall_time: float | None,
 @click.argument("command", nargs=-1, required=True)
 def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...],
           cwd: str | None, as_json: bool, session_id: str, command: tuple[str, ...]) -> None:
-    """Run COMMAND in session ID; the output streams through, the exit code is as for run."""
+    """Run COMMAND in session ID; the output streams through, the exit code is as for run.
+
+    \b
+    Example:
+      nsbox session exec $ID -- python3 main.py
+    """
     cli = _cli()
     message = {"op": "exec", "argv": list(command), "env": _parse_env(env),
                "timeout": wall_time, "output_limit": output_limit, "cwd": cwd}
@@ -293,6 +303,10 @@ def cp(source: str, dest: str) -> None:
     """Copy a file into or out of a session: `cp ID:PATH DEST` or `cp SRC ID:PATH`.
 
     Relative sandbox paths are under /workspace. Only regular files are copied out.
+
+    \b
+    Example:
+      nsbox session cp main.py $ID:main.py
     """
     cli = _cli()
     remote_src, remote_dest = REMOTE_RE.match(source), REMOTE_RE.match(dest)
@@ -332,7 +346,12 @@ def cp(source: str, dest: str) -> None:
 @click.option("--files", "patterns", multiple=True, metavar="GLOB",
               help="With ID: list the session's files matching GLOB (default: all).")
 def ls_(session_id: str | None, patterns: tuple[str, ...]) -> None:
-    """List your sessions, or with ID the files in its workspace (path, size, sha256)."""
+    """List your sessions, or with ID the files in its workspace (path, size, sha256).
+
+    \b
+    Example:
+      nsbox session ls $ID
+    """
     cli = _cli()
     try:
         if session_id:
@@ -357,7 +376,12 @@ def ls_(session_id: str | None, patterns: tuple[str, ...]) -> None:
 @click.option("--dest", default="nsbox-output", show_default=True, metavar="DIR",
               help="Host directory to copy into (created if missing).")
 def collect(session_id: str, patterns: tuple[str, ...], dest: str) -> None:
-    """Copy the regular files of session ID's workspace matching GLOB (default: all) to DIR."""
+    """Copy the regular files of session ID's workspace matching GLOB (default: all) to DIR.
+
+    \b
+    Example:
+      nsbox session collect $ID '*.png' ./plots
+    """
     try:
         reply = request(session_id, {"op": "collect", "dest": os.path.abspath(dest),
                                      "patterns": list(patterns) or ["*"]})
@@ -374,7 +398,12 @@ def collect(session_id: str, patterns: tuple[str, ...], dest: str) -> None:
 @session.command()
 @click.argument("session_id", metavar="ID")
 def stop(session_id: str) -> None:
-    """End session ID: its processes, mounts and workspace are gone when this returns."""
+    """End session ID: its processes, mounts and workspace are gone when this returns.
+
+    \b
+    Example:
+      nsbox session stop $ID
+    """
     try:
         request(session_id, {"op": "stop"})
     except NsboxError as error:

@@ -207,7 +207,12 @@ def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, .
 @main.group(invoke_without_command=True)
 @click.pass_context
 def profiles(ctx: click.Context) -> None:
-    """List the shipped profiles (`nsbox profiles show NAME` prints one)."""
+    """List the shipped profiles (`nsbox profiles show NAME` prints one).
+
+    \b
+    Example:
+      nsbox profiles
+    """
     if ctx.invoked_subcommand is None:
         from nsbox.profiles import profile_description, shipped_profiles
 
@@ -220,7 +225,12 @@ def profiles(ctx: click.Context) -> None:
 @profiles.command("show")
 @click.argument("name", metavar="NAME|FILE")
 def profiles_show(name: str) -> None:
-    """Print a profile with its parents merged in, as TOML."""
+    """Print a profile with its parents merged in, as TOML.
+
+    \b
+    Example:
+      nsbox profiles show python
+    """
     from nsbox.profiles import load_profile, to_toml
 
     try:
@@ -235,7 +245,12 @@ def profiles_show(name: str) -> None:
               help="Judge the host for this profile.")
 def doctor(as_json: bool, profile: str) -> None:
     """Check what this host offers and what is missing; exit 1 when the profile cannot run
-    safely here."""
+    safely here.
+
+    \b
+    Example:
+      nsbox doctor --json
+    """
     from nsbox.doctor import run_doctor
     from nsbox.profiles import load_profile
 
@@ -295,6 +310,10 @@ def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ..
     One sandboxed session per connection: its tools run Python and bash, and write, read and
     list files in /workspace. The session is destroyed when the client disconnects. Needs the
     extra: pip install 'nsbox[mcp]'.
+
+    \b
+    Example:
+      nsbox mcp --profile python --input data.csv
     """
     from nsbox import mcp_server
     from nsbox.network import from_options

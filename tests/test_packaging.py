@@ -54,3 +54,25 @@ def test_python_dash_m_nsbox_runs_the_cli():
     proc = subprocess.run([sys.executable, "-m", "nsbox", "run", "--", "echo", "ok"],
                           capture_output=True, text=True, cwd=REPO, timeout=60)
     assert (proc.returncode, proc.stdout) == (0, "ok\n")
+
+
+def test_every_command_has_help_with_an_example():
+    import click
+
+    from nsbox.cli import main
+
+    def commands(group: click.Group, prefix: list[str]) -> list[list[str]]:
+        found = []
+        for name, command in group.commands.items():
+            found.append([*prefix, name])
+            if isinstance(command, click.Group):
+                found.extend(commands(command, [*prefix, name]))
+        return found
+
+    missing = []
+    for path in commands(main, []):
+        proc = subprocess.run([sys.executable, "-m", "nsbox", *path, "--help"],
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0 or "Example" not in proc.stdout:
+            missing.append(" ".join(path))
+    assert missing == []
