@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import UNPRIVILEGED_UID, processes_with, require
+from conftest import PYTHON, UNPRIVILEGED_UID, processes_with, require
 from netservers import HTTPServer
 
 from nsbox.profiles import load_profile
@@ -42,6 +42,40 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # --- starting the server and talking to it --------------------------------------------------
 
 
+def public_sdk(tree: Path) -> Path:
+    """A copy of the mcp SDK and every distribution it needs, beside the public package tree
+    (made once per tree)."""
+    import importlib.metadata as metadata
+    import re
+    import shutil
+
+    target = tree.parent / (tree.name + "-sdk")
+    if target.exists():
+        return target
+    wanted, seen = ["mcp"], set()
+    while wanted:
+        name = re.split(r"[\s\[<>=!~;(]", wanted.pop(), maxsplit=1)[0].lower()
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # a requirement for another platform or Python version
+        for requirement in dist.requires or []:
+            if "extra ==" not in requirement and "win32" not in requirement:
+                wanted.append(requirement)
+        for file in dist.files or []:
+            source = Path(str(dist.locate_file(file)))
+            if source.is_file() and "__pycache__" not in file.parts and ".." not in file.parts:
+                dest = target / file
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(source, dest)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return target
+
+
 class Server:
     """How to start `nsbox mcp`: as this process's user, or as an unprivileged uid."""
 
@@ -50,15 +84,18 @@ class Server:
         self.tree = tree
 
     def python(self, *args: str) -> list[str]:
-        """argv of this venv's Python, as the mode's user."""
+        """argv of a Python as the mode's user: this venv's, or the system's for the
+        unprivileged uid (this venv's interpreter may sit in a directory it cannot read)."""
         if self.mode == "caller":
             return [sys.executable, *args]
         return ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
-                "--clear-groups", "--", sys.executable, *args]
+                "--clear-groups", "--", PYTHON, *args]
 
     def env(self) -> dict[str, str]:
-        # Unprivileged: the package from the copy that uid can read; the SDK from this venv.
-        return {"PYTHONPATH": str(self.tree)} if self.mode == "unprivileged" else {}
+        # Unprivileged: the package and the SDK from copies that uid can read.
+        if self.mode != "unprivileged":
+            return {}
+        return {"PYTHONPATH": f"{self.tree}:{public_sdk(self.tree)}"}
 
     def params(self, args: list[str], env: dict[str, str] | None = None) -> Any:
         from mcp.client.stdio import StdioServerParameters
