@@ -370,7 +370,9 @@ def test_killing_an_executor_mid_run_loses_no_job(executors: nsray.Executors):
         results.append(result)
         if i == 10:
             ray.kill(victim, no_restart=False)  # Ray restarts it on its node
-    assert [r["stdout"] for r in results] == [f"{i}\n".encode() for i in range(60)]
+    wrong = [(i, {k: r.get(k) for k in ("status", "error", "attempts", "executor", "stderr")})
+             for i, r in enumerate(results) if r["stdout"] != f"{i}\n".encode()]
+    assert wrong == []
     assert all(r["status"] == "OK" for r in results)
     retried = [r for r in results if r["attempts"] == 2]
     assert retried, "no job was running on the killed executor"
