@@ -372,6 +372,7 @@ def test_killing_an_executor_mid_run_loses_no_job(executors: nsray.Executors):
             ray.kill(victim, no_restart=False)  # Ray restarts it on its node
     wrong = [(i, {k: r.get(k) for k in ("status", "error", "attempts", "executor", "stderr")})
              for i, r in enumerate(results) if r["stdout"] != f"{i}\n".encode()]
+    assert len(results) == 60
     assert wrong == []
     assert all(r["status"] == "OK" for r in results)
     retried = [r for r in results if r["attempts"] == 2]
