@@ -140,6 +140,17 @@ def _stdin_fd(stdin: bytes | int | None) -> tuple[int, bool]:
     return fd, True
 
 
+def choose_policy(policy: Policy | None, profile: str | None) -> Policy:
+    """The policy given, or the one the profile names, or the default; never both."""
+    if profile is None:
+        return policy or Policy()
+    if policy is not None:
+        raise PolicyError("give a policy or a profile, not both", key="profile")
+    from nsbox.profiles import load_profile
+
+    return load_profile(profile)
+
+
 def run(
     argv: list[str],
     policy: Policy | None = None,
@@ -166,13 +177,7 @@ def run(
     gets one JSON line for the run (nsbox/audit.py).
     """
     trace = _trace_start()
-    if profile is not None:
-        if policy is not None:
-            raise PolicyError("give a policy or a profile, not both", key="profile")
-        from nsbox.profiles import load_profile
-
-        policy = load_profile(profile)
-    policy = policy or Policy()
+    policy = choose_policy(policy, profile)
     if audit is not None:
         from nsbox.session import run_audited  # a session lists the files before teardown
 

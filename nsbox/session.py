@@ -124,13 +124,7 @@ class Session:
         audit: str | None = None,
         copy_limits: CopyLimits | None = None,
     ) -> None:
-        if profile is not None:
-            if policy is not None:
-                raise PolicyError("give a policy or a profile, not both", key="profile")
-            from nsbox.profiles import load_profile
-
-            policy = load_profile(profile)
-        policy = policy or Policy()
+        policy = launcher.choose_policy(policy, profile)
         if workspace is not None:
             policy = policy.replace(workspace=workspace)
         if inputs:
