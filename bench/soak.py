@@ -38,20 +38,35 @@ def _cgroup_dirs() -> list[str]:
     return [d for d in dirs if os.path.isdir(d)]
 
 
-def _count_cgroups_below(owners: set[int]) -> int:
+def _count_cgroups_below(owners: set[int], spares: bool = False) -> int:
     """The cgroups below this process's own that nsbox made for ``owners`` (by the owner pid in
     their names, nsbox/cgroups/_names.py): other programs may share our cgroup and make their
-    own there."""
-    from nsbox.cgroups import _names
+    own there. Runs' cgroups, or with ``spares`` the idle spares (nsbox/_spawner.py)."""
+    from nsbox.cgroups import _fs, _names
 
     count = 0
     for directory in _cgroup_dirs():
-        for _root, subdirs, _files in os.walk(directory):
+        for root, subdirs, _files in os.walk(directory):
             for name in subdirs:
                 parsed = _names.parse(name)
-                if parsed is not None and parsed[1] in owners:
-                    count += 1
+                if parsed is None or parsed[1] not in owners or parsed[3] == "leaf":
+                    continue
+                try:
+                    idle = _names.is_idle_spare(name, _fs.procs(os.path.join(root, name)))
+                except OSError:
+                    continue  # removed meanwhile
+                count += idle == spares
     return count
+
+
+def _is_spawner(pid: int) -> bool:
+    from nsbox.cgroups import _names
+
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().rstrip("\n") == _names.SPAWNER_NAME
+    except OSError:
+        return False
 
 
 def _fds(pid: int) -> int:
@@ -61,9 +76,10 @@ def _fds(pid: int) -> int:
         return -1
 
 
-def _children(parents: set[int]) -> tuple[int, int]:
-    """(zombies, live children) whose parent is one of ``parents``."""
-    zombies = live = 0
+def _children(parents: set[int]) -> tuple[int, int, int]:
+    """(zombies, live children, spawners) whose parent is one of ``parents``; spawners are not
+    counted as live children."""
+    zombies = live = spawners = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -75,9 +91,11 @@ def _children(parents: set[int]) -> tuple[int, int]:
         if int(fields[1]) in parents:
             if fields[0] == "Z":
                 zombies += 1
+            elif _is_spawner(int(entry)):
+                spawners += 1
             else:
                 live += 1
-    return zombies, live
+    return zombies, live, spawners
 
 
 def _rss_kib(pid: int) -> int:
@@ -92,10 +110,12 @@ def snapshot() -> dict[str, int]:
     helper = launcher._helper._pid
     with open("/proc/self/mountinfo") as f:
         mounts = sum(1 for _ in f)
-    zombies, live = _children({os.getpid(), helper})
+    zombies, live, spawners = _children({os.getpid(), helper})
     return {
         "host_mounts": mounts,
         "cgroups_below_ours": _count_cgroups_below({helper, os.getpid()}),
+        "spare_cgroups": _count_cgroups_below({helper}, spares=True),
+        "spawners": spawners,
         "fds_launcher": _fds(os.getpid()),
         "fds_helper": _fds(helper),
         "zombies": zombies,
@@ -135,7 +155,8 @@ def soak(argv: list[str], launches: int, warmup: int = 200, pool_size: int = 0,
         if pool:
             pool.close()
     delta = {key: after[key] - before[key] for key in before}
-    left_behind = {key: delta[key] for key in ("host_mounts", "cgroups_below_ours",
+    left_behind = {key: delta[key] for key in ("host_mounts", "cgroups_below_ours", "spare_cgroups",
+                                                "spawners",
                                                 "fds_launcher", "fds_helper")
                    if delta[key] > 0}
     if after["zombies"]:

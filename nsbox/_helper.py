@@ -38,6 +38,7 @@ the helper exits. Each sandbox gets PR_SET_PDEATHSIG, so it also dies with the h
 from __future__ import annotations
 
 import array
+import functools
 import json
 import os
 import selectors
@@ -48,7 +49,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import _child, _helper_pool, _libc, _netns
+from nsbox import _child, _helper_pool, _libc, _netns, _spawner, cgroups
 from nsbox import limits as _limits
 from nsbox._seccomp_notify import DeniedSyscalls
 from nsbox.errors import HostError
@@ -91,6 +92,7 @@ class Launch:
         self.pool: _helper_pool.HelperPool | None = None  # set for a pooled sandbox
         self.trace: list[tuple[str, int]] | None = None  # NSBOX_TRACE: helper-side steps
         self.mnt_ns = -1  # held until the report is out (hold_namespace)
+        self.spawner: _spawner.Spawner | None = None  # the clone's spawner (nsbox/_spawner.py)
 
     def send(self, message: dict[str, Any]) -> None:
         if self.sock is None:
@@ -128,6 +130,11 @@ class Helper:
         self.idmap_userns: dict[tuple[int, int, int, int], int] = {}
         self.received_ns = 0  # when the last request arrived (NSBOX_TRACE)
         self.timers: list[tuple[float, Callable[[], None]]] = []  # e.g. a pool's refill
+        # v1 run cgroups are made ahead, each holding a spawner that clones the sandbox there
+        # (nsbox/_spawner.py): moving a child into a cgroup costs an RCU grace period.
+        self.spawners = _spawner.Spawners.for_host(self)
+        if self.spawners is not None:
+            self.call_later(0, self.spawners.fill)
         if self.is_root:
             # No supplementary group of root's may reach a sandbox. Where setgroups is denied
             # (inside a user namespace that wrote "deny"), the groups are fixed already.
@@ -214,6 +221,8 @@ class Helper:
         for launch in list(self.launches):
             os.waitpid(launch.pid, 0)
             self.close_limits(launch)
+        if self.spawners is not None:
+            self.spawners.close()
         sys.exit(0)
 
     # --- one launch ----------------------------------------------------------------------
@@ -228,7 +237,12 @@ class Helper:
             import nsbox._sessioninit  # noqa: F401
         # The run's cgroup, with its limits written, exists before the child does; the child
         # applies the rlimits, including the fallbacks for what the cgroup cannot limit here.
-        limits = launch.limits = _limits.RunLimits(plan["cgroup"], plan["rlimits"])
+        limits = launch.limits = _limits.RunLimits(
+            plan["cgroup"], plan["rlimits"], create=functools.partial(self.make_cgroup, launch))
+        spawner, launch.spawner = launch.spawner, None
+        # On cgroup v2 the child is cloned into its cgroup; elsewhere it is born in a spawner's
+        # cgroup, or moved into the run's cgroup after the clone (attach, below).
+        cgroup_fd = limits.cgroup.clone_fd() if limits.cgroup and spawner is None else None
         plan["rlimits"] = limits.rlimits
         plan["degraded"] = limits.degraded  # a session's init reports them with each command
         if launch.trace is not None:
@@ -237,6 +251,10 @@ class Helper:
             source_fds = self.open_sources(plan)
         except BaseException:
             self.close_limits(launch)
+            if spawner is not None:
+                spawner.end(kill=True)
+            if cgroup_fd is not None:
+                os.close(cgroup_fd)
             raise
         sync_r, sync_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -251,9 +269,21 @@ class Helper:
         launch.started = time.monotonic()
         if launch.trace is not None:
             launch.trace.append(("helper: clone", time.monotonic_ns()))
+        notify_fd = notify_child.fileno() if notify_child else -1
+        net_fd = net_child.fileno() if net_child else None
         try:
-            pid = _libc.raw_clone(NAMESPACES | signal.SIGCHLD)
+            if spawner is not None:
+                pid = spawner.clone(plan, _spawner.ChildFds(stdio, sync_r, err_w, source_fds,
+                                                            notify_fd, net_fd))
+            elif cgroup_fd is not None:
+                pid = _libc.clone_into_cgroup(NAMESPACES, signal.SIGCHLD, cgroup_fd)
+            else:
+                pid = _libc.raw_clone(NAMESPACES | signal.SIGCHLD)
         except OSError as exc:
+            if spawner is not None:
+                spawner.end(kill=True)
+            if cgroup_fd is not None:
+                os.close(cgroup_fd)
             for fd in (sync_r, sync_w, err_r, err_w, *source_fds.values()):
                 os.close(fd)
             self.close_notify(launch)
@@ -264,8 +294,9 @@ class Helper:
             raise StepFailed("create namespaces", exc.errno or 0, str(exc)) from None
         if pid == 0:
             self.become_child(plan, stdio, sync_r, err_w, source_fds, (sync_w, err_r),
-                              notify_child.fileno() if notify_child else -1,
-                              net_child.fileno() if net_child else None)
+                              notify_fd, net_fd)
+        if cgroup_fd is not None:
+            os.close(cgroup_fd)
         if launch.trace is not None:
             launch.trace.append(("helper: write id maps", time.monotonic_ns()))
         for fd in (sync_r, err_w, *source_fds.values()):
@@ -293,9 +324,19 @@ class Helper:
             self.write_id_maps(pid, plan)
             step = "attach to cgroup"
             if launch.trace is not None:
-                launch.trace.append(("helper: attach to cgroup", time.monotonic_ns()))
-            limits.attach(pid)  # before the child runs anything of its own
+                launch.trace.append(("helper: spawner exits" if spawner else
+                                     "helper: attach to cgroup", time.monotonic_ns()))
+            if spawner is not None:
+                # The spawner exits once it has cloned; gone, it no longer counts as a task
+                # of the run, and the exact pids limit is written.
+                spawner.end()
+                spawner.cgroup.set_limits(cgroups.Request(pids=plan["cgroup"].get("pids")))
+                spawner = None
+            elif cgroup_fd is None:
+                limits.attach(pid)  # before the child runs anything of its own
         except OSError as exc:
+            if spawner is not None:
+                spawner.end(kill=True)
             launch.err_data = json.dumps({"step": step, "errno": exc.errno or 0,
                                           "message": str(exc)}).encode()
             launch.kill("setup failed")
@@ -307,8 +348,23 @@ class Helper:
             launch.deadline = launch.started + plan["wall_time"]
         launch.send({"event": "pid", "pid": pid})
 
+    def make_cgroup(self, launch: Launch, request: cgroups.Request) -> cgroups.RunCgroup:
+        """The run's cgroup: a ready spawner's, made ahead (then ``launch.spawner`` is set),
+        or a new one."""
+        spawner = self.spawners.take() if self.spawners is not None else None
+        if spawner is None:
+            return cgroups.get_backend().create(request)
+        try:
+            spawner.cgroup.set_limits(_spawner.with_spawner(request))
+        except OSError:
+            assert self.spawners is not None
+            self.spawners.discard(spawner)
+            raise
+        launch.spawner = spawner
+        return spawner.cgroup
+
     def become_child(self, plan: dict[str, Any], stdio: list[int], sync_r: int, err_w: int,
-                     source_fds: dict[int, int], parent_fds: tuple[int, int],
+                     source_fds: dict[int, int], parent_fds: tuple[int, ...],
                      notify_fd: int, net_fd: int | None) -> None:
         try:
             for fd in parent_fds:
@@ -573,6 +629,10 @@ class Helper:
             report["trace"] = [*launch.trace, *child_trace, ("helper: reaped", reaped_ns)]
         launch.send(report)
         self.remove_cgroup(launch)
+        if self.spawners is not None:
+            # Like a pool's refill: made at the hand-over, a spawner would compete with the
+            # launch that took the last one (docs/performance.md).
+            self.call_later(0.002, self.spawners.fill)
         if launch.mnt_ns >= 0:
             os.close(launch.mnt_ns)  # the sandbox's mounts are torn down here, after the report
         if launch.pool is not None:  # a pooled sandbox: the pool prepares what follows

@@ -143,7 +143,10 @@ class RunLimits:
     def __init__(
         self, spec: dict[str, Any], rlimits: list[list[int]],
         backend: cgroups.Backend | None = None,
+        create: Callable[[cgroups.Request], cgroups.RunCgroup] | None = None,
     ) -> None:
+        """``create`` makes the run's cgroup with its limits (default: the backend's create);
+        the launch helper passes one that takes a cgroup made ahead (nsbox/_spawner.py)."""
         backend = backend if backend is not None else cgroups.get_backend()
         self.cpu_time: float | None = spec.get("cpu_time")
         wanted = _wanted(spec)
@@ -152,7 +155,7 @@ class RunLimits:
         self.cgroup: cgroups.RunCgroup | None = None
         if wanted & supported:
             try:
-                self.cgroup = backend.create(cgroups.Request.from_dict(spec))
+                self.cgroup = (create or backend.create)(cgroups.Request.from_dict(spec))
             except OSError as exc:
                 supported, reason = frozenset(), str(exc)
         missing = wanted - supported

@@ -34,7 +34,7 @@ from nsbox.cgroups import _names
 from nsbox.cgroups._null import NullBackend
 from nsbox.errors import CommandNotFound, HostError, PolicyError
 from nsbox.policy import Limits, Policy
-from nsbox.result import Status
+from nsbox.result import Result, Status
 
 M = 1 << 20
 
@@ -165,13 +165,20 @@ def _parent(pid: int) -> int | None:
 
 
 def _our_run_cgroups() -> list[str]:
-    """Run cgroups whose owner (the launch helper) is a child of this test process."""
+    """Run cgroups whose owner (the launch helper) is a child of this test process.
+
+    A spare (made ahead, nsbox/_spawner.py) counts as one unless it holds nothing but its
+    waiting spawner: a run that took it and left anything behind is found."""
     found = []
     for base in _bases():
         for name in os.listdir(base):
             parsed = _names.parse(name)
-            if parsed and parsed[3] != "leaf" and _parent(parsed[1]) == os.getpid():
-                found.append(os.path.join(base, name))
+            if not parsed or parsed[3] == "leaf" or _parent(parsed[1]) != os.getpid():
+                continue
+            path = os.path.join(base, name)
+            if _names.is_idle_spare(name, cgroups._fs.procs(path)):
+                continue
+            found.append(path)
     return found
 
 
@@ -222,7 +229,8 @@ def marker() -> Iterator[str]:
     word = f"6{uuid.uuid4().int % 10**8}"
     yield word
     assert _wait(lambda: processes_with(word) == []), processes_with(word)
-    assert _our_run_cgroups() == []
+    # A spare made just now gets its spawner within about an RCU grace period.
+    assert _wait(lambda: _our_run_cgroups() == [], timeout=2), _our_run_cgroups()
 
 
 @pytest.mark.cgroup2
@@ -276,6 +284,38 @@ def test_fork_bomb_is_held_at_the_pids_limit_and_the_run_ends_cleanly(marker: st
     assert result.peak_pids == 16
     # The host was never short of processes: this one can still start one.
     assert subprocess.run(["true"]).returncode == 0
+
+
+@pytest.mark.cgroup2
+def test_a_sandbox_is_born_in_its_cgroup_alone_with_its_exact_limits(
+        marker: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No migration into the cgroup after the clone (it waits for an RCU grace period): on v2
+    the child is cloned into it, on v1 a spawner made ahead clones it there and then leaves."""
+    backend = _cgroup_backend(cgroups.PIDS)
+    nsbox.run(["true"])  # the helper is up; its spawners (v1) get ready meanwhile
+    time.sleep(0.5)
+    monkeypatch.setenv("NSBOX_TRACE", "1")
+    outcome: dict[str, Result] = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=nsbox.run(
+        ["sleep", f"0.{marker}"], Policy().with_limits(pids=5), timeout=30)))
+    runner.start()
+    try:
+        assert _wait(lambda: _sandbox_pid(marker) is not None)
+        pid = _sandbox_pid(marker)
+        assert pid is not None
+        dirs = _cgroup_dirs(_run_cgroup_of(pid))
+        assert dirs
+        for directory in dirs:
+            # The spawner has gone: the sandbox is alone in every hierarchy's run cgroup.
+            assert cgroups._fs.procs(directory) == [pid], directory
+            if os.path.exists(os.path.join(directory, "pids.max")):
+                assert cgroups._fs.read(os.path.join(directory, "pids.max")).strip() == "5"
+    finally:
+        runner.join()
+    steps = [step["step"] for step in outcome["result"].extra["trace"]]
+    assert outcome["result"].status is Status.OK
+    assert "helper: attach to cgroup" not in steps
+    assert ("helper: spawner exits" in steps) == (backend.kind == "v1")
 
 
 SPIN = """

@@ -32,9 +32,11 @@ def wait_until(condition, seconds: float = 10.0) -> bool:
     return condition()
 
 
-def helper_children() -> list[int]:
-    """The live (non-zombie) children of this process's launch helper: its sandboxes."""
-    helper = launcher._helper._pid
+def helper_children(helper: int | None = None, sandboxes_only: bool = True) -> list[int]:
+    """The live (non-zombie) children of a launch helper (default: this process's). Only those
+    in a pid namespace of their own, its sandboxes, unless ``sandboxes_only`` is False: then its
+    spawners too (nsbox/_spawner.py)."""
+    helper = helper if helper is not None else launcher._helper._pid
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -42,10 +44,14 @@ def helper_children() -> list[int]:
         try:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rpartition(")")[2].split()
+            if int(fields[1]) != helper or fields[0] == "Z":
+                continue
+            if sandboxes_only and os.stat(f"/proc/{entry}/ns/pid").st_ino == os.stat(
+                    f"/proc/{helper}/ns/pid").st_ino:
+                continue
         except OSError:
             continue
-        if int(fields[1]) == helper and fields[0] != "Z":
-            found.append(int(entry))
+        found.append(int(entry))
     return found
 
 
@@ -140,23 +146,13 @@ def test_pooled_sandboxes_die_with_a_killed_host(public_tree: Path):
     helper = int(host.stdout.readline())
     assert wait_until(lambda: processes_with(marker) != [])
 
-    def helper_family() -> list[int]:
-        out = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat") as f:
-                        if int(f.read().rpartition(")")[2].split()[1]) == helper:
-                            out.append(int(entry))
-                except OSError:
-                    pass
-        return out
-
-    assert len(helper_family()) == 3  # the running command and two prepared sandboxes
+    # The running command and two prepared sandboxes.
+    assert len(helper_children(helper)) == 3
     host.send_signal(signal.SIGKILL)
     host.wait()
     host.stdout.close()
-    assert wait_until(lambda: processes_with(marker) == [] and helper_family() == [])
+    assert wait_until(lambda: processes_with(marker) == []
+                      and helper_children(helper, sandboxes_only=False) == [])
     assert wait_until(lambda: not os.path.exists(f"/proc/{helper}"))
 
 

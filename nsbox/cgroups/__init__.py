@@ -65,8 +65,17 @@ class RunCgroup(abc.ABC):
     name: str
 
     @abc.abstractmethod
+    def set_limits(self, request: Request) -> None:
+        """Write the limits of ``request`` that are set (None: leave that limit as it is)."""
+
+    @abc.abstractmethod
     def attach(self, pid: int) -> None:
         """Move ``pid`` (not yet running untrusted code) into the run's cgroup."""
+
+    def clone_fd(self) -> int | None:
+        """A directory descriptor to clone the run's first process into the cgroup at once
+        (clone3 with CLONE_INTO_CGROUP; cgroup v2 only), or None: ``attach`` it instead."""
+        return None
 
     @abc.abstractmethod
     def cpu_seconds(self) -> float | None:
@@ -98,9 +107,10 @@ class Backend(abc.ABC):
         """Which of ALL_FEATURES this backend really provides on this host for this user."""
 
     @abc.abstractmethod
-    def create(self, request: Request) -> RunCgroup:
-        """Create the cgroup of one run with its limits written. Raises OSError when the kernel
-        refuses (the caller turns that into an error naming the step)."""
+    def create(self, request: Request, name: str | None = None) -> RunCgroup:
+        """Create the cgroup of one run with its limits written (``name``: default a new run
+        name, see ``_names``). Raises OSError when the kernel refuses (the caller turns that
+        into an error naming the step)."""
 
     @abc.abstractmethod
     def reclaim(self) -> list[str]:

@@ -1,6 +1,7 @@
 """Names of the cgroups nsbox creates, and how to tell that their owner is gone.
 
-A name says which process owns the cgroup: ``nsbox-<pidns>-<pid>-<start>-<kind>``, where pidns is
+A name says which process owns the cgroup: ``nsbox-<pidns>-<pid>-<start>-<kind>``
+(kind: ``r<N>`` a run, ``s<N>`` a spare made ahead, ``leaf`` the owner's own), where pidns is
 the inode of the owner's pid namespace, pid its pid there and start its start time in clock
 ticks after boot (proc(5), /proc/PID/stat field 22). The pid alone is not enough: pids are reused,
 and a hierarchy can be shared by processes of several pid namespaces. An owner counts as dead
@@ -15,7 +16,7 @@ import os
 import re
 
 PREFIX = "nsbox-"
-_NAME = re.compile(r"^nsbox-(?P<ns>\d+)-(?P<pid>\d+)-(?P<start>\d+)-(?P<kind>r\d+|leaf)$")
+_NAME = re.compile(r"^nsbox-(?P<ns>\d+)-(?P<pid>\d+)-(?P<start>\d+)-(?P<kind>[rs]\d+|leaf)$")
 _counter = itertools.count(1)
 
 
@@ -45,6 +46,13 @@ def run_name() -> str:
     return f"{_owner_tag(os.getpid())}-r{next(_counter)}"
 
 
+def spare_name() -> str:
+    """A new name for a cgroup made ahead of the run that takes it (nsbox/_spawner.py). It keeps
+    that name when a run takes it (a v2 directory cannot be renamed): a spare is idle while
+    it holds nothing but its spawner (see ``is_idle_spare``)."""
+    return f"{_owner_tag(os.getpid())}-s{next(_counter)}"
+
+
 def leaf_name() -> str:
     """The name of the leaf cgroup this process moves itself into on cgroup v2."""
     return f"{_owner_tag(os.getpid())}-leaf"
@@ -72,3 +80,22 @@ def owner_is_dead(name: str) -> bool:
 def is_leaf(name: str) -> bool:
     parsed = parse(name)
     return parsed is not None and parsed[3] == "leaf"
+
+
+SPAWNER_NAME = "nsbox-spawner"  # the command name of a spare's waiting process
+
+
+def is_idle_spare(name: str, procs: list[int]) -> bool:
+    """Whether the cgroup ``name`` holding ``procs`` is a spare that no run has taken: empty
+    (its spawner not in yet) or holding its spawner alone."""
+    parsed = parse(name)
+    if parsed is None or not parsed[3].startswith("s") or len(procs) > 1:
+        return False
+    for pid in procs:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().rstrip("\n") != SPAWNER_NAME:
+                    return False
+        except OSError:
+            continue  # it has just exited
+    return True

@@ -10,6 +10,9 @@ from nsbox.cgroups import Backend, Request, RunCgroup, Usage
 class NullRun(RunCgroup):
     name = ""
 
+    def set_limits(self, request: Request) -> None:
+        pass
+
     def attach(self, pid: int) -> None:
         pass
 
@@ -38,7 +41,7 @@ class NullBackend(Backend):
     def supports(self) -> frozenset[str]:
         return frozenset()
 
-    def create(self, request: Request) -> RunCgroup:
+    def create(self, request: Request, name: str | None = None) -> RunCgroup:
         return NullRun()
 
     def reclaim(self) -> list[str]:

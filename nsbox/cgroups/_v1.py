@@ -181,8 +181,8 @@ class V1Backend(Backend):
         unified = os.path.join(self.unified_base, name) if self.unified_base else None
         return V1Run(name, dirs, unified)
 
-    def create(self, request: Request) -> RunCgroup:
-        run = self._open(_names.run_name())
+    def create(self, request: Request, name: str | None = None) -> RunCgroup:
+        run = self._open(name or _names.run_name())
         made = []
         try:
             for directory in run._all:
