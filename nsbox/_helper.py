@@ -323,7 +323,7 @@ class Helper:
         try:
             self.write_id_maps(pid, plan)
             step = "attach to cgroup"
-            if launch.trace is not None:
+            if launch.trace is not None and (spawner is not None or cgroup_fd is None):
                 launch.trace.append(("helper: spawner exits" if spawner else
                                      "helper: attach to cgroup", time.monotonic_ns()))
             if spawner is not None:
