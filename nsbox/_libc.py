@@ -248,7 +248,10 @@ def drop_all_capabilities(cap_last: int) -> None:
 
 
 class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    # struct sock_fprog. The filter points straight into the bytes of the program, which the
+    # kernel only copies: no string buffer, whose array type ctypes would create anew in every
+    # sandbox child, and no ctypes.cast.
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
 
 def seccomp_set_filter(bpf: bytes, flags: int = 0) -> int:
@@ -259,8 +262,7 @@ def seccomp_set_filter(bpf: bytes, flags: int = 0) -> int:
     """
     if len(bpf) % 8 or not bpf:
         raise OSError(22, f"seccomp: BPF program of {len(bpf)} bytes is not whole instructions")
-    buf = ctypes.create_string_buffer(bpf, len(bpf))
-    prog = _SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    prog = _SockFprog(len(bpf) // 8, bpf)
     result = _sys_seccomp(_syscall("seccomp"), SECCOMP_SET_MODE_FILTER, flags,
                           ctypes.byref(prog))
     if result < 0:
