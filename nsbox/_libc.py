@@ -1,17 +1,19 @@
 """The project's ctypes bindings to the system calls the standard library lacks.
 
 Every call raises ``OSError`` naming the call and its arguments, so a failing step can say what
-the kernel refused. Only os and ctypes are imported: this module is loaded by the
-launch helper and used between clone and exec.
+the kernel refused. It imports only what the launch helper has loaded already (ctypes loads
+struct): this module is loaded by the launch helper and used between clone and exec.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import struct
+import sys
+from typing import Any
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 _MACHINE = os.uname().machine  # not the platform module: it costs the helper 1 ms to import
 # Numbers of the old syscalls differ per architecture; those from 424 on are the same everywhere.
@@ -79,6 +81,44 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 AT_FDCWD = -100
 
+# Prototypes are looked up and typed once, here, at import in the launch helper. Looked up in
+# the sandbox child instead (CDLL's lazy attributes), each first call would cost a dlsym and new
+# objects in memory the child shares copy-on-write with the helper, on every launch.
+_int, _uint, _long, _ulong = ctypes.c_int, ctypes.c_uint, ctypes.c_long, ctypes.c_ulong
+_ptr, _str = ctypes.c_void_p, ctypes.c_char_p
+
+
+def _proto(name: str, restype: type, *argtypes: type) -> Any:
+    # _libc[name] is a new function object each time: one per prototype, so that the typed
+    # syscall() variants below do not share (and overwrite) each other's argtypes.
+    func = _libc[name]
+    func.restype = restype
+    func.argtypes = argtypes
+    return func
+
+
+_mount = _proto("mount", _int, _str, _str, _str, _ulong, _str)
+_umount2 = _proto("umount2", _int, _str, _int)
+_sethostname = _proto("sethostname", _int, _str, ctypes.c_size_t)
+_prctl = _proto("prctl", _int, _int, _ulong, _ulong, _ulong, _ulong)
+_unshare = _proto("unshare", _int, _int)
+_setns = _proto("setns", _int, _int, _int)
+# syscall(2) with the arguments of one system call each.
+_sys_path2 = _proto("syscall", _long, _long, _str, _str)  # pivot_root
+_sys_mount_setattr = _proto("syscall", _long, _long, _int, _str, _uint, _str, ctypes.c_size_t)
+_sys_open_tree = _proto("syscall", _long, _long, _int, _str, _uint)
+_sys_move_mount = _proto("syscall", _long, _long, _int, _str, _int, _str, _uint)
+_sys_close_range = _proto("syscall", _long, _long, _uint, _uint, _uint)
+_sys_ptr2 = _proto("syscall", _long, _long, _ptr, _ptr)  # capset
+_sys_seccomp = _proto("syscall", _long, _long, _uint, _uint, _ptr)
+_sys_clone = _proto("syscall", _long, _long, _ulong, _ptr, _ptr, _ptr, _ptr)
+_sys_clone3 = _proto("syscall", _long, _long, _ptr, ctypes.c_size_t)
+
+# The filesystem encoding, as os.fsencode uses it (that function is Python code; this is a
+# single C method call per path).
+_FS_ENCODING = sys.getfilesystemencoding()
+_FS_ERRORS = sys.getfilesystemencodeerrors()
+
 
 def _fail(call: str, *args: object) -> OSError:
     err = ctypes.get_errno()
@@ -94,85 +134,78 @@ def _syscall(name: str) -> int:
 
 
 def _b(path: str | None) -> bytes | None:
-    return None if path is None else os.fsencode(path)
+    return None if path is None else path.encode(_FS_ENCODING, _FS_ERRORS)
 
 
 def mount(
     source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None
 ) -> None:
-    if _libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data)) != 0:
+    if _mount(_b(source), _b(target), _b(fstype), flags, _b(data)) != 0:
         raise _fail("mount", source, target, fstype, hex(flags), data)
 
 
 def umount2(target: str, flags: int) -> None:
-    if _libc.umount2(_b(target), flags) != 0:
+    if _umount2(_b(target), flags) != 0:
         raise _fail("umount2", target, flags)
 
 
 def pivot_root(new_root: str, put_old: str) -> None:
-    if _libc.syscall(_syscall("pivot_root"), _b(new_root), _b(put_old)) != 0:
+    if _sys_path2(_syscall("pivot_root"), _b(new_root), _b(put_old)) != 0:
         raise _fail("pivot_root", new_root, put_old)
 
 
 def sethostname(name: str) -> None:
     raw = name.encode()
-    if _libc.sethostname(raw, len(raw)) != 0:
+    if _sethostname(raw, len(raw)) != 0:
         raise _fail("sethostname", name)
 
 
 def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
-    result = _libc.prctl(
-        option, ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), ctypes.c_ulong(arg4),
-        ctypes.c_ulong(arg5),
-    )
+    result = _prctl(option, arg2, arg3, arg4, arg5)
     if result < 0:
         raise _fail("prctl", option, arg2, arg3)
     return int(result)
 
 
-class _MountAttr(ctypes.Structure):
-    _fields_ = [
-        ("attr_set", ctypes.c_uint64),
-        ("attr_clr", ctypes.c_uint64),
-        ("propagation", ctypes.c_uint64),
-        ("userns_fd", ctypes.c_uint64),
-    ]
+# struct mount_attr: attr_set, attr_clr, propagation, userns_fd (all __u64). Packed to bytes, which
+# ctypes passes as a pointer to their buffer; the kernel only reads it.
+_MOUNT_ATTR = struct.Struct("=4Q")
 
 
 def mount_setattr(path: str, attr_set: int, recursive: bool = True, userns_fd: int = 0,
                   dirfd: int = AT_FDCWD, empty_path: bool = False) -> None:
     """Set mount attributes; only adds flags, so flags the kernel locked stay as they are."""
-    attr = _MountAttr(attr_set, 0, 0, userns_fd)
     flags = (AT_RECURSIVE if recursive else 0) | (AT_EMPTY_PATH if empty_path else 0)
-    if _libc.syscall(NR_MOUNT_SETATTR, dirfd, _b(path), flags, ctypes.byref(attr),
-                     ctypes.sizeof(attr)) != 0:
+    if _sys_mount_setattr(NR_MOUNT_SETATTR, dirfd, _b(path), flags,
+                          _MOUNT_ATTR.pack(attr_set, 0, 0, userns_fd), _MOUNT_ATTR.size) != 0:
         raise _fail("mount_setattr", path, hex(attr_set))
 
 
 def open_tree(path: str, flags: int) -> int:
-    fd = _libc.syscall(NR_OPEN_TREE, AT_FDCWD, _b(path), flags)
+    fd = _sys_open_tree(NR_OPEN_TREE, AT_FDCWD, _b(path), flags)
     if fd < 0:
         raise _fail("open_tree", path, hex(flags))
     return int(fd)
 
 
 def move_mount_fd(fd: int, target: str) -> None:
-    if _libc.syscall(NR_MOVE_MOUNT, fd, b"", AT_FDCWD, _b(target), MOVE_MOUNT_F_EMPTY_PATH) != 0:
+    if _sys_move_mount(NR_MOVE_MOUNT, fd, b"", AT_FDCWD, _b(target),
+                       MOVE_MOUNT_F_EMPTY_PATH) != 0:
         raise _fail("move_mount", fd, target)
 
 
 def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
-    if _libc.syscall(NR_CLOSE_RANGE, first, ctypes.c_uint(last), flags) != 0:
+    if _sys_close_range(NR_CLOSE_RANGE, first, last, flags) != 0:
         raise _fail("close_range", first, last)
 
 
 def setns(fd: int, nstype: int) -> None:
-    if _libc.setns(fd, nstype) != 0:
+    if _setns(fd, nstype) != 0:
         raise _fail("setns", fd, hex(nstype))
 
 
 def unshare(flags: int) -> None:
-    if _libc.unshare(flags) != 0:
+    if _unshare(flags) != 0:
         raise _fail("unshare", hex(flags))
 
 
@@ -182,7 +215,7 @@ def raw_clone(flags: int) -> int:
     Python's at-fork handlers do not run, so this is only safe in a single-threaded process
     (the launch helper); the child must not rely on Python threads or locks.
     """
-    pid = _libc.syscall(_syscall("clone"), ctypes.c_ulong(flags), 0, 0, 0, 0)
+    pid = _sys_clone(_syscall("clone"), flags, None, None, None, None)
     if pid < 0:
         raise _fail("clone", hex(flags))
     return int(pid)
@@ -204,22 +237,17 @@ def clone_into_cgroup(flags: int, exit_signal: int, cgroup_fd: int) -> int:
     child, like fork; the same single-thread rule as ``raw_clone`` holds."""
     args = _CloneArgs(flags=flags | CLONE_INTO_CGROUP, exit_signal=exit_signal,
                       cgroup=cgroup_fd)
-    pid = _libc.syscall(NR_CLONE3, ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
+    pid = _sys_clone3(NR_CLONE3, ctypes.addressof(args), ctypes.sizeof(args))
     if pid < 0:
         raise _fail("clone3", hex(flags), f"cgroup fd {cgroup_fd}")
     return int(pid)
 
 
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    ]
+# struct __user_cap_header_struct {version, pid}; two struct __user_cap_data_struct
+# {effective, permitted, inheritable}, as bytes (the kernel only reads them in capset).
+_CAP_HEADER = struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0)
+_CAP_DATA = struct.Struct("=6I")
+_NO_CAPS = bytes(_CAP_DATA.size)
 
 
 def last_cap() -> int:
@@ -236,16 +264,19 @@ def drop_all_capabilities(cap_last: int) -> None:
     The bounding set goes first: dropping from it needs CAP_SETPCAP, which capset removes.
     """
     for cap in range(cap_last + 1):
-        prctl(PR_CAPBSET_DROP, cap)
+        # prctl() inlined: one call per capability, and there are about 41 of them.
+        if _prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:
+            raise _fail("prctl", PR_CAPBSET_DROP, cap, 0)
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
-    if _libc.syscall(_syscall("capset"), ctypes.byref(header), ctypes.byref(data)) != 0:
+    if _sys_ptr2(_syscall("capset"), _CAP_HEADER, _NO_CAPS) != 0:
         raise _fail("capset", 0)
 
 
 class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    # struct sock_fprog. The filter points straight into the bytes of the program, which the
+    # kernel only copies: no string buffer, whose array type ctypes would create anew in every
+    # sandbox child, and no ctypes.cast.
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
 
 def seccomp_set_filter(bpf: bytes, flags: int = 0) -> int:
@@ -256,10 +287,9 @@ def seccomp_set_filter(bpf: bytes, flags: int = 0) -> int:
     """
     if len(bpf) % 8 or not bpf:
         raise OSError(22, f"seccomp: BPF program of {len(bpf)} bytes is not whole instructions")
-    buf = ctypes.create_string_buffer(bpf, len(bpf))
-    prog = _SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    result = _libc.syscall(_syscall("seccomp"), SECCOMP_SET_MODE_FILTER, flags,
-                           ctypes.byref(prog))
+    prog = _SockFprog(len(bpf) // 8, bpf)
+    result = _sys_seccomp(_syscall("seccomp"), SECCOMP_SET_MODE_FILTER, flags,
+                          ctypes.byref(prog))
     if result < 0:
         raise _fail("seccomp", "SECCOMP_SET_MODE_FILTER", flags)
     return int(result)
@@ -271,11 +301,11 @@ def keep_only_capabilities(keep: tuple[int, ...], cap_last: int) -> None:
         if cap not in keep:
             prctl(PR_CAPBSET_DROP, cap)
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
+    words = [0, 0]
     for cap in keep:
         word, bit = divmod(cap, 32)
-        data[word].effective |= 1 << bit
-        data[word].permitted |= 1 << bit
-    if _libc.syscall(_syscall("capset"), ctypes.byref(header), ctypes.byref(data)) != 0:
+        words[word] |= 1 << bit
+    # effective and permitted are the kept set; inheritable stays empty.
+    data = _CAP_DATA.pack(words[0], words[0], 0, words[1], words[1], 0)
+    if _sys_ptr2(_syscall("capset"), _CAP_HEADER, data) != 0:
         raise _fail("capset", keep)
