@@ -331,6 +331,9 @@ class Helper:
                 # of the run, and the exact pids limit is written.
                 spawner.end()
                 spawner.cgroup.set_limits(cgroups.Request(pids=plan["cgroup"].get("pids")))
+                # Its pages do not count; its one task is in pids.peak, which v1 cannot
+                # reset: a run that never forks reports 2 (docs/limits.md).
+                spawner.cgroup.reset_peak_memory()
                 spawner = None
             elif cgroup_fd is None:
                 limits.attach(pid)  # before the child runs anything of its own

@@ -72,6 +72,10 @@ class RunCgroup(abc.ABC):
     def attach(self, pid: int) -> None:
         """Move ``pid`` (not yet running untrusted code) into the run's cgroup."""
 
+    @abc.abstractmethod
+    def reset_peak_memory(self) -> None:
+        """Count the peak memory from now on (after a spawner has left, nsbox/_spawner.py)."""
+
     def clone_fd(self) -> int | None:
         """A directory descriptor to clone the run's first process into the cgroup at once
         (clone3 with CLONE_INTO_CGROUP; cgroup v2 only), or None: ``attach`` it instead."""

@@ -16,6 +16,9 @@ class NullRun(RunCgroup):
     def attach(self, pid: int) -> None:
         pass
 
+    def reset_peak_memory(self) -> None:
+        pass
+
     def cpu_seconds(self) -> float | None:
         return None
 

@@ -68,6 +68,11 @@ class V1Run(RunCgroup):
             cpu.cfs_period_us = CFS_PERIOD_US
             cpu.cfs_quota_us = max(1000, round(request.cpus * CFS_PERIOD_US))
 
+    def reset_peak_memory(self) -> None:
+        # Writing 0 resets max_usage_in_bytes to the current usage (cgroup-v1 memory.rst 5.4).
+        if "memory" in self.dirs:
+            _fs.write(os.path.join(self.dirs["memory"], "memory.max_usage_in_bytes"), 0)
+
     def attach(self, pid: int) -> None:
         for directory in self._all:
             _fs.write(os.path.join(directory, "cgroup.procs"), pid)

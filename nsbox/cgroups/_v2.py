@@ -68,6 +68,11 @@ class V2Run(RunCgroup):
             quota = max(1000, round(request.cpus * CPU_PERIOD_US))
             _fs.write(self._file("cpu.max"), f"{quota} {CPU_PERIOD_US}")
 
+    def reset_peak_memory(self) -> None:
+        # Never needed: a v2 run's first process is cloned into the cgroup, no spawner shares
+        # it. (memory.peak can only be reset per open file, Linux 6.12.)
+        pass
+
     def clone_fd(self) -> int | None:
         # A process moved in by a write to cgroup.procs waits for an RCU grace period (the
         # write takes cgroup_threadgroup_rwsem), about 10 ms here; one born in the cgroup does
