@@ -50,7 +50,7 @@ except ImportError as exc:  # the core must work without Ray; this module cannot
 import nsbox
 from nsbox import cgroups
 from nsbox.doctor import run_doctor
-from nsbox.errors import HostError, NsboxError, SetupError
+from nsbox.errors import HostError, LaunchError, NsboxError, SetupError
 from nsbox.plan import WORKSPACE
 from nsbox.policy import Limits, Policy
 from nsbox.result import Result
@@ -216,6 +216,13 @@ class Executor:
             if self._pool is not None and not job.limits:
                 return _plain(self._pool.run(job.command(), **options))
             return _plain(nsbox.run(job.command(), policy, **options))
+        except LaunchError:
+            # This executor's launch helper is gone: it is killed with the executor (Ray may
+            # run the exit handlers that close it before the process ends, and a result sent
+            # meanwhile would count as the job's), or it crashed. The job did not run to its
+            # end; ending the executor makes Ray restart it and run the job again
+            # (max_task_retries), as for any executor lost mid-job.
+            os._exit(75)
         except NsboxError as error:
             return _failure(error)
 
