@@ -273,8 +273,15 @@ class Helper:
         net_fd = net_child.fileno() if net_child else None
         try:
             if spawner is not None:
-                pid = spawner.clone(plan, _spawner.ChildFds(stdio, sync_r, err_w, source_fds,
-                                                            notify_fd, net_fd))
+                pid = spawner.clone()
+                try:
+                    # The child waits for its plan first, then for the id maps like any other.
+                    spawner.send_plan(plan, _spawner.ChildFds(stdio, sync_r, err_w, source_fds,
+                                                              notify_fd, net_fd))
+                except OSError:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    raise
             elif cgroup_fd is not None:
                 pid = _libc.clone_into_cgroup(NAMESPACES, signal.SIGCHLD, cgroup_fd)
             else:
@@ -354,13 +361,14 @@ class Helper:
     def make_cgroup(self, launch: Launch, request: cgroups.Request) -> cgroups.RunCgroup:
         """The run's cgroup: a ready spawner's, made ahead (then ``launch.spawner`` is set),
         or a new one."""
-        spawner = self.spawners.take() if self.spawners is not None else None
+        if self.spawners is None:
+            return cgroups.get_backend().create(request)
+        spawner = self.spawners.take()
         if spawner is None:
             return cgroups.get_backend().create(request)
         try:
             spawner.cgroup.set_limits(_spawner.with_spawner(request))
         except OSError:
-            assert self.spawners is not None
             self.spawners.discard(spawner)
             raise
         launch.spawner = spawner
@@ -633,9 +641,7 @@ class Helper:
         launch.send(report)
         self.remove_cgroup(launch)
         if self.spawners is not None:
-            # Like a pool's refill: made at the hand-over, a spawner would compete with the
-            # launch that took the last one (docs/performance.md).
-            self.call_later(0.002, self.spawners.fill)
+            self.spawners.refill_when_idle()
         if launch.mnt_ns >= 0:
             os.close(launch.mnt_ns)  # the sandbox's mounts are torn down here, after the report
         if launch.pool is not None:  # a pooled sandbox: the pool prepares what follows

@@ -11,16 +11,22 @@ A spawner is a fork of the launch helper. It makes no decision of its own:
 
 1. the helper creates an empty run cgroup (no limits yet) and forks the spawner;
 2. the spawner moves itself into that cgroup, off any launch's path, and says "ready";
-3. a launch takes a ready spawner: the helper writes the run's limits into its cgroup and sends
-   it the plan and the child's descriptors (SCM_RIGHTS);
+3. a launch takes a ready spawner: the helper writes the run's limits into its cgroup and tells
+   it to clone;
 4. the spawner clones the sandbox with CLONE_PARENT, so that the helper is the sandbox's parent
    exactly as if it had cloned it itself (it writes the id maps, holds the sync pipe, reaps it;
    the sandbox's parent-death signal follows the helper), sends back the pid and exits;
-5. the helper waits for that exit, so the cgroup holds the sandbox alone before it is released.
+5. the sandbox child receives its plan and descriptors from the helper on the spawner's socket,
+   which it inherited; the helper waits for the spawner's exit, so that the cgroup holds the
+   sandbox alone before it is released.
 
-Protocol (SOCK_SEQPACKET): spawner -> helper ``ready``; helper -> spawner
-``{"plan": {...}, "layout": {...}}`` with the descriptors; spawner -> helper ``{"pid": N}`` or
-``{"errno": E, "message": M}``. End-of-file either way means the other side is gone.
+The spawner itself runs almost no Python: every object it touches is a page copied from the
+helper (copy on write), at about 2 us a page, and its whole life is paid once per launch. So the
+plan goes to the child, which needs it as objects anyway, not through the spawner.
+
+Protocol (SOCK_SEQPACKET): spawner -> helper ``ready``; helper -> spawner ``clone``; spawner ->
+helper ``pid N`` or ``error E MESSAGE``; helper -> sandbox child ``{"plan": {...}, "layout":
+{...}}`` with the descriptors. End-of-file means the other side is gone.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ import os
 import selectors
 import signal
 import socket
+import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from nsbox import _child, _libc, cgroups
+from nsbox import _libc, cgroups
 from nsbox.cgroups import _names
 
 if TYPE_CHECKING:
@@ -41,6 +48,11 @@ if TYPE_CHECKING:
 # Spawners kept ready. Each is a sleeping fork of the helper (its memory shared with it) and one
 # empty cgroup per hierarchy; two cover two concurrent launches, the benchmark's case.
 READY = 2
+# They are made once the helper has started no launch for this long. A spawner costs about 2 ms
+# of CPU (its fork, its pages, its exit): worth it for a launch that comes after a pause, which
+# would wait for the grace period, but not within a burst of launches, whose migrations follow
+# each other closely enough to find the kernel's fast path (docs/performance.md).
+IDLE = 0.005
 MAX_MESSAGE = 4 * 1024 * 1024
 MAX_FDS = 253  # SCM_MAX_FD
 
@@ -76,21 +88,26 @@ class Spawner:
         self.pid, self.sock, self.cgroup = pid, sock, cgroup
         self.ready = False
 
-    def clone(self, plan: dict[str, Any], fds: ChildFds) -> int:
+    def clone(self) -> int:
         """Have the spawner clone the sandbox; its pid (a child of the helper)."""
-        layout, fd_list = fds.pack()
-        message = json.dumps({"plan": plan, "layout": layout}).encode()
         try:
-            socket.send_fds(self.sock, [message], fd_list)
-            reply = self.sock.recv(4096)
+            os.write(self.sock.fileno(), b"clone")
+            reply = os.read(self.sock.fileno(), 4096).decode()
         except OSError as exc:
             raise OSError(exc.errno or 0, f"the spawner went away: {exc}") from None
-        if not reply:
-            raise OSError(0, "the spawner went away before it cloned the sandbox")
-        answer = json.loads(reply)
-        if "pid" not in answer:
-            raise OSError(answer["errno"], answer["message"])
-        return int(answer["pid"])
+        kind, _, rest = reply.partition(" ")
+        if kind == "pid":
+            return int(rest)
+        if kind == "error":
+            errno, _, message = rest.partition(" ")
+            raise OSError(int(errno), message)
+        raise OSError(0, "the spawner went away before it cloned the sandbox")
+
+    def send_plan(self, plan: dict[str, Any], fds: ChildFds) -> None:
+        """The plan and the descriptors, to the sandbox child the spawner cloned."""
+        layout, fd_list = fds.pack()
+        message = json.dumps({"plan": plan, "layout": layout}).encode()
+        socket.send_fds(self.sock, [message], fd_list)
 
     def end(self, kill: bool = False) -> None:
         """Wait for the spawner's exit (it exits by itself once it has cloned or failed)."""
@@ -110,6 +127,8 @@ class Spawners:
         self.helper, self.backend = helper, backend
         self.idle: list[Spawner] = []
         self.broken = ""  # why spawners cannot work here; launches then attach instead
+        self.last_take = 0.0  # the last launch's start or report (time.monotonic)
+        self.refill_pending = False
 
     @classmethod
     def for_host(cls, helper: Helper) -> Spawners | None:
@@ -125,14 +144,28 @@ class Spawners:
             except OSError as exc:
                 self.broken = str(exc)
 
+    def refill_when_idle(self) -> None:
+        """After a launch's report: make spawners once no launch has started for IDLE."""
+        self.last_take = max(self.last_take, time.monotonic())
+        if not self.refill_pending:
+            self.refill_pending = True
+            self.helper.call_later(IDLE, self._refill_if_idle)
+
+    def _refill_if_idle(self) -> None:
+        wait = self.last_take + IDLE - time.monotonic()
+        if wait > 0:
+            self.helper.call_later(wait, self._refill_if_idle)
+            return
+        self.refill_pending = False
+        self.fill()
+
     def take(self) -> Spawner | None:
         """A ready spawner, or None (not ready yet: the launch attaches its child instead)."""
+        self.last_take = time.monotonic()
         for spawner in self.idle:
             if spawner.ready:
                 self.idle.remove(spawner)
                 self.helper.selector.unregister(spawner.sock)
-                # A spawner is made after the report of the launch that took the last one,
-                # like a pool's refill: at the hand-over it would compete with that launch.
                 return spawner
         return None
 
@@ -140,7 +173,9 @@ class Spawners:
         cgroup = self.backend.create(cgroups.Request(), _names.spare_name())
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            pid = os.fork()
+            # Not os.fork(): its at-fork handlers would touch (and copy) pages for nothing in a
+            # process that has no threads and runs almost no Python.
+            pid = _libc.raw_clone(signal.SIGCHLD)
         except OSError:
             ours.close()
             theirs.close()
@@ -191,44 +226,55 @@ def with_spawner(request: cgroups.Request) -> cgroups.Request:
     return cgroups.Request(memory=request.memory, pids=request.pids + 1, cpus=request.cpus)
 
 
-def set_name(name: str) -> None:
-    with open("/proc/self/comm", "w") as f:
-        f.write(name)
-
-
 def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoReturn:
-    """The spawner process: move into the cgroup, wait for one plan, clone, report, exit."""
+    """The spawner process: move into the cgroup, wait for the word, clone, report, exit.
+
+    Plain os calls only, for the reason in the module's docstring.
+    """
+    fd = sock.fileno()
     try:
-        # Only its own socket: the descriptors of other launches (their pipes and sockets)
-        # must not be held here, nor reach a sandbox cloned from here.
-        _child.keep_only({sock.fileno()})
+        # Only its own socket (and /dev/null as 0-2): the descriptors of other launches (their
+        # pipes and sockets) must not be held here, nor reach a sandbox cloned from here.
+        _libc.close_range(3, fd - 1)
+        _libc.close_range(fd + 1)
         _libc.prctl(_libc.PR_SET_PDEATHSIG, signal.SIGKILL)
-        with open("/proc/self/comm") as f:
-            helper_name = f.read().rstrip("\n")
-        set_name(_names.SPAWNER_NAME)  # ps shows it; tools tell idle spares by it
+        comm = os.open("/proc/self/comm", os.O_RDWR)
+        helper_name = os.read(comm, 64).rstrip(b"\n")
+        os.write(comm, _names.SPAWNER_NAME.encode())  # ps shows it; tools tell idle spares by it
         cgroup.attach(os.getpid())
-        sock.send(b"ready")
+        os.write(fd, b"ready")
+        if os.read(fd, 64) == b"clone":
+            from nsbox._helper import NAMESPACES
+
+            pid = _libc.raw_clone(NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD)
+            if pid == 0:
+                os.close(comm)  # the spawner's own
+                comm = os.open("/proc/self/comm", os.O_WRONLY)
+                os.write(comm, helper_name)  # a sandbox is no spawner, also before its exec
+                os.close(comm)
+                become_sandbox(helper, sock)
+            os.write(fd, f"pid {pid}".encode())
+    except OSError as exc:
+        try:
+            os.write(fd, f"error {exc.errno or 0} {exc}".encode())
+        except OSError:
+            pass
+    os._exit(0)
+
+
+def become_sandbox(helper: Helper, sock: socket.socket) -> NoReturn:
+    """In the sandbox child: receive the plan and the descriptors, then go on as any child."""
+    try:
         message, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS,
-                                                         socket.MSG_CMSG_CLOEXEC)
+                                                      socket.MSG_CMSG_CLOEXEC)
+        sock.close()
         if message:
             request = json.loads(message)
             plan = request["plan"]
             child = ChildFds.unpack(request["layout"], fds)
             if plan.get("session"):
                 import nsbox._sessioninit  # noqa: F401  (see Helper.start)
-            from nsbox._helper import NAMESPACES
-
-            pid = _libc.raw_clone(NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD)
-            if pid == 0:
-                sock.close()
-                set_name(helper_name)  # a sandbox is no spawner, also before its exec
-                helper.become_child(plan, child.stdio, child.sync_r, child.err_w,
-                                    child.sources, (), child.notify, child.net)
-            sock.send(json.dumps({"pid": pid}).encode())
-    except OSError as exc:
-        try:
-            sock.send(json.dumps({"errno": exc.errno or 0, "message": str(exc)}).encode())
-        except OSError:
-            pass
+            helper.become_child(plan, child.stdio, child.sync_r, child.err_w, child.sources, (),
+                                child.notify, child.net)
     finally:
-        os._exit(0)
+        os._exit(127)  # no plan: the helper gave up on this launch

@@ -41,8 +41,13 @@ def write(path: str, value: object) -> None:
     """Write one value; the kernel's error (EINVAL, EBUSY, ...) comes back as OSError naming the
     file and the value."""
     try:
-        with open(path, "w") as f:
-            f.write(str(value))
+        # Plain os calls: a spawner (nsbox/_spawner.py) attaches itself with this, and every
+        # Python object it touches is a page copied from the helper.
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, str(value).encode())
+        finally:
+            os.close(fd)
     except OSError as exc:
         reason = os.strerror(exc.errno or 0)
         raise OSError(exc.errno, f"write {value!r} to {path}: {reason}") from None
