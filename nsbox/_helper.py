@@ -641,7 +641,7 @@ class Helper:
         launch.send(report)
         self.remove_cgroup(launch)
         if self.spawners is not None:
-            self.spawners.refill_when_idle()
+            self.spawners.refill_later()
         if launch.mnt_ns >= 0:
             os.close(launch.mnt_ns)  # the sandbox's mounts are torn down here, after the report
         if launch.pool is not None:  # a pooled sandbox: the pool prepares what follows

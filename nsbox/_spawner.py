@@ -36,7 +36,6 @@ import os
 import selectors
 import signal
 import socket
-import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from nsbox import _libc, cgroups
@@ -48,11 +47,10 @@ if TYPE_CHECKING:
 # Spawners kept ready. Each is a sleeping fork of the helper (its memory shared with it) and one
 # empty cgroup per hierarchy; two cover two concurrent launches, the benchmark's case.
 READY = 2
-# They are made once the helper has started no launch for this long. A spawner costs about 2 ms
-# of CPU (its fork, its pages, its exit): worth it for a launch that comes after a pause, which
-# would wait for the grace period, but not within a burst of launches, whose migrations follow
-# each other closely enough to find the kernel's fast path (docs/performance.md).
-IDLE = 0.005
+# Made 2 ms after a launch's report, like a pool's refill: at once, the fork would compete with
+# the report. A spawner costs about 2 ms of CPU (its fork, its pages, its exit); measured with
+# and without them, launches back to back reached the same throughput (docs/performance.md).
+REFILL_DELAY = 0.002
 MAX_MESSAGE = 4 * 1024 * 1024
 MAX_FDS = 253  # SCM_MAX_FD
 
@@ -127,7 +125,6 @@ class Spawners:
         self.helper, self.backend = helper, backend
         self.idle: list[Spawner] = []
         self.broken = ""  # why spawners cannot work here; launches then attach instead
-        self.last_take = 0.0  # the last launch's start or report (time.monotonic)
         self.refill_pending = False
 
     @classmethod
@@ -144,24 +141,18 @@ class Spawners:
             except OSError as exc:
                 self.broken = str(exc)
 
-    def refill_when_idle(self) -> None:
-        """After a launch's report: make spawners once no launch has started for IDLE."""
-        self.last_take = max(self.last_take, time.monotonic())
+    def refill_later(self) -> None:
+        """After a launch's report."""
         if not self.refill_pending:
             self.refill_pending = True
-            self.helper.call_later(IDLE, self._refill_if_idle)
+            self.helper.call_later(REFILL_DELAY, self._refill)
 
-    def _refill_if_idle(self) -> None:
-        wait = self.last_take + IDLE - time.monotonic()
-        if wait > 0:
-            self.helper.call_later(wait, self._refill_if_idle)
-            return
+    def _refill(self) -> None:
         self.refill_pending = False
         self.fill()
 
     def take(self) -> Spawner | None:
         """A ready spawner, or None (not ready yet: the launch attaches its child instead)."""
-        self.last_take = time.monotonic()
         for spawner in self.idle:
             if spawner.ready:
                 self.idle.remove(spawner)
