@@ -95,11 +95,19 @@ def throughput(methods: list[Method], argv: list[str], seconds: float,
 
 
 def breakdown(argv: list[str], launches: int, pool_size: int) -> dict[str, Any]:
-    """Median duration of every step of a launch (NSBOX_TRACE), cold and from a pool."""
+    """Median duration of every step of a launch (NSBOX_TRACE): cold back to back, cold after a
+    pause (30 ms, not timed: as an agent's commands come, when no cgroup migration happened just
+    before, see docs/limits.md), and from a pool."""
     previous = os.environ.get("NSBOX_TRACE")
     os.environ["NSBOX_TRACE"] = "1"
+
+    def after_a_pause() -> nsbox.Result:
+        time.sleep(0.03)
+        return nsbox.run(argv, nsbox.Policy())
+
     try:
         cold = _steps(lambda: nsbox.run(argv, nsbox.Policy()), launches)
+        paused = _steps(after_a_pause, launches)
         with nsbox.Pool(nsbox.Policy(), size=pool_size) as pool:
             pool.wait_ready()
 
@@ -114,7 +122,7 @@ def breakdown(argv: list[str], launches: int, pool_size: int) -> dict[str, Any]:
             del os.environ["NSBOX_TRACE"]
         else:
             os.environ["NSBOX_TRACE"] = previous
-    return {"cold": cold, "pool": warm}
+    return {"cold": cold, "cold after a pause": paused, "pool": warm}
 
 
 def _steps(launch: Any, launches: int) -> dict[str, Any]:
