@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -415,3 +416,17 @@ def test_bench_quick_writes_valid_json(tmp_path: Path):
     assert {s["step"] for s in report["breakdown"]["cold"]["steps"]} >= {"helper: clone", "exec"}
     assert set(report["targets"]) >= {"api_cold_x_bwrap", "pool_x_bwrap", "cli_x_bwrap"} or \
         "bwrap" in report["skipped"]
+
+
+def test_bench_cpu_splits_the_cpu_of_a_launch_by_process():
+    proc = subprocess.run([sys.executable, "-m", "bench.cpu", "60"], capture_output=True,
+                          text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("nsbox")]
+    assert [line.split(":")[0] for line in lines] == ["nsbox  x1", "nsbox  x2"]
+    for line in lines:
+        figures = dict(re.findall(r"(machine|host|helper|its children) +([0-9.]+)", line))
+        assert set(figures) == {"machine", "host", "helper", "its children"}, line
+        # Every launch costs the helper and its children something: a zero is a broken count.
+        assert float(figures["helper"]) > 0 and float(figures["its children"]) > 0, line
