@@ -76,10 +76,10 @@ def _fds(pid: int) -> int:
         return -1
 
 
-def _children(parents: set[int]) -> tuple[int, int, int]:
-    """(zombies, live children, spawners) whose parent is one of ``parents``; spawners are not
-    counted as live children."""
-    zombies = live = spawners = 0
+def children_of(parents: set[int]) -> list[tuple[int, str]]:
+    """(pid, state letter) of every process whose parent is one of ``parents`` (proc(5): the
+    fields after the command name, which may hold spaces and parentheses)."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -89,12 +89,21 @@ def _children(parents: set[int]) -> tuple[int, int, int]:
         except OSError:
             continue
         if int(fields[1]) in parents:
-            if fields[0] == "Z":
-                zombies += 1
-            elif _is_spawner(int(entry)):
-                spawners += 1
-            else:
-                live += 1
+            found.append((int(entry), fields[0]))
+    return found
+
+
+def _children(parents: set[int]) -> tuple[int, int, int]:
+    """(zombies, live children, spawners) whose parent is one of ``parents``; spawners are not
+    counted as live children."""
+    zombies = live = spawners = 0
+    for pid, state in children_of(parents):
+        if state == "Z":
+            zombies += 1
+        elif _is_spawner(pid):
+            spawners += 1
+        else:
+            live += 1
     return zombies, live, spawners
 
 

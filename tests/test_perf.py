@@ -37,22 +37,20 @@ def helper_children(helper: int | None = None, sandboxes_only: bool = True) -> l
     """The live (non-zombie) children of a launch helper (default: this process's). Only those
     in a pid namespace of their own, its sandboxes, unless ``sandboxes_only`` is False: then its
     spawners too (nsbox/_spawner.py)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))  # bench/ is not installed; the tests use its soak
+    from bench.soak import children_of
+
     helper = helper if helper is not None else launcher._helper._pid
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid, state in children_of({helper}):
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-            if int(fields[1]) != helper or fields[0] == "Z":
-                continue
-            if sandboxes_only and os.stat(f"/proc/{entry}/ns/pid").st_ino == os.stat(
-                    f"/proc/{helper}/ns/pid").st_ino:
+            if state == "Z" or sandboxes_only and os.stat(f"/proc/{pid}/ns/pid").st_ino == \
+                    os.stat(f"/proc/{helper}/ns/pid").st_ino:
                 continue
         except OSError:
             continue
-        found.append(int(entry))
+        found.append(pid)
     return found
 
 
