@@ -273,7 +273,16 @@ class Helper:
         net_fd = net_child.fileno() if net_child else None
         try:
             if spawner is not None:
-                pid = spawner.clone()
+                try:
+                    pid = spawner.clone()
+                except OSError:
+                    # It died before it cloned (killed from outside, say): clone here and
+                    # attach instead; its cgroup, with the run's limits, stays the run's.
+                    spawner.end(kill=True)
+                    spawner = None
+                    assert limits.cgroup is not None
+                    limits.cgroup.set_limits(cgroups.Request(pids=plan["cgroup"].get("pids")))
+            if spawner is not None:
                 try:
                     # The child waits for its plan first, then for the id maps like any other.
                     spawner.send_plan(plan, _spawner.ChildFds(stdio, sync_r, err_w, source_fds,
@@ -369,8 +378,9 @@ class Helper:
         try:
             spawner.cgroup.set_limits(_spawner.with_spawner(request))
         except OSError:
+            # A broken spare (removed from outside, say) must not cost the run its cgroup.
             self.spawners.discard(spawner)
-            raise
+            return cgroups.get_backend().create(request)
         launch.spawner = spawner
         return spawner.cgroup
 

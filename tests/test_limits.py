@@ -29,7 +29,7 @@ from conftest import (
 )
 
 import nsbox
-from nsbox import cgroups, limits
+from nsbox import cgroups, launcher, limits
 from nsbox.cgroups import _names
 from nsbox.cgroups._null import NullBackend
 from nsbox.errors import CommandNotFound, HostError, PolicyError
@@ -316,6 +316,37 @@ def test_a_sandbox_is_born_in_its_cgroup_alone_with_its_exact_limits(
     assert outcome["result"].status is Status.OK
     assert "helper: attach to cgroup" not in steps
     assert ("helper: spawner exits" in steps) == (backend.kind == "v1")
+
+
+def test_spawners_killed_while_waiting_are_cleaned_up_and_runs_keep_their_cgroup(
+        marker: str) -> None:
+    backend = _cgroup_backend(cgroups.MEMORY)
+    require(backend.kind == "v1", "spawners exist on v1 hosts only (v2 clones into the cgroup)")
+    nsbox.run(["true"])
+    helper = launcher._helper._pid
+
+    def spawners() -> list[int]:
+        found = []
+        for pid in processes_with(""):  # every process; the helper's spawners are picked out
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue
+            if comm == _names.SPAWNER_NAME and _parent(pid) == helper:
+                found.append(pid)
+        return found
+
+    assert _wait(lambda: len(spawners()) == 2)
+    victims = spawners()
+    spares = {_run_cgroup_of(pid) for pid in victims}
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    result = nsbox.run(["sh", "-c", f"echo {marker}"], Policy().with_limits(memory=64 * M))
+    assert result.status is Status.OK and result.stdout == f"{marker}\n".encode()
+    assert result.accounting == "cgroup" and result.degraded == []
+    # The helper noticed, reaped them and removed their cgroups; new ones take their place.
+    assert _wait(lambda: not any(_cgroup_dirs(name) for name in spares))
+    assert _wait(lambda: len(spawners()) == 2 and not set(spawners()) & set(victims))
 
 
 SPIN = """
