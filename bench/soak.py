@@ -134,6 +134,20 @@ def snapshot() -> dict[str, int]:
     }
 
 
+def settled_snapshot(timeout: float = 5.0) -> dict[str, int]:
+    """A snapshot once two taken 50 ms apart agree: a spawner being made (forked, moving into
+    its cgroup, named) or a sandbox being reaped is in transit, not left behind."""
+    current = snapshot()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        previous, current = current, snapshot()
+        steady = ("cgroups_below_ours", "spare_cgroups", "spawners", "zombies", "children_left")
+        if all(previous[key] == current[key] for key in steady):
+            break
+    return current
+
+
 def soak(argv: list[str], launches: int, warmup: int = 200, pool_size: int = 0,
          progress: Any = None) -> dict[str, Any]:
     """``launches`` sequential launches of ``argv`` (through a pool when ``pool_size``)."""
@@ -148,7 +162,7 @@ def soak(argv: list[str], launches: int, warmup: int = 200, pool_size: int = 0,
         for _ in range(warmup):
             launch()
         time.sleep(0.2)  # let the last sandboxes' deferred cleanup finish
-        before = snapshot()
+        before = settled_snapshot()
         started = time.perf_counter()
         for i in range(launches):
             launch()
@@ -159,7 +173,7 @@ def soak(argv: list[str], launches: int, warmup: int = 200, pool_size: int = 0,
         if pool:
             pool.close()
             time.sleep(0.2)
-        after = snapshot()
+        after = settled_snapshot()
     finally:
         if pool:
             pool.close()
