@@ -97,8 +97,7 @@ class Spawner:
         if kind == "pid":
             return int(rest)
         if kind == "error":
-            errno, _, message = rest.partition(" ")
-            raise OSError(int(errno), message)
+            raise OSError(int(rest.partition(" ")[0]), error_message(reply.encode()))
         raise OSError(0, "the spawner went away before it cloned the sandbox")
 
     def send_plan(self, plan: dict[str, Any], fds: ChildFds) -> None:
@@ -188,9 +187,9 @@ class Spawners:
         if data == b"ready" and not spawner.ready:
             spawner.ready = True
             return
-        # It could not move into its cgroup (the reason is the message), or it died.
+        # It could not move into its cgroup (``error E MESSAGE``), or it died.
         if data:
-            self.broken = json.loads(data).get("message", "the spawner failed")
+            self.broken = error_message(data)
         self.idle.remove(spawner)
         self.helper.selector.unregister(spawner.sock)
         self.discard(spawner)
@@ -207,6 +206,13 @@ class Spawners:
             self.helper.selector.unregister(spawner.sock)
             self.discard(spawner)
         self.idle = []
+
+
+def error_message(reply: bytes) -> str:
+    """The MESSAGE of a spawner's ``error E MESSAGE``."""
+    kind, _, rest = reply.decode(errors="replace").partition(" ")
+    message = rest.partition(" ")[2] if kind == "error" else ""
+    return message or f"the spawner failed: {reply[:200]!r}"
 
 
 def with_spawner(request: cgroups.Request) -> cgroups.Request:

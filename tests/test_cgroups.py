@@ -318,3 +318,37 @@ def test_v2_moves_only_its_own_processes_into_a_leaf_to_enable_controllers() -> 
                     os.path.join(app, n)))
                 os.rmdir(os.path.join(app, name))
         os.rmdir(app)
+
+
+def test_a_spawner_that_cannot_enter_its_cgroup_stops_the_spawners_and_says_why(
+        tmp_path: Path) -> None:
+    """The real spawner process, on a cgroup directory that is not there: the kernel's ENOENT
+    comes back as the reason, the spawner is reaped, and no more are made (launches attach)."""
+    import selectors
+    import socket
+
+    from nsbox import _spawner
+    from nsbox.cgroups._null import NullBackend
+    from nsbox.cgroups._v1 import V1Run
+
+    cgroup = V1Run("nsbox-test", {"memory": str(tmp_path / "gone")}, None)
+
+    class Helper:  # the part of the launch helper that Spawners uses
+        selector = selectors.DefaultSelector()
+
+    spawners = _spawner.Spawners(Helper(), NullBackend("test"))  # type: ignore[arg-type]
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        _spawner.serve(None, theirs, cgroup)  # type: ignore[arg-type]  # never returns
+    theirs.close()
+    spawner = _spawner.Spawner(pid, ours, cgroup)
+    spawners.idle.append(spawner)
+    Helper.selector.register(ours, selectors.EVENT_READ)
+    spawners.on_message(spawner)
+    assert "cgroup.procs" in spawners.broken and "No such file" in spawners.broken
+    assert spawners.idle == []
+    with pytest.raises(ChildProcessError):  # reaped already
+        os.waitpid(pid, os.WNOHANG)
+    spawners.fill()
+    assert spawners.idle == []
