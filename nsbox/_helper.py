@@ -21,7 +21,10 @@ Protocol (SOCK_SEQPACKET, one JSON object per message):
                                    with the session's control socket as its stdin
                                    (nsbox/_sessioninit.py); the launch is otherwise the same
 
-  helper <-> sandbox child:        sync pipe: the helper writes the id maps, then one byte;
+  helper <-> sandbox child:        on cgroup v1, a spawner clones the child in the run's
+                                   cgroup, and the child first receives its plan and these
+                                   descriptors on the spawner's socket (nsbox/_spawner.py);
+                                   sync pipe: the helper writes the id maps, then one byte;
                                    error pipe (close-on-exec): {step, errno, message} on
                                    failure, end-of-file when the exec happened;
                                    learning mode only, a socket: the seccomp listener fd
