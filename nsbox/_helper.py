@@ -40,7 +40,6 @@ the helper exits. Each sandbox gets PR_SET_PDEATHSIG, so it also dies with the h
 
 from __future__ import annotations
 
-import array
 import functools
 import json
 import os
@@ -188,13 +187,7 @@ class Helper:
         return max(0.0, min(deadlines) - now)
 
     def on_control(self, sock: socket.socket) -> None:
-        fds = array.array("i")
-        msg, ancdata, _flags, _addr = sock.recvmsg(
-            MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * fds.itemsize), socket.MSG_CMSG_CLOEXEC
-        )
-        for level, kind, data in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+        msg, fds = _netns.receive_fds(sock, MAX_MESSAGE, MAX_FDS)
         if not msg:
             self.shutdown()
         self.received_ns = time.monotonic_ns()

@@ -38,7 +38,7 @@ import signal
 import socket
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from nsbox import _libc, cgroups
+from nsbox import _libc, _netns, cgroups
 from nsbox.cgroups import _names
 
 if TYPE_CHECKING:
@@ -262,8 +262,7 @@ def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoR
 def become_sandbox(helper: Helper, sock: socket.socket) -> NoReturn:
     """In the sandbox child: receive the plan and the descriptors, then go on as any child."""
     try:
-        message, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS,
-                                                      socket.MSG_CMSG_CLOEXEC)
+        message, fds = _netns.receive_fds(sock, MAX_MESSAGE, MAX_FDS)
         sock.close()
         if message:
             request = json.loads(message)
