@@ -15,6 +15,7 @@ from typing import Any
 import nsbox
 from nsbox import launcher
 from nsbox._spawner import READY
+from nsbox.cgroups import _fs, _names
 
 
 def _cgroup_dirs() -> list[str]:
@@ -43,8 +44,6 @@ def _count_cgroups_below(owners: set[int], spares: bool = False) -> int:
     """The cgroups below this process's own that nsbox made for ``owners`` (by the owner pid in
     their names, nsbox/cgroups/_names.py): other programs may share our cgroup and make their
     own there. Runs' cgroups, or with ``spares`` the idle spares (nsbox/_spawner.py)."""
-    from nsbox.cgroups import _fs, _names
-
     count = 0
     for directory in _cgroup_dirs():
         for root, subdirs, _files in os.walk(directory):
@@ -58,16 +57,6 @@ def _count_cgroups_below(owners: set[int], spares: bool = False) -> int:
                     continue  # removed meanwhile
                 count += idle == spares
     return count
-
-
-def _is_spawner(pid: int) -> bool:
-    from nsbox.cgroups import _names
-
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().rstrip("\n") == _names.SPAWNER_NAME
-    except OSError:
-        return False
 
 
 def _fds(pid: int) -> int:
@@ -101,7 +90,7 @@ def _children(parents: set[int]) -> tuple[int, int, int]:
     for pid, state in children_of(parents):
         if state == "Z":
             zombies += 1
-        elif _is_spawner(pid):
+        elif _names.is_spawner(pid):
             spawners += 1
         else:
             live += 1

@@ -326,15 +326,9 @@ def test_spawners_killed_while_waiting_are_cleaned_up_and_runs_keep_their_cgroup
     helper = launcher._helper._pid
 
     def spawners() -> list[int]:
-        found = []
-        for pid in processes_with(""):  # every process; the helper's spawners are picked out
-            try:
-                comm = Path(f"/proc/{pid}/comm").read_text().strip()
-            except OSError:
-                continue
-            if comm == _names.SPAWNER_NAME and _parent(pid) == helper:
-                found.append(pid)
-        return found
+        # Every process; the helper's spawners are picked out.
+        return [pid for pid in processes_with("")
+                if _names.is_spawner(pid) and _parent(pid) == helper]
 
     assert _wait(lambda: len(spawners()) == 2)
     victims = spawners()

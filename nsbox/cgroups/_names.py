@@ -85,17 +85,20 @@ def is_leaf(name: str) -> bool:
 SPAWNER_NAME = "nsbox-spawner"  # the command name of a spare's waiting process
 
 
+def is_spawner(pid: int) -> bool:
+    """Whether ``pid`` is a waiting spawner (by its command name; False once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().rstrip("\n") == SPAWNER_NAME
+    except OSError:
+        return False
+
+
 def is_idle_spare(name: str, procs: list[int]) -> bool:
     """Whether the cgroup ``name`` holding ``procs`` is a spare that no run has taken: empty
     (its spawner not in yet) or holding its spawner alone."""
     parsed = parse(name)
     if parsed is None or not parsed[3].startswith("s") or len(procs) > 1:
         return False
-    for pid in procs:
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().rstrip("\n") != SPAWNER_NAME:
-                    return False
-        except OSError:
-            continue  # it has just exited
-    return True
+    # A process that has just exited (comm unreadable) no longer holds the spare.
+    return all(is_spawner(pid) or not os.path.exists(f"/proc/{pid}") for pid in procs)
