@@ -274,10 +274,8 @@ class Helper:
                 except OSError:
                     # It died before it cloned (killed from outside, say): clone here and
                     # attach instead; its cgroup, with the run's limits, stays the run's.
-                    spawner.end(kill=True)
-                    spawner = None
-                    assert limits.cgroup is not None
-                    limits.cgroup.set_limits(cgroups.Request(pids=plan["cgroup"].get("pids")))
+                    dead, spawner = spawner, None  # ended here, whatever happens next
+                    dead.leave(kill=True)
             if spawner is not None:
                 try:
                     # The child waits for its plan first, then for the id maps like any other.
@@ -339,14 +337,8 @@ class Helper:
                 launch.trace.append(("helper: spawner exits" if spawner else
                                      "helper: attach to cgroup", time.monotonic_ns()))
             if spawner is not None:
-                # The spawner exits once it has cloned; gone, it no longer counts as a task
-                # of the run, and the exact pids limit is written.
-                spawner.end()
-                spawner.cgroup.set_limits(cgroups.Request(pids=plan["cgroup"].get("pids")))
-                # Its pages do not count; its one task is in pids.peak, which v1 cannot
-                # reset: a run that never forks reports 2 (docs/limits.md).
-                spawner.cgroup.reset_peak_memory()
-                spawner = None
+                done, spawner = spawner, None  # ended here, whatever happens next
+                done.leave()  # it exits once it has cloned
             elif cgroup_fd is None:
                 limits.attach(pid)  # before the child runs anything of its own
         except OSError as exc:
@@ -372,7 +364,7 @@ class Helper:
         if spawner is None:
             return cgroups.get_backend().create(request)
         try:
-            spawner.cgroup.set_limits(_spawner.with_spawner(request))
+            spawner.prepare(request)
         except OSError:
             # A broken spare (removed from outside, say) must not cost the run its cgroup.
             self.spawners.discard(spawner)

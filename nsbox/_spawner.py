@@ -85,6 +85,15 @@ class Spawner:
     def __init__(self, pid: int, sock: socket.socket, cgroup: cgroups.RunCgroup) -> None:
         self.pid, self.sock, self.cgroup = pid, sock, cgroup
         self.ready = False
+        self.request = cgroups.Request()  # the limits of the run that took it
+
+    def prepare(self, request: cgroups.Request) -> None:
+        """Write the run's limits into the spawner's cgroup. The spawner counts as one task
+        there until it has exited (``leave``), so the pids limit is one more until then."""
+        self.request = request
+        pids = None if request.pids is None else request.pids + 1
+        self.cgroup.set_limits(cgroups.Request(memory=request.memory, pids=pids,
+                                               cpus=request.cpus))
 
     def clone(self) -> int:
         """Have the spawner clone the sandbox; its pid (a child of the helper)."""
@@ -115,6 +124,14 @@ class Spawner:
                 pass
         self.sock.close()
         os.waitpid(self.pid, 0)
+
+    def leave(self, kill: bool = False) -> None:
+        """Wait for the spawner's exit; its cgroup is then the run's alone, with the exact pids
+        limit and the peak memory counted from now. (v1's pids.peak cannot be reset: a run
+        that never forks reports 2, docs/limits.md.)"""
+        self.end(kill)
+        self.cgroup.set_limits(cgroups.Request(pids=self.request.pids))
+        self.cgroup.reset_peak_memory()
 
 
 class Spawners:
@@ -213,14 +230,6 @@ def error_message(reply: bytes) -> str:
     kind, _, rest = reply.decode(errors="replace").partition(" ")
     message = rest.partition(" ")[2] if kind == "error" else ""
     return message or f"the spawner failed: {reply[:200]!r}"
-
-
-def with_spawner(request: cgroups.Request) -> cgroups.Request:
-    """The limits to write while the spawner is still in the cgroup: it counts as one task
-    until it has exited (``Spawner.end``), then the exact pids limit is written."""
-    if request.pids is None:
-        return request
-    return cgroups.Request(memory=request.memory, pids=request.pids + 1, cpus=request.cpus)
 
 
 def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoReturn:
