@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     skipped: dict[str, str] = {}
     found = methods.peers(skipped)
     if args.no_peers:
+        for method in found:
+            if method.name not in ("subprocess", "bwrap"):
+                method.close()  # e.g. bwrap+seccomp's BPF file
         found = [m for m in found if m.name in ("subprocess", "bwrap")]
     nsboxes = methods.nsbox_methods(args.pool_size)
     everything = []

@@ -43,13 +43,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def public_sdk(tree: Path) -> Path:
-    """A copy of the mcp SDK and every distribution it needs, beside the public package tree
-    (made once per tree)."""
+    """A copy of the mcp SDK and every distribution it needs, in the public package tree (made
+    once per tree, removed with it)."""
     import importlib.metadata as metadata
     import re
     import shutil
 
-    target = tree.parent / (tree.name + "-sdk")
+    target = tree / "mcp-sdk"  # not an importable name: nothing on the tree's path sees it
     if target.exists():
         return target
     wanted, seen = ["mcp"], set()
