@@ -131,6 +131,16 @@ def unprivileged_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (proc(5), /proc/PID/stat: the fields after the command name,
+    which may hold spaces and parentheses); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def processes_with(marker: str) -> list[int]:
     """PIDs on the host whose command line contains ``marker`` (to look, never to kill)."""
     found = []

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, Runner, processes_with, require
+from conftest import PYTHON, Runner, parent_of, processes_with, require
 
 import nsbox
 from nsbox.errors import CommandNotFound, SetupError
@@ -371,18 +371,10 @@ def test_helper_does_not_hold_the_callers_stdio(public_tree: Path):
     assert proc.stdin is not None and proc.stdout is not None
     try:
         assert proc.stdout.readline() == b"b'x\\n'\n"
-        helpers = [pid for pid in processes_with("nsbox._helper") if _parent(pid) == proc.pid]
+        helpers = [pid for pid in processes_with("nsbox._helper") if parent_of(pid) == proc.pid]
         assert len(helpers) == 1
         streams = [os.readlink(f"/proc/{helpers[0]}/fd/{fd}") for fd in (0, 1, 2)]
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
     assert streams == ["/dev/null"] * 3
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return 0

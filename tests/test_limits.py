@@ -23,6 +23,7 @@ from conftest import (
     UNPRIVILEGED_UID,
     Runner,
     decode_result,
+    parent_of,
     processes_with,
     require,
     run_as,
@@ -157,13 +158,6 @@ def _bases() -> list[str]:
     return sorted({b for b in bases if b})
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _our_run_cgroups() -> list[str]:
     """Run cgroups whose owner (the launch helper) is a child of this test process.
 
@@ -173,7 +167,7 @@ def _our_run_cgroups() -> list[str]:
     for base in _bases():
         for name in os.listdir(base):
             parsed = _names.parse(name)
-            if not parsed or parsed[3] == "leaf" or _parent(parsed[1]) != os.getpid():
+            if not parsed or parsed[3] == "leaf" or parent_of(parsed[1]) != os.getpid():
                 continue
             path = os.path.join(base, name)
             if _names.is_idle_spare(name, cgroups._fs.procs(path)):
@@ -328,7 +322,7 @@ def test_spawners_killed_while_waiting_are_cleaned_up_and_runs_keep_their_cgroup
     def spawners() -> list[int]:
         # Every process; the helper's spawners are picked out.
         return [pid for pid in processes_with("")
-                if _names.is_spawner(pid) and _parent(pid) == helper]
+                if _names.is_spawner(pid) and parent_of(pid) == helper]
 
     assert _wait(lambda: len(spawners()) == 2)
     victims = spawners()
