@@ -129,6 +129,7 @@ def finish_and_exec(ctx: Context, command: dict[str, Any]) -> NoReturn:
     ctx.step = "no_new_privs"
     _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
     ctx.step = "seccomp"
+    apply_setid_filter(ctx)
     if command["seccomp_bpf"]:
         apply_seccomp(ctx, command)
     ctx.step = "exec"
@@ -409,6 +410,15 @@ def reset_signals() -> None:
     for sig in _RESET_SIGNALS:
         _signal.signal(sig, _SIG_DFL)
     _signal.pthread_sigmask(_SIG_SETMASK, ())
+
+
+def apply_setid_filter(ctx: Context) -> None:
+    """The set-id filter goes into every sandbox, before the policy's (nsbox/seccomp.py): a plan
+    without it does not run."""
+    bpf = ctx.plan.get("setid_bpf")
+    if not bpf:
+        raise OSError(22, "the plan has no set-id filter (plan.build makes one)")
+    _libc.seccomp_set_filter(bytes.fromhex(bpf))
 
 
 def apply_seccomp(ctx: Context, command: dict[str, Any]) -> None:

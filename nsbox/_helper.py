@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import _child, _helper_pool, _libc, _netns, _spawner, cgroups
+from nsbox import _child, _helper_pool, _libc, _netns, _spawner, cgroups, identity
 from nsbox import limits as _limits
 from nsbox._seccomp_notify import DeniedSyscalls
 from nsbox.errors import HostError
@@ -125,9 +125,11 @@ class Helper:
         self.selector = selectors.DefaultSelector()
         self.selector.register(control, selectors.EVENT_READ, self.on_control)
         self.launches: set[Launch] = set()
-        # Root of the initial user namespace only: root inside some user namespace is an
-        # unprivileged user on the host and is treated as one.
-        self.is_root = os.geteuid() == 0 and in_initial_userns()
+        # What this process holds decides the sandbox's identity and who opens bind sources
+        # (nsbox/identity.py); read once, credentials do not change under a process.
+        self.identity = identity.Holdings.read()
+        self.pins: dict[int, list[tuple[int, int]]] = {}  # sandbox pid -> writable bind pins
+        self.pending_pins: list[tuple[int, int]] = []  # pinned for the launch being started
         self.cap_last = _libc.last_cap()
         self.idmap_userns: dict[tuple[int, int, int, int], int] = {}
         self.received_ns = 0  # when the last request arrived (NSBOX_TRACE)
@@ -137,7 +139,7 @@ class Helper:
         self.spawners = _spawner.Spawners.for_host(self)
         if self.spawners is not None:
             self.call_later(0, self.spawners.fill)
-        if self.is_root:
+        if self.identity.privileged:
             # No supplementary group of root's may reach a sandbox. Where setgroups is denied
             # (inside a user namespace that wrote "deny"), the groups are fixed already.
             try:
@@ -392,39 +394,54 @@ class Helper:
             os._exit(127)
 
     def open_sources(self, plan: dict[str, Any]) -> dict[int, int]:
-        """As root, copy every bind source here, as detached mounts the child moves in.
+        """Decide the sandbox's identity (or refuse), pin each writable bind's directory and,
+        with CAP_SYS_ADMIN of the initial user namespace, copy every bind source here as a
+        detached mount the child moves in.
 
-        The sandbox's user is an unprivileged host uid that may not reach the source itself.
-        An unprivileged launcher needs none of this: the child has the caller's permissions.
+        The sandbox's user is then an unprivileged host uid that may not reach the source
+        itself. Without that capability (a regular user, root in a container) the child binds
+        each source by path with its own identity (nsbox/identity.py).
         """
+        ids = identity.decide(self.identity, plan["host_uid"], plan["host_gid"])
+        self.release_pins(self.pending_pins)  # of a launch that failed before its clone
+        self.pending_pins = []
         fds: dict[int, int] = {}
-        if not self.is_root:
-            return fds
         try:
             for index, op in enumerate(plan["mounts"]):
                 if op["op"] != "bind":
                     continue
                 if op["writable"]:
-                    fds[index] = self.idmapped_tree(op["source"], plan)
+                    self.pending_pins.append(identity.pin(op["source"]))
+                    how = identity.writable_bind(op["source"], op["target"], ids,
+                                                 self.identity.detached_binds)
+                if not self.identity.detached_binds:
+                    continue
+                if op["writable"] and how == "idmap":
+                    fds[index] = self.idmapped_tree(op["source"], ids)
                 else:
                     fds[index] = _libc.open_tree(
                         op["source"],
                         _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE)
-        except OSError as exc:
+        except BaseException as exc:
             for fd in fds.values():
                 os.close(fd)
-            raise StepFailed(f"bind {op['target']}", exc.errno or 0, str(exc)) from None
+            self.release_pins(self.pending_pins)
+            self.pending_pins = []
+            if isinstance(exc, OSError):
+                raise StepFailed(f"bind {op['target']}", exc.errno or 0, str(exc)) from None
+            raise
         return fds
 
-    def idmapped_tree(self, source: str, plan: dict[str, Any]) -> int:
+    def idmapped_tree(self, source: str, ids: identity.SandboxIds) -> int:
         """A detached copy of ``source`` whose owner appears as the sandbox's host uid.
 
         As root, the sandbox runs as an unprivileged host uid; an idmapped mount lets it write
         to a host directory without changing anything on disk, and files it creates there are
-        owned by the directory's owner (mount_setattr(2), MOUNT_ATTR_IDMAP).
+        owned by the directory's owner (mount_setattr(2), MOUNT_ATTR_IDMAP). Never for an owner
+        uid or gid 0 (identity.writable_bind): those files would be root's.
         """
         st = os.stat(source)
-        userns = self.userns_for(st.st_uid, st.st_gid, plan["host_uid"], plan["host_gid"])
+        userns = self.userns_for(st.st_uid, st.st_gid, ids.uid, ids.gid)
         fd = _libc.open_tree(source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC
                              | _libc.AT_RECURSIVE)
         try:
@@ -436,6 +453,9 @@ class Helper:
         return fd
 
     def userns_for(self, disk_uid: int, disk_gid: int, host_uid: int, host_gid: int) -> int:
+        # Defense in depth: whatever the caller, an idmap never makes files root's on the host.
+        if 0 in (disk_uid, disk_gid, host_uid, host_gid):
+            raise OSError(1, "an idmapped mount never maps to or from id 0")
         key = (disk_uid, disk_gid, host_uid, host_gid)
         if key not in self.idmap_userns:
             ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
@@ -467,17 +487,34 @@ class Helper:
         return self.idmap_userns[key]
 
     def write_id_maps(self, pid: int, plan: dict[str, Any]) -> None:
-        if self.is_root:
-            host_uid, host_gid = plan["host_uid"], plan["host_gid"]
-        else:
-            host_uid, host_gid = os.geteuid(), os.getegid()
+        # The launch's pins now belong to this sandbox: reap restores the modes (restore_pins).
+        self.pins[pid], self.pending_pins = self.pending_pins, []
+        # Decided again from the same holdings: open_sources refused already if there is none.
+        try:
+            ids = identity.decide(self.identity, plan["host_uid"], plan["host_gid"])
+        except HostError as exc:
+            raise OSError(1, str(exc.args[0])) from None
+        if not ids.mapper:
             # Unprivileged writers must give up setgroups first (user_namespaces(7)).
             with open(f"/proc/{pid}/setgroups", "w") as f:
                 f.write("deny")
         with open(f"/proc/{pid}/uid_map", "w") as f:
-            f.write(f"{plan['uid']} {host_uid} 1\n")
+            f.write(f"{plan['uid']} {ids.uid} 1\n")
         with open(f"/proc/{pid}/gid_map", "w") as f:
-            f.write(f"{plan['gid']} {host_gid} 1\n")
+            f.write(f"{plan['gid']} {ids.gid} 1\n")
+
+    def restore_pins(self, pid: int) -> None:
+        """The sandbox is gone: its writable binds' directories get their modes back (it may
+        own them through the bind and chmod them, e.g. to 0777)."""
+        self.release_pins(self.pins.pop(pid, []))
+
+    @staticmethod
+    def release_pins(pins: list[tuple[int, int]]) -> None:
+        for fd, mode in pins:
+            try:
+                identity.restore_mode(fd, mode)
+            finally:
+                os.close(fd)
 
     def close_limits(self, launch: Launch, remove: bool = True) -> dict[str, Any]:
         """Read the run's usage, then remove its cgroup (killing what is left in it).
@@ -636,6 +673,7 @@ class Helper:
         }
         if launch.trace is not None:
             report["trace"] = [*launch.trace, *child_trace, ("helper: reaped", reaped_ns)]
+        self.restore_pins(launch.pid)  # before the caller hears of the end
         launch.send(report)
         self.remove_cgroup(launch)
         if self.spawners is not None:
@@ -676,11 +714,6 @@ def split_report(data: bytes) -> tuple[list[Any], dict[str, Any] | None]:
         line, _, data = data.partition(b"\n")
         trace = json.loads(line)["trace"]
     return trace, (json.loads(data) if data else None)
-
-
-def in_initial_userns() -> bool:
-    with open("/proc/self/uid_map") as f:
-        return f.read().split() == ["0", "0", "4294967295"]
 
 
 def main() -> None:

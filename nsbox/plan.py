@@ -44,6 +44,8 @@ class Plan:
     seccomp_bpf: str | None = None  # hex of the compiled BPF program
     # Learning mode: how the helper answers the filter's notifications (nsbox/seccomp.py).
     seccomp_notify: dict[str, Any] | None = None
+    # The set-id filter (seccomp.SETID_RULES), hex: loaded into every sandbox, policy or not.
+    setid_bpf: str = ""
     net: dict[str, Any] = field(default_factory=dict)
     cgroup: dict[str, Any] = field(default_factory=dict)
 
@@ -53,6 +55,7 @@ class Plan:
             "gid": self.gid, "user": self.user, "hostname": self.hostname,
             "mounts": self.mounts, "wall_time": self.wall_time, "rlimits": self.rlimits,
             "seccomp_bpf": self.seccomp_bpf, "seccomp_notify": self.seccomp_notify,
+            "setid_bpf": self.setid_bpf,
             "net": self.net, "cgroup": self.cgroup,
         }
 
@@ -167,10 +170,10 @@ def build(
         mounts.append({"op": "bind", "source": real, "target": WORKSPACE, "writable": True,
                        "is_dir": True})
     program = None
+    # Compiled (or loaded from the cache) here, in the host process; the child only loads
+    # the bytes. A cache inside a directory the sandbox can write is not used.
+    writable = [op["source"] for op in mounts if op["op"] == "bind" and op["writable"]]
     if policy.seccomp.enabled:
-        # Compiled (or loaded from the cache) here, in the host process; the child only loads
-        # the bytes. A cache inside a directory the sandbox can write is not used.
-        writable = [op["source"] for op in mounts if op["op"] == "bind" and op["writable"]]
         program = seccompmod.load(policy.seccomp, untrusted_dirs=writable)
     limits = plan_limits(policy.limits)  # rlimits for the child, the cgroup request (limits.py)
     return Plan(
@@ -186,6 +189,7 @@ def build(
         net=netmod.plan_net(policy.network),
         seccomp_bpf=program.bpf.hex() if program else None,
         seccomp_notify=program.notify if program and program.listener else None,
+        setid_bpf=seccompmod.load_setid(untrusted_dirs=writable).bpf.hex(),
         rlimits=limits["rlimits"],
         cgroup=limits["cgroup"],
     )

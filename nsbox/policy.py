@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nsbox import identity
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -193,6 +195,9 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     network: Network = field(default_factory=Network)
     seccomp: Seccomp = field(default_factory=Seccomp)
+
+    def __post_init__(self) -> None:
+        identity.check_host_ids(self.host_uid, self.host_gid)  # never host root, at every door
 
     def replace(self, **changes: Any) -> Policy:
         return dataclasses.replace(self, **changes)

@@ -163,6 +163,58 @@ def _builtin_rules() -> tuple[SeccompRule, ...]:
 BUILTIN_RULES: tuple[SeccompRule, ...] = _builtin_rules()
 _BUILTIN_DIGEST = hashlib.sha256(repr(BUILTIN_RULES).encode()).hexdigest()
 
+# --- the set-id filter: loaded into every sandbox, whatever the policy says ---------------------
+# Nothing the sandbox writes may act with more rights than the sandbox: no set-id bit may reach a
+# file through any writable mount (a setuid program left in a bound directory runs as its owner
+# for whoever starts it on the host). The mount's nosuid flag protects only the sandbox's view of
+# the file. These rules are a filter of their own, loaded before the policy's: stacked filters
+# all run and the strictest action wins (seccomp(2), "Filter return values"), so a policy that
+# disables seccomp or allows chmod cannot lift them. Capabilities are dropped, so the other route,
+# a security.capability xattr, needs CAP_SETFCAP the sandbox does not have (capabilities(7)).
+
+_S_ISUID, _S_ISGID = 0o4000, 0o2000
+_SETID_BITS = (_S_ISUID, _S_ISGID)
+_S_IFMT, _S_IFCHR, _S_IFBLK = 0o170000, 0o020000, 0o060000
+# O_TMPFILE includes O_DIRECTORY; its own bit is what marks an unnamed file (open(2)).
+_O_TMPFILE_BIT = os.O_TMPFILE & ~os.O_DIRECTORY
+# The generic syscall table's number of fchmodat2 (Linux 6.6), for a libseccomp that predates it.
+_NR_FCHMODAT2 = 452
+
+
+def _mode_rules(name: str, index: int, bits: Iterable[int]) -> list[SeccompRule]:
+    return [SeccompRule(name, _EPERM, (SeccompArg(index, "masked_eq", bit, bit),))
+            for bit in bits]
+
+
+def _setid_rules() -> tuple[SeccompRule, ...]:
+    rules: list[SeccompRule] = []
+    for name, mode_arg in (("chmod", 1), ("fchmod", 1), ("fchmodat", 2), ("fchmodat2", 2),
+                           ("creat", 1)):
+        rules += _mode_rules(name, mode_arg, _SETID_BITS)
+    # open(2) uses the mode only when it creates: with O_CREAT or O_TMPFILE.
+    for name, flags_arg, mode_arg in (("open", 1, 2), ("openat", 2, 3)):
+        rules += [
+            SeccompRule(name, _EPERM, (SeccompArg(flags_arg, "masked_eq", flag, flag),
+                                       SeccompArg(mode_arg, "masked_eq", bit, bit)))
+            for flag in (os.O_CREAT, _O_TMPFILE_BIT) for bit in _SETID_BITS
+        ]
+    # mknod(2) makes regular files too; devices are useless behind nodev, and denied here.
+    for name, mode_arg in (("mknod", 1), ("mknodat", 2)):
+        rules += _mode_rules(name, mode_arg, _SETID_BITS)
+        rules += [SeccompRule(name, _EPERM, (SeccompArg(mode_arg, "masked_eq", kind, _S_IFMT),))
+                  for kind in (_S_IFCHR, _S_IFBLK)]
+    # A setgid directory hands its group to every file made in it.
+    for name, mode_arg in (("mkdir", 1), ("mkdirat", 2)):
+        rules += _mode_rules(name, mode_arg, _SETID_BITS)
+    # openat2 takes its flags and mode in a struct a filter cannot read; glibc and Python fall
+    # back to openat on ENOSYS.
+    rules.append(SeccompRule("openat2", _ENOSYS))
+    return tuple(rules)
+
+
+SETID_RULES: tuple[SeccompRule, ...] = _setid_rules()
+_SETID_DIGEST = hashlib.sha256(repr(SETID_RULES).encode()).hexdigest()
+
 
 def effective_rules(seccomp: Seccomp) -> tuple[SeccompRule, ...]:
     """The built-in rules, less those for syscalls the profile names, plus the profile's rules.
@@ -200,7 +252,8 @@ class Program:
 class Stats:
     """What the cache did in this process; tests read it to see a hit."""
 
-    compiled: int = 0
+    compiled: int = 0  # policy programs
+    setid_compiled: int = 0  # the set-id filter
     memory_hits: int = 0
     disk_hits: int = 0
     disk_errors: int = 0  # entries that could not be written or were corrupt
@@ -239,6 +292,27 @@ def load(seccomp: Seccomp, *, untrusted_dirs: Iterable[str] = ()) -> Program:
             _write_entry(directory, program)
     if len(_memory) >= _MEMORY_MAX:  # an embedder with ever new policies: forget the oldest
         del _memory[next(iter(_memory))]
+    _memory[key] = program
+    return program
+
+
+def load_setid(*, untrusted_dirs: Iterable[str] = ()) -> Program:
+    """The set-id filter (SETID_RULES), compiled once and cached like the policy's program."""
+    key = _setid_key()
+    program = _memory.get(key)
+    if program is not None:
+        stats.memory_hits += 1
+        return program
+    directory = cache_dir()
+    if directory is not None and _inside_any(directory, untrusted_dirs):
+        directory = None
+    program = _read_entry(directory, key) if directory else None
+    if program is not None:
+        stats.disk_hits += 1
+    else:
+        program = compile_setid(key)
+        if directory:
+            _write_entry(directory, program)
     _memory[key] = program
     return program
 
@@ -288,6 +362,14 @@ def cache_key(seccomp: Seccomp) -> str:
         sort_keys=True,
         default=repr,  # a malformed value still gets a key; compiling names the problem
     )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _setid_key() -> str:
+    from nsbox import __version__
+
+    blob = json.dumps({"format": _FORMAT, "setid": _SETID_DIGEST, "arch": platform.machine(),
+                       "libseccomp": libseccomp_version(), "nsbox": __version__}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -524,6 +606,26 @@ def compile_program(seccomp: Seccomp, key: str | None = None) -> Program:
             "names": _syscall_names(pyseccomp),
         }
     return Program(bpf, key, listener, notify)
+
+
+def compile_setid(key: str | None = None) -> Program:
+    """Compile SETID_RULES: allow by default, the native architecture only (as the policy's
+    program: another architecture's syscalls are killed, they would bypass the numbers here)."""
+    pyseccomp = _import_pyseccomp()
+    stats.setid_compiled += 1
+    flt = pyseccomp.SyscallFilter(RET_ALLOW)
+    flt.set_attr(pyseccomp.Attr.ACT_BADARCH, RET_KILL_PROCESS)
+    flt.set_attr(pyseccomp.Attr.CTL_NNP, 0)
+    for rule in SETID_RULES:
+        nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, rule.syscall)
+        if nr == -1 and rule.syscall == "fchmodat2":
+            nr = _NR_FCHMODAT2  # a libseccomp older than the syscall: the number is the same
+        if nr < 0:
+            continue  # not a syscall of this architecture (open on aarch64)
+        kind, number = parse_action(rule.action, "set-id rule")
+        conditions = [pyseccomp.Arg(a.index, OPS[a.op], a.mask, a.value) for a in rule.args]
+        flt.add_rule(_action_value(kind, number, False), nr, *conditions)
+    return Program(_export(flt), key or _setid_key())
 
 
 def _import_pyseccomp() -> Any:

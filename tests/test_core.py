@@ -19,6 +19,8 @@ import nsbox
 from nsbox.errors import CommandNotFound, SetupError
 from nsbox.result import Status
 
+USERNS = Path(__file__).with_name("_userns.py")  # a user namespace with maps written from outside
+
 
 def py(code: str) -> list[str]:
     return [PYTHON, "-c", code]
@@ -86,16 +88,18 @@ def test_workspace_directory_is_writable_and_files_owned_sensibly(
         sandbox: Runner, unprivileged_tmp: Path):
     workspace = unprivileged_tmp / "ws"
     workspace.mkdir()
-    if sandbox.unprivileged:
-        os.chown(workspace, 65534, 65534)
+    # Unprivileged: the caller's own directory. As root: a regular user's directory, which the
+    # sandbox writes through an idmapped bind (a root-owned one is refused: test_identity.py).
+    owner = 65534 if sandbox.unprivileged else 1234
+    os.chown(workspace, owner, owner)
     result = sandbox.run(["sh", "-c", "echo data > out.txt && id -u && stat -c %u out.txt"],
                          workspace=str(workspace))
     assert result.status is Status.OK, result.stderr
     assert result.stdout == b"1000\n1000\n"
     made = workspace / "out.txt"
     assert made.read_text() == "data\n"
-    # Files end up owned by the workspace's owner on the host, never by root for a rootless run.
-    assert made.stat().st_uid == workspace.stat().st_uid
+    # Files end up owned by the workspace's owner on the host, never by root.
+    assert made.stat().st_uid == workspace.stat().st_uid == owner
 
 
 def test_default_workspace_is_a_fresh_tmpfs(sandbox: Runner):
@@ -334,9 +338,12 @@ def test_user_namespace_limit_gives_a_hint(public_tree: Path):
         "try: nsbox.run(['true'])\n"
         "except nsbox.SetupError as e: print(e.step, e.errno, e.hint)\n"
     )
-    # In a user namespace of its own, the test may set that namespace's limit to 0.
+    # In a user namespace of its own, the test may set that namespace's limit to 0. As root it
+    # maps an unprivileged id too, for the sandbox (nsbox/identity.py: only 0 would be refused).
+    maps = "0 0 1,65534 65534 1" if os.geteuid() == 0 else None
+    prefix = [PYTHON, str(USERNS), maps, maps] if maps else ["unshare", "-Ur"]
     proc = subprocess.run(
-        ["unshare", "-Ur", "sh", "-c",
+        [*prefix, "sh", "-c",
          f"echo 0 > /proc/sys/user/max_user_namespaces && exec {PYTHON} -c \"$0\"", code],
         capture_output=True, text=True, timeout=60)
     assert proc.stdout.startswith(f"create namespaces {errno.ENOSPC} "), proc.stderr

@@ -297,13 +297,15 @@ def test_program_holds_the_native_architecture_alone() -> None:
     assert insns[2 + jf] == (bpf_ret_k, 0, 0, sc.RET_KILL_PROCESS)
 
 
-def test_one_filter_is_applied_after_no_new_privs(sandbox: Runner) -> None:
+def test_two_filters_are_applied_after_no_new_privs(sandbox: Runner) -> None:
+    """The set-id filter and the policy's; with the policy's disabled, the set-id one alone."""
     outcome = launch(sandbox, ["/bin/cat", "/proc/self/status"])
     status = dict(line.split(":\t", 1) for line in outcome.stdout.splitlines() if ":\t" in line)
     assert (status["Seccomp"], status["Seccomp_filters"], status["NoNewPrivs"]) == (
-        "2", "1", "1"), outcome
+        "2", "2", "1"), outcome
     off = launch(sandbox, ["/bin/cat", "/proc/self/status"], seccomp=Seccomp(enabled=False))
-    assert "Seccomp:\t0" in off.stdout, off
+    status = dict(line.split(":\t", 1) for line in off.stdout.splitlines() if ":\t" in line)
+    assert (status["Seccomp"], status["Seccomp_filters"]) == ("2", "1"), off
 
 
 def test_a_filter_the_kernel_refuses_stops_the_launch(unprivileged_tmp: Path) -> None:
@@ -439,15 +441,17 @@ def test_changed_policy_gets_a_new_program(cache_home: Path) -> None:
 def test_a_cache_hit_does_not_import_pyseccomp(cache_home: Path) -> None:
     """A whole launch in a new process with a warm disk cache: no compile, no pyseccomp."""
     sc.program_for(Seccomp())
+    sc.load_setid()
     code = (
         "import sys, nsbox; from nsbox import seccomp; "
         "r = nsbox.run(['/bin/true']); assert r.ok, r; "
-        "print(seccomp.stats.compiled, seccomp.stats.disk_hits, 'pyseccomp' in sys.modules)"
+        "print(seccomp.stats.compiled + seccomp.stats.setid_compiled, seccomp.stats.disk_hits, "
+        "'pyseccomp' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=dict(os.environ, XDG_CACHE_HOME=str(cache_home.parent
                                                                              .parent)))
-    assert out.stdout.split() == ["0", "1", "False"]
+    assert out.stdout.split() == ["0", "2", "False"]
 
 
 def test_a_corrupt_entry_is_rebuilt(cache_home: Path) -> None:
@@ -486,12 +490,15 @@ def test_a_cache_the_sandbox_can_write_is_not_used(cache_home: Path) -> None:
 
 def test_a_workspace_that_holds_the_cache_keeps_it_unused(cache_home: Path) -> None:
     workspace = cache_home.parent.parent  # $XDG_CACHE_HOME itself
+    if os.geteuid() == 0:  # a user's directory: as root, a root-owned one is refused
+        os.chown(workspace, 1234, 1234)
     result = nsbox.run(["/bin/true"], Policy(workspace=str(workspace)))
     assert result.ok, result
     assert not cache_home.exists()
     sc.clear_memory_cache()
     assert nsbox.run(["/bin/true"]).ok  # no writable bind over it: cached as usual
-    assert [p.name for p in cache_home.iterdir()] == [sc.cache_key(Seccomp()) + ".json"]
+    assert sorted(p.name for p in cache_home.iterdir()) == sorted(
+        [sc.cache_key(Seccomp()) + ".json", sc._setid_key() + ".json"])
 
 
 def test_an_entry_from_another_directory_owner_is_not_trusted(cache_home: Path) -> None:
