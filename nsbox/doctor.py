@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nsbox import identity
+from nsbox.errors import HostError
 from nsbox.hostfacts import HostFacts, kernel_release
 from nsbox.policy import Policy
 
@@ -160,6 +162,36 @@ def check_userns(facts: HostFacts, policy: Policy) -> list[Check]:
     if clone == 0 or restrict == 1:
         notes.append("restricted for unprivileged users (root is not affected)")
     return [Check(name, "ok", ", ".join(notes))]
+
+
+def check_identity(facts: HostFacts, policy: Policy) -> list[Check]:
+    """Who the sandbox will be on the host, decided as the launch helper decides it
+    (nsbox/identity.py), and who will make its binds."""
+    held = facts.holdings()
+    if held is None:
+        return [Check("identity", "info", "cannot read this process's ids and capabilities")]
+    try:
+        ids = identity.decide(held, policy.host_uid, policy.host_gid)
+    except HostError as exc:
+        detail = str(exc.args[0]).removeprefix("identity: ")
+        return [Check("identity", "fail", detail, [PRIVILEGE], exc.hint)]
+    if held.initial_userns:
+        who = f"the sandbox's user is host uid {ids.parent_uid}, gid {ids.parent_gid}"
+    else:
+        who = (f"the sandbox's user is uid {ids.uid}, gid {ids.gid} of this user namespace, "
+               f"{ids.parent_uid}/{ids.parent_gid} in its parent (ids further up cannot be "
+               "seen from here)")
+    if held.detached_binds:
+        binds = ("binds are opened by the launcher; a writable bind of a user's directory is "
+                 "idmapped to its owner, a root-owned one must be writable by "
+                 f"uid {ids.parent_uid}")
+    elif held.mapper and held.initial_userns:
+        binds = ("no CAP_SYS_ADMIN: the sandbox binds each source by path with its own host "
+                 f"identity (sources must be readable, writable binds writable, by uid "
+                 f"{ids.parent_uid})")
+    else:
+        binds = "the sandbox binds each source by path with its own identity"
+    return [Check("identity", "ok", f"{who}; {binds}")]
 
 
 # proc(5): the kernel refuses a new proc mount in a user namespace when the existing /proc has
@@ -381,6 +413,6 @@ def check_probe(facts: HostFacts, policy: Policy) -> list[Check]:
 
 
 CHECKS: tuple[Callable[[HostFacts, Policy], list[Check]], ...] = (
-    check_python, check_kernel, check_userns, check_container, check_seccomp, check_cgroups,
-    check_probe,
+    check_python, check_kernel, check_userns, check_identity, check_container, check_seccomp,
+    check_cgroups, check_probe,
 )

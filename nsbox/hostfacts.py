@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nsbox.identity import Holdings
+
 PROBE_TIMEOUT = 10.0  # seconds; the probe itself takes about 50 ms
 
 
@@ -145,6 +147,14 @@ class HostFacts:
         writable = all(self.writable(f"{directory}/{name}")
                        for name in ("", "cgroup.procs", "cgroup.subtree_control"))
         return CgroupInfo(layout, directory, controllers, writable, v1)
+
+    def holdings(self) -> Holdings | None:
+        """This process's ids, effective capabilities and user namespace maps (identity.py);
+        None when they cannot be read (a simulated host without them)."""
+        try:
+            return Holdings.read(self.path("/proc/self"))
+        except (OSError, KeyError, ValueError, IndexError):
+            return None
 
     # --- facts that are not files ---------------------------------------------------------------
 

@@ -43,7 +43,11 @@ def fake_host(
     if apparmor is not None:
         put("proc/sys/kernel/apparmor_restrict_unprivileged_userns", apparmor + "\n")
     put("proc/self/status", "Name:\tpython3\n" + ("Seccomp:\t0\nSeccomp_filters:\t0\n"
-                                                  if seccomp else ""))
+                                                  if seccomp else "")
+        + f"Uid:\t{UID}\t{UID}\t{UID}\t{UID}\nGid:\t{UID}\t{UID}\t{UID}\t{UID}\n"
+        "CapEff:\t0000000000000000\n")
+    for name in ("uid_map", "gid_map"):  # the initial user namespace
+        put(f"proc/self/{name}", "         0          0 4294967295\n")
     if seccomp and actions:
         put("proc/sys/kernel/seccomp/actions_avail", actions + "\n")
     mountinfo = ["22 27 0:21 / /proc rw,relatime - proc proc rw",
@@ -93,8 +97,10 @@ def test_a_well_equipped_v2_host(tmp_path: Path) -> None:
     checks = by_name(report)
     assert report.ok
     assert {c.name: c.status for c in report.checks} == {
-        "python": "ok", "kernel": "ok", "user namespaces": "ok", "container": "ok",
-        "seccomp": "ok", "libseccomp": "ok", "cgroups": "ok", "live probe": "info"}
+        "python": "ok", "kernel": "ok", "user namespaces": "ok", "identity": "ok",
+        "container": "ok", "seccomp": "ok", "libseccomp": "ok", "cgroups": "ok",
+        "live probe": "info"}
+    assert checks["identity"].detail.startswith(f"the sandbox's user is host uid {UID}, ")
     assert checks["kernel"].detail == "Linux 6.8.0-45-generic"
     assert checks["cgroups"].detail.startswith(
         "v2 layout; controllers: cpu, cpuset, io, memory, pids; writable here: memory (v2)")
