@@ -31,6 +31,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from nsbox.errors import HostError
+
 if TYPE_CHECKING:
     from nsbox._helper import Helper, Launch
 
@@ -77,6 +79,10 @@ class HelperPool:
         except StepFailed as exc:
             ours.close()
             self.fail({"step": exc.step, "errno": exc.errno, "message": exc.message})
+            return
+        except HostError as exc:  # e.g. no unprivileged identity (nsbox/identity.py)
+            ours.close()
+            self.fail({"step": exc.feature, "errno": 0, "message": str(exc)})
             return
         finally:
             theirs.close()

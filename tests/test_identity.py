@@ -409,3 +409,20 @@ def test_a_bind_through_the_api_as_root_never_yields_root_files(unprivileged_tmp
     assert b"Operation not permitted" in result.stderr
     assert scan(out) == []
     assert (out / "x").stat().st_uid == 1234
+
+
+def test_sessions_and_pools_are_refused_too_in_unshare(public_tree: Path) -> None:
+    require(os.geteuid() == 0 and UNSHARE is not None, "needs root and unshare(1)")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import nsbox\n"
+            "for door in (lambda: nsbox.Session(), lambda: nsbox.Pool(nsbox.Policy(), size=1)):\n"
+            "    try:\n"
+            "        with door() as box: print('ran', box.run(['true']))\n"
+            "    except nsbox.NsboxError as e:\n"
+            "        print(type(e).__name__, str(e).splitlines()[0])\n")
+    done = subprocess.run([UNSHARE, "-Ur", PYTHON, "-I", "-c", code, str(public_tree)],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, (done.stdout, done.stderr)
+    assert lines[0].startswith("HostError identity: no unprivileged host identity"), lines
+    assert lines[1].startswith("SetupError identity: identity: no unprivileged host identity"), \
+        lines
