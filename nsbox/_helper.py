@@ -403,7 +403,8 @@ class Helper:
         each source by path with its own identity (nsbox/identity.py).
         """
         ids = identity.decide(self.identity, plan["host_uid"], plan["host_gid"])
-        self.release_pins(self.pending_pins)  # of a launch that failed before its clone
+        for fd, _mode in self.pending_pins:  # of a launch that failed before its clone
+            os.close(fd)
         self.pending_pins = []
         fds: dict[int, int] = {}
         try:
@@ -423,9 +424,8 @@ class Helper:
                         op["source"],
                         _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE)
         except BaseException as exc:
-            for fd in fds.values():
+            for fd in [*fds.values(), *(pin for pin, _mode in self.pending_pins)]:
                 os.close(fd)
-            self.release_pins(self.pending_pins)
             self.pending_pins = []
             if isinstance(exc, OSError):
                 raise StepFailed(f"bind {op['target']}", exc.errno or 0, str(exc)) from None

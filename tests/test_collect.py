@@ -47,6 +47,14 @@ def plant(secret: Path, fifo: Path) -> str:
     )
 
 
+def give_workspace(ws: Path, as_user: UserRunner) -> None:
+    """The unprivileged uid's own directory; as root, a user's (idmapped to the sandbox): a
+    root-owned workspace that uid 65534 cannot write is refused (nsbox/identity.py)."""
+    owner = 65534 if as_user.mode == "unprivileged" else 1234
+    if os.geteuid() == 0:
+        os.chown(ws, owner, owner)
+
+
 @pytest.mark.parametrize("workspace", ["tmpfs", "host"])
 def test_copy_out_of_a_hostile_workspace(as_user: UserRunner, unprivileged_tmp: Path,
                                          host_secrets: tuple[Path, Path, bytes, int],
@@ -55,8 +63,7 @@ def test_copy_out_of_a_hostile_workspace(as_user: UserRunner, unprivileged_tmp: 
     dest = unprivileged_tmp / "out"
     ws = unprivileged_tmp / "ws"
     ws.mkdir()
-    if as_user.mode == "unprivileged":
-        os.chown(ws, 65534, 65534)
+    give_workspace(ws, as_user)
     ws_arg = repr(str(ws)) if workspace == "host" else "None"
     out = as_user.script(f"""
 with nsbox.Session(workspace={ws_arg}, timeout=20) as s:
@@ -116,8 +123,7 @@ def test_write_file_never_goes_through_a_symlink(as_user: UserRunner, unprivileg
     target = unprivileged_tmp / "target.txt"
     target.write_text("original")
     target.chmod(0o666)
-    if as_user.mode == "unprivileged":
-        os.chown(ws, 65534, 65534)
+    give_workspace(ws, as_user)
     out = as_user.script(f"""
 with nsbox.Session(workspace={str(ws)!r}) as s:
     s.run(["sh", "-c", "ln -s {target} planted; ln -s /tmp dirlink; mkfifo fifo"])
