@@ -11,10 +11,10 @@ parent's (user_namespaces(7), "Defining user and group ID mappings").
 - Anyone else may map only their own euid and egid (after denying setgroups); that id must not
   be 0 here or in the parent either.
 - Bind sources are copied as detached mounts by the helper (``open_tree(2)``, idmapped when
-  writable) only with CAP_SYS_ADMIN in the *initial* user namespace: idmapped mounts of the
-  host's filesystems need it, and in a container the helper's open_tree would act with the
-  container's powers, not the sandbox's. Otherwise the sandbox binds each source by path
-  itself, with its own (unprivileged) host identity.
+  writable) only with CAP_SYS_ADMIN in the *initial* user namespace: open_tree needs it over
+  the helper's mount namespace, and an idmapped mount needs it in the user namespace that owns
+  the filesystem, the initial one for the host's disks (mount_setattr(2)). Otherwise the
+  sandbox binds each source by path itself, with its own (unprivileged) host identity.
 
 The sandbox's user therefore never maps to an id that is 0 in the launcher's namespace or in its
 parent: when every id the launcher could hand out is 0 (``unshare -Ur`` as root maps only 0 to
