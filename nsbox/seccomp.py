@@ -368,7 +368,9 @@ def cache_key(seccomp: Seccomp) -> str:
 def _setid_key() -> str:
     from nsbox import __version__
 
-    blob = json.dumps({"format": _FORMAT, "setid": _SETID_DIGEST, "arch": platform.machine(),
+    # "compiler" changes with compile_setid's options (a program of the same rules, built anew)
+    blob = json.dumps({"format": _FORMAT, "setid": _SETID_DIGEST, "compiler": 2,
+                       "arch": platform.machine(),
                        "libseccomp": libseccomp_version(), "nsbox": __version__}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -616,6 +618,8 @@ def compile_setid(key: str | None = None) -> Program:
     flt = pyseccomp.SyscallFilter(RET_ALLOW)
     flt.set_attr(pyseccomp.Attr.ACT_BADARCH, RET_KILL_PROCESS)
     flt.set_attr(pyseccomp.Attr.CTL_NNP, 0)
+    with contextlib.suppress(OSError):
+        flt.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)  # every syscall passes this filter too
     for rule in SETID_RULES:
         nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, rule.syscall)
         if nr == -1 and rule.syscall == "fchmodat2":
