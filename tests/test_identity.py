@@ -71,6 +71,10 @@ tools = {"install -m 4755": ["install", "-m", "4755", "/usr/bin/id", "i1"],
 for name, argv in tools.items():
     done = subprocess.run(argv, capture_output=True)
     out[name] = done.returncode
+for line in open("/proc/self/mountinfo"):
+    fields = line.split()
+    if fields[4] in ("/workspace", "/in"):
+        out["options " + fields[4]] = sorted(set(fields[5].split(",")) & {"nosuid", "nodev"})
 print(json.dumps(out))
 """
 
@@ -160,6 +164,10 @@ def test_no_route_plants_a_set_id_file(sandbox: Runner, inputs: Path, variant: s
             # install and tar report the refused chmod; cp -p drops set-id bits it cannot
             # keep with the owner (POSIX), quietly: the scan below is the evidence for all.
             assert (out["install -m 4755"], out["tar xpf"]) == (1, 2), out
+            # The sandbox owns the directory (idmapped, or its own uid): the chmod works inside,
+            # and the helper puts the mode back when the sandbox ends.
+            assert out["chmod 0777 /workspace"] == "ok", out
+            assert out["options /workspace"] == out["options /in"] == ["nodev", "nosuid"], out
             # From the host: nothing set-id, no file capability, nothing of root's, and the
             # directory's mode as it was (the sandbox may own it and chmod it meanwhile).
             assert scan(workspace) == []
@@ -181,6 +189,20 @@ def test_files_made_in_a_root_owned_world_writable_directory_are_not_roots() -> 
         assert (new.stat().st_uid, new.stat().st_gid) == (65534, 65534)
         assert [p for p in scan(workspace) if "/f:" not in p] == []  # f is the test's own
         assert stat.S_IMODE(workspace.stat().st_mode) == 0o777
+    finally:
+        shutil.rmtree(workspace)
+
+
+def test_a_users_directory_of_group_0_is_not_idmapped() -> None:
+    """An idmap would make the sandbox's files group 0: the directory is bound as it is."""
+    require(os.geteuid() == 0, "needs root: the directory's group is root's")
+    workspace = make_workspace(1234, 0o777)
+    os.chown(workspace, 1234, 0)
+    try:
+        result = nsbox.run(["sh", "-c", "echo x > new"], workspace=str(workspace))
+        assert result.ok, result.stderr
+        new = workspace / "new"
+        assert (new.stat().st_uid, new.stat().st_gid) == (65534, 65534)
     finally:
         shutil.rmtree(workspace)
 
@@ -383,6 +405,15 @@ def test_doctor_states_the_host_identity() -> None:
     expected = 65534 if os.geteuid() == 0 else os.geteuid()
     assert check["status"] == "ok", check
     assert f"host uid {expected}" in check["detail"]
+
+
+def test_doctor_as_a_regular_user(public_tree: Path) -> None:
+    require(os.geteuid() == 0 and SETPRIV is not None, "needs root and setpriv(1)")
+    check = doctor_identity([SETPRIV, "--reuid=65534", "--regid=65534", "--clear-groups", "--"],
+                            public_tree)
+    assert check["status"] == "ok", check
+    assert check["detail"] == ("the sandbox's user is host uid 65534, gid 65534; the sandbox "
+                               "binds each source by path with its own identity")
 
 
 def doctor_identity(prefix: list[str], tree: Path) -> dict:
