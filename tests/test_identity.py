@@ -392,6 +392,21 @@ def test_root_without_cap_sys_admin_runs_and_doctor_says_so(public_tree: Path,
     assert "no CAP_SYS_ADMIN" in check["detail"]
 
 
+def test_root_without_cap_setuid_is_refused_and_doctor_says_so(public_tree: Path,
+                                                               root_file_dir: Path) -> None:
+    """It could map only its own uid, 0: the sandbox would be host root."""
+    require(os.geteuid() == 0 and SETPRIV is not None, "needs root and setpriv(1)")
+    drop = [SETPRIV, "--bounding-set", "-setuid,-setgid", "--"]
+    outcome, uids = run_nested(drop, public_tree, root_file_dir)
+    assert outcome.get("feature") == "identity", outcome
+    assert "this process is uid 0 without CAP_SETUID and CAP_SETGID" in outcome["message"]
+    assert uids == []
+    assert (root_file_dir / "rootfile").read_text() == "root's\n"
+    check = doctor_identity(drop, public_tree)
+    assert check["status"] == "fail", check
+    assert "without CAP_SETUID and CAP_SETGID" in check["detail"]
+
+
 def test_doctor_predicts_the_refusal_in_unshare(public_tree: Path) -> None:
     require(os.geteuid() == 0 and UNSHARE is not None, "needs root and unshare(1)")
     check = doctor_identity([UNSHARE, "-Ur"], public_tree)
