@@ -356,10 +356,16 @@ def run_nested(prefix: list[str], tree: Path, directory: Path) -> tuple[dict, li
     return json.loads(out), uids
 
 
+@pytest.mark.parametrize("tool", ["unshare", "bwrap"])
 def test_root_in_a_user_namespace_mapping_only_0_is_refused(public_tree: Path,
-                                                            root_file_dir: Path) -> None:
-    require(os.geteuid() == 0 and UNSHARE is not None, "needs root and unshare(1)")
-    outcome, uids = run_nested([UNSHARE, "-Ur"], public_tree, root_file_dir)
+                                                            root_file_dir: Path,
+                                                            tool: str) -> None:
+    path = shutil.which(tool)
+    require(os.geteuid() == 0 and path is not None, f"needs root and {tool}")
+    assert path is not None
+    prefix = ([path, "-Ur"] if tool == "unshare" else
+              [path, "--dev-bind", "/", "/", "--unshare-user", "--die-with-parent", "--"])
+    outcome, uids = run_nested(prefix, public_tree, root_file_dir)
     assert outcome["error"] == "HostError" and outcome["feature"] == "identity", outcome
     assert "is not mapped in this user namespace: it maps only 0 to 0" in outcome["message"]
     assert uids == []
