@@ -188,7 +188,8 @@ class Policy:
     gid: int = 1000
     user: str = "sandbox"
     hostname: str = "nsbox"
-    # When the launcher is root, the sandbox user maps to this unprivileged host uid/gid.
+    # When the launcher holds CAP_SETUID/CAP_SETGID (root), the sandbox user maps to this
+    # unprivileged uid/gid; never 0 (nsbox/identity.py).
     host_uid: int = 65534
     host_gid: int = 65534
     workspace: str | None = None  # host directory bound read-write at /workspace; None: tmpfs
