@@ -132,7 +132,7 @@ def build(
     if not argv or not argv[0]:
         raise PolicyError("no command given", key="argv")
     mounts: list[dict[str, Any]] = []
-    host = rules.HostView()
+    host = rules.HostView.current()
     allow = policy.allow_rules
     for i, mount in enumerate(policy.mounts):
         mounts.extend(_mount_ops(mount, f"mounts[{i}]", allow, host))

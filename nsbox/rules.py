@@ -309,12 +309,15 @@ def _unescape(field: str) -> str:
     return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
-def read_mounts() -> list[MountEntry]:
-    """This process's mount table, in mount order (a later entry covers an earlier one)."""
+def read_mountinfo() -> str:
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        lines = f.read().splitlines()
+        return f.read()
+
+
+def parse_mounts(text: str) -> list[MountEntry]:
+    """The mount table, in mount order (a later entry covers an earlier one)."""
     entries = []
-    for line in lines:
+    for line in text.splitlines():
         fields = line.split()
         sep = fields.index("-")
         entries.append(MountEntry(fields[2], _unescape(fields[3]), _unescape(fields[4]),
@@ -360,17 +363,39 @@ def where(real: str, mounts: Sequence[MountEntry]) -> Where | None:
 
 
 class HostView:
-    """The host as the rules see it during one plan: the mount table, the places of the refused
-    areas, the homes and their secret folders, each worked out once, when first needed."""
+    """The host as the rules see it: the mount table, the places of the refused areas, the
+    homes and their secret folders, each worked out when first needed.
 
-    def __init__(self, mounts: Sequence[MountEntry] | None = None) -> None:
-        self.mounts = read_mounts() if mounts is None else mounts
+    ``current()`` keeps one view while the mount table and the user database are unchanged
+    (the text of /proc/self/mountinfo, the mtimes of /etc/passwd and /home), so a launch pays
+    for one read of mountinfo, not for resolving every area again. Only host paths that
+    root manages are remembered (the areas, the homes); a caller's bind source is looked at
+    afresh every time. A home's secrets are looked for again when the home or its .config
+    changes (creating an entry changes a directory's ctime)."""
+
+    def __init__(self, text: str | None = None, homes_stamp: tuple[int, ...] = ()) -> None:
+        self.text = read_mountinfo() if text is None else text
+        self.mounts = parse_mounts(self.text)
+        self.homes_stamp = homes_stamp
         self._areas: dict[str, list[Where]] = {}
         self._homes: list[str] | None = None
-        self._secrets: list[tuple[str, Where]] | None = None
+        self._where: dict[str, Where | None] = {}
+        self._secrets: dict[str, tuple[tuple[int, int], list[tuple[str, Where]]]] = {}
+
+    @classmethod
+    def current(cls) -> HostView:
+        global _view
+        text = read_mountinfo()
+        stamp = _homes_stamp()
+        view = _view
+        if view is None or view.text != text or view.homes_stamp != stamp:
+            view = _view = cls(text, stamp)
+        return view
 
     def where(self, path: str) -> Where | None:
-        return where(os.path.realpath(path), self.mounts)
+        if path not in self._where:
+            self._where[path] = where(os.path.realpath(path), self.mounts)
+        return self._where[path]
 
     def area(self, path: str) -> list[Where]:
         """Everything at or below ``path``: the path's own place, and every filesystem mounted
@@ -391,17 +416,51 @@ class HostView:
             self._homes = home_dirs()
         return self._homes
 
-    def secrets(self) -> list[tuple[str, Where]]:
-        if self._secrets is None:
-            found = []
-            for home in self.homes():
-                for name in SECRET_NAMES:
-                    secret = os.path.join(home, name)
-                    place = self.where(secret) if os.path.lexists(secret) else None
-                    if place is not None:
-                        found.append((secret, place))
-            self._secrets = found
-        return self._secrets
+    def secrets_near(self, here: Where) -> list[tuple[str, Where]]:
+        """The secret folders that ``here`` could be in or hold: those of the homes that lie
+        above or below it (a home's place is one stat; its secrets are looked at only then)."""
+        found = []
+        for home in self.homes():
+            place = self.where(home)
+            if place is None or not (here.within(place) or place.within(here)):
+                continue
+            found += self._secrets_of(home)
+        return found
+
+    def _secrets_of(self, home: str) -> list[tuple[str, Where]]:
+        stamp = (_ctime(home), _ctime(home + "/.config"))
+        cached = self._secrets.get(home)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        places = []
+        for name in SECRET_NAMES:
+            secret = home + "/" + name
+            place = where(os.path.realpath(secret), self.mounts) if os.path.lexists(
+                secret) else None
+            if place is not None:
+                places.append((secret, place))
+        self._secrets[home] = (stamp, places)
+        return places
+
+
+_view: HostView | None = None
+
+
+def _ctime(path: str) -> int:
+    try:
+        return os.stat(path).st_ctime_ns
+    except OSError:
+        return -1
+
+
+def _homes_stamp() -> tuple[int, ...]:
+    stamps = []
+    for path in ("/etc/passwd", "/home"):
+        try:
+            stamps.append(os.stat(path).st_mtime_ns)
+        except OSError:
+            stamps.append(-1)
+    return tuple(stamps)
 
 
 def home_dirs() -> list[str]:
@@ -425,7 +484,7 @@ def check_source(source: str, *, writable: bool, allow: Sequence[str], key: str,
     with a recursive bind (nsbox binds with AT_RECURSIVE), so they are checked as well."""
     real = os.path.realpath(source)
     check_spelling(real, writable, allow, key)
-    host = host or HostView()
+    host = host or HostView.current()
     here = where(real, host.mounts)
     if here is None:
         return real
@@ -444,7 +503,7 @@ def check_source(source: str, *, writable: bool, allow: Sequence[str], key: str,
     if writable:
         _check_writable_place(real, here, allow, key, host)
     if "secret-dir" not in allow:
-        for secret, place in host.secrets():
+        for secret, place in host.secrets_near(here):
             if here.within(place):
                 raise refuse("secret-dir", f"{real} is {secret} or inside it", key)
             if place.within(here):
