@@ -171,7 +171,8 @@ def pattern(regex: re.Pattern[str], what: str) -> Parser:
 def identity_text(which: str) -> Parser:
     """A user or host name, as the rule identity-text of nsbox/rules.py takes it."""
     def parse(origin: Origin, key: str, raw: Any) -> str:
-        value = string(origin, key, raw)
+        expect(origin, key, raw, str, "a string")  # NUL too is the rule's business
+        value = str(raw)
         names = {"user": value, "hostname": "nsbox"} if which == "user" else {
             "user": "sandbox", "hostname": value}
         ruled(origin, rules.check_identity, names["user"], names["hostname"])
@@ -239,13 +240,16 @@ def host_path(origin: Origin, key: str, raw: Any) -> str:
 
 
 def host_dir(origin: Origin, key: str, raw: Any) -> str:
-    """A host directory the sandbox may write: must exist. What it may be is the rule book's
-    business (nsbox/rules.py), checked with the policy's allow_rules when it is applied."""
-    value = os.path.realpath(host_path(origin, key, raw))
+    """A host directory the sandbox may write, resolved. What it may be is the rule book's
+    business (nsbox/rules.py), checked with the policy's allow_rules when it is applied, and
+    then that it is a directory (check_dir)."""
+    return os.path.realpath(host_path(origin, key, raw))
+
+
+def check_dir(origin: Origin, key: str, value: str) -> None:
     if not os.path.isdir(value):
         raise origin.error(key, f"{value} does not exist or is not a directory",
                            "create it first")
-    return value
 
 
 # --- mounts --------------------------------------------------------------------------------------
@@ -287,11 +291,9 @@ def mount(origin: Origin, key: str, raw: Any) -> Mount:
         # the file that will be bound, whatever is later written where the link was.
         if os.path.islink(source) and (writable or source != target):
             source = os.path.realpath(source)
-        if not os.path.lexists(source) and not optional:
-            raise origin.error(f"{key}.source", f"{source} does not exist",
-                               "fix the path, or set optional = true to skip it when missing")
         # What the source may be is checked when the mount is applied, with the policy's
-        # allow_rules (profiles.apply_layer), and again on the resolved path at plan time.
+        # allow_rules (profiles.apply_layer, which then calls check_exists), and again on the
+        # resolved path at plan time.
         return Bind(source, target, writable=writable, optional=optional)
     if kind == "tmpfs":
         return Tmpfs(target, size=size()(origin, f"{key}.size", raw.get("size", Tmpfs.size)),
@@ -305,6 +307,13 @@ def mount(origin: Origin, key: str, raw: Any) -> Mount:
             raise origin.error(f"{key}.points_to", "is empty")
         return Symlink(target, points_to)
     return Dir(target, mode=mode(origin, f"{key}.mode", raw.get("mode", Dir.mode)))
+
+
+def check_exists(origin: Origin, key: str, mount: Mount) -> None:
+    """A bind's source must exist unless the mount is optional."""
+    if isinstance(mount, Bind) and not mount.optional and not os.path.lexists(mount.source):
+        raise origin.error(f"{key}.source", f"{mount.source} does not exist",
+                           "fix the path, or set optional = true to skip it when missing")
 
 
 def mount_to_toml(item: Mount) -> dict[str, Any]:

@@ -65,7 +65,9 @@ def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],
         # Reproduce the host's link (e.g. the merged-usr /bin -> usr/bin) instead of binding
         # what it points to twice.
         return [{"op": "symlink", "target": target, "points_to": os.readlink(source)}]
-    real = os.path.realpath(source)
+    real = rules.resolve(source, f"{key}.source")
+    # A refused place is refused whether or not it exists here (a link to /root/.ssh).
+    rules.check_spelling(real, mount.writable, allow, f"{key}.source")
     if not os.path.exists(real):
         if mount.optional:
             return []
@@ -152,7 +154,8 @@ def build(
         mounts.append({"op": "tmpfs", "target": WORKSPACE, "size": policy.limits.workspace_size,
                        "mode": 0o755, "owned": True})
     else:
-        real = os.path.realpath(policy.workspace)
+        real = rules.resolve(policy.workspace, "workspace")
+        rules.check_spelling(real, True, allow, "workspace")
         if not os.path.isdir(real):
             raise SetupError(
                 f"bind {WORKSPACE}", 2, f"workspace {policy.workspace} is not a directory",

@@ -96,12 +96,14 @@ def apply_layer(policy: Policy, layer: Layer) -> Policy:
             value = tuple({**dict(policy.env), **value}.items())
         if key == "workspace.path" and value is not None:
             schema.ruled(origin, rule_book.check_spelling, value, True, policy.allow_rules, key)
+            schema.check_dir(origin, key, value)
         value = tuple(value) if isinstance(value, list) else value
         policy = schema.ruled(origin, _set, policy, spec.attr, value)
     mounts = list(policy.mounts) if layer.inherit_mounts else []
     for key, mount in layer.mounts:
         # The rule book, with this policy's allow_rules, so the error names this file's line.
         schema.ruled(origin, rule_book.check_mount, mount, policy.allow_rules, key)
+        schema.check_exists(origin, key, mount)
         targets = [m.target for m in mounts]
         if mount.target in targets:
             mounts[targets.index(mount.target)] = mount

@@ -476,13 +476,23 @@ def home_dirs() -> list[str]:
     return sorted(h for h in homes if posixpath.normpath(h) != "/" and os.path.isdir(h))
 
 
+def resolve(path: str, key: str) -> str:
+    """``os.path.realpath``, with a link that cannot be read (/proc/1/root: EACCES) reported
+    as the policy's problem rather than a traceback."""
+    try:
+        return os.path.realpath(path)
+    except OSError as exc:
+        raise PolicyError(f"cannot resolve {path}: {exc.strerror}", key=key,
+                          hint="give a path that this user can resolve") from None
+
+
 def check_source(source: str, *, writable: bool, allow: Sequence[str], key: str,
                  host: HostView | None = None) -> str:
     """The rules for a bind source or a workspace, on what the path is; its resolved path.
 
     ``source`` must exist (plan.py says so otherwise). Submounts below the source come along
     with a recursive bind (nsbox binds with AT_RECURSIVE), so they are checked as well."""
-    real = os.path.realpath(source)
+    real = resolve(source, key)
     check_spelling(real, writable, allow, key)
     host = host or HostView.current()
     here = where(real, host.mounts)
