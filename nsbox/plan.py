@@ -58,7 +58,7 @@ class Plan:
 
 
 def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],
-              host: rules.HostView) -> list[dict[str, Any]]:
+              host: rules.HostView | None) -> list[dict[str, Any]]:
     target = rules.check_target(mount.target, f"{key}.target", mount.kind)
     source = os.path.abspath(mount.source)
     if os.path.islink(source) and not mount.writable and mount.source == mount.target:
@@ -76,8 +76,9 @@ def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],
             hint="check the path, or mark the mount optional in the profile",
         )
     # What the resolved source is, after every symlink and through any alias (rules.py).
-    real = rules.check_source(real, writable=mount.writable, allow=allow, key=f"{key}.source",
-                              host=host)
+    if host is not None:
+        real = rules.check_source(real, writable=mount.writable, allow=allow,
+                                  key=f"{key}.source", host=host)
     return [{
         "op": "bind", "source": real, "target": target, "writable": mount.writable,
         "is_dir": os.path.isdir(real),
@@ -85,7 +86,7 @@ def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],
 
 
 def _mount_ops(mount: Mount, key: str, allow: tuple[str, ...],
-               host: rules.HostView) -> list[dict[str, Any]]:
+               host: rules.HostView | None) -> list[dict[str, Any]]:
     if isinstance(mount, Bind):
         return _bind_ops(mount, key, allow, host)
     target = rules.check_target(mount.target, f"{key}.target", mount.kind)
@@ -130,11 +131,15 @@ def build(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     wall_time: float | None = None,
+    check_sources: bool = True,
 ) -> Plan:
+    """The plan of one launch. ``check_sources=False`` is for a command of a session, whose
+    sandbox (and its binds, checked when it started) exists already: what the sandbox has
+    written into its workspace since (a socket of its own) is not the host's."""
     if not argv or not argv[0]:
         raise PolicyError("no command given", key="argv")
     mounts: list[dict[str, Any]] = []
-    host = rules.HostView.current()
+    host = rules.HostView.current() if check_sources else None
     allow = policy.allow_rules
     for i, mount in enumerate(policy.mounts):
         mounts.extend(_mount_ops(mount, f"mounts[{i}]", allow, host))
@@ -161,7 +166,9 @@ def build(
                 f"bind {WORKSPACE}", 2, f"workspace {policy.workspace} is not a directory",
                 hint="create it first, or leave the workspace out for a fresh tmpfs",
             )
-        real = rules.check_source(real, writable=True, allow=allow, key="workspace", host=host)
+        if host is not None:
+            real = rules.check_source(real, writable=True, allow=allow, key="workspace",
+                                      host=host)
         mounts.append({"op": "bind", "source": real, "target": WORKSPACE, "writable": True,
                        "is_dir": True})
     program = None
