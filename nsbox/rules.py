@@ -263,7 +263,7 @@ def check_mount(mount: Mount, allow: Sequence[str], key: str) -> None:
 
 
 def check_identity(user: str, hostname: str) -> None:
-    if not isinstance(user, str) or not USER_NAME.match(user) or user != user.strip():
+    if not isinstance(user, str) or not USER_NAME.fullmatch(user):
         raise refuse("identity-text", f"{user!r} is not a user name ([a-z_][a-z0-9_-]*, at "
                      "most 32)", "identity.user")
     if not isinstance(hostname, str) or not HOST_NAME.fullmatch(hostname):
@@ -274,13 +274,13 @@ def check_identity(user: str, hostname: str) -> None:
 def check_env(env: Iterable[tuple[str, str]], passthrough: Iterable[str], path: str,
               lang: str) -> None:
     for name, value in env:
-        if not isinstance(name, str) or not ENV_NAME.match(name):
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             raise refuse("env-text", f"{name!r} is not a variable name", "environment.set")
         if not isinstance(value, str) or "\0" in value:
             raise refuse("env-text", f"the value of {name} is not a string without NUL",
                          f"environment.set.{name}")
     for name in passthrough:
-        if not isinstance(name, str) or not ENV_NAME.match(name):
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             raise refuse("env-text", f"{name!r} is not a variable name",
                          "environment.passthrough")
     for key, value in (("environment.path", path), ("environment.lang", lang)):

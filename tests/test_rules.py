@@ -336,7 +336,8 @@ def test_nsbox_never_writes_its_files_into_a_bind(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("user", "a\nb"), ("user", "a\x00b"), ("user", "a:b"), ("user", "root "), ("user", ""),
+    ("user", "a\nb"), ("user", "ab\n"), ("user", "a\x00b"), ("user", "a:b"),
+    ("user", "root "), ("user", ""),
     ("hostname", "box\n10.0.0.1 evil"), ("hostname", "a\x00b"), ("hostname", "a b"),
     ("hostname", "a:b"), ("hostname", "#x"),
 ])
@@ -356,6 +357,7 @@ def test_identity_text_the_files_cannot_carry_is_refused(field: str, value: str,
 def test_env_text_execve_cannot_carry_is_refused() -> None:
     for changes, key in (({"env": (("A", "x\x00y"),)}, "environment.set.A"),
                          ({"env": (("A=B", "x"),)}, "environment.set"),
+                         ({"env": (("A\n", "x"),)}, "environment.set"),
                          ({"path": "/bin\x00/evil"}, "environment.path")):
         with pytest.raises(PolicyError) as info:
             Policy(**changes)  # type: ignore[arg-type]
