@@ -122,11 +122,19 @@ def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ..
     if overrides.get("environment.passthrough"):
         overrides["environment.passthrough"] = [
             *policy.env_passthrough, *overrides["environment.passthrough"]]
+    # The rules a trusted caller lifts come first: the binds and the workspace they allow
+    # are checked as they are applied.
+    allowed = overrides.pop("allow_rules", None)
+    if allowed:
+        if isinstance(allowed, str):
+            allowed = [allowed]
+        policy = apply_overrides(policy, {"allow_rules": [*policy.allow_rules, *allowed]})
     for option, spec, writable in binds:
         try:
             policy = apply_overrides(policy, {"mounts": [bind_override(spec, writable)]})
         except PolicyError as exc:
-            raise PolicyError(exc.message, key=f"{option} {spec}") from None
+            raise PolicyError(exc.message, key=f"{option} {spec}", hint=exc.hint,
+                              rule=exc.rule) from None
     return apply_overrides(policy, {k: v for k, v in overrides.items()
                                     if v is not None and v != []})
 
@@ -148,6 +156,7 @@ def execute(options: dict[str, Any]) -> int:
         "workspace.path": o["workspace"], "environment.set": env_set or None,
         "environment.passthrough": o["pass_env"] or None,
         "seccomp.log_denied": True if o["seccomp_log"] else None,
+        "allow_rules": list(o["allow_rules"]) or None,
     }
     binds = [("--ro-bind", spec, False) for spec in o["ro_bind"]]
     binds += [("--bind", spec, True) for spec in o["rw_bind"]]

@@ -161,6 +161,8 @@ def _start_options(command: Any) -> Any:
                      metavar="NAME|FILE", help="A shipped profile's name or a profile file."),
         click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
                      help="Override any profile key (as for nsbox run)."),
+        click.option("--allow-rule", "allow_rules", multiple=True, metavar="NAME",
+                     help="Lift one rule of the rule book (as for nsbox run)."),
         click.option("-t", "--time", "wall_time", callback=_duration_opt, metavar="SECONDS",
                      help="Default wall-clock limit of each command."),
         click.option("--output-limit", callback=_size_opt, metavar="BYTES",
@@ -194,7 +196,8 @@ def _start_options(command: Any) -> Any:
 
 @session.command()
 @_start_options
-def start(profile: str, settings: tuple[str, ...], wall_time: float | None,
+def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
+          wall_time: float | None,
           output_limit: int | None, workspace: str | None, inputs: tuple[str, ...],
           ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
           pass_env: tuple[str, ...], net_mode: str | None, allow_host: tuple[str, ...],
@@ -213,6 +216,7 @@ def start(profile: str, settings: tuple[str, ...], wall_time: float | None,
         "workspace.path": os.path.abspath(workspace) if workspace else None,
         "environment.set": _parse_env(env) or None,
         "environment.passthrough": pass_env or None,
+        "allow_rules": list(allow_rules) or None,
     }
     binds = [("--ro-bind", spec, False) for spec in ro_bind]
     binds += [("--bind", spec, True) for spec in rw_bind]

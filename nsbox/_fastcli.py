@@ -33,6 +33,7 @@ RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("-p", "--profile"), "profile", VALUE),
     (("--set",), "settings", MULTIPLE),
     (("--print-profile",), "print_profile", FLAG),
+    (("--allow-rule",), "allow_rules", MULTIPLE),
     (("-t", "--time"), "wall_time", VALUE),
     (("--output-limit",), "output_limit", VALUE),
     (("-w", "--workspace"), "workspace", VALUE),

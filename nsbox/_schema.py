@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import seccomp, units
+from nsbox import rules, seccomp, units
 from nsbox.errors import PolicyError
 from nsbox.policy import Bind, Dir, File, Mount, SeccompArg, SeccompRule, Symlink, Tmpfs
 
@@ -34,9 +34,10 @@ class Origin:
         self._line_of = line_of
         self.base_dir = base_dir
 
-    def error(self, key: str, message: str, hint: str | None = None) -> PolicyError:
+    def error(self, key: str, message: str, hint: str | None = None,
+              rule: str | None = None) -> PolicyError:
         line = self._line_of(key) if self._line_of else None
-        return PolicyError(message, key=key, file=self.file, line=line, hint=hint)
+        return PolicyError(message, key=key, file=self.file, line=line, hint=hint, rule=rule)
 
 
 def suggest(word: str, choices: Iterable[str]) -> str | None:
@@ -155,9 +156,7 @@ def mode(origin: Origin, key: str, raw: Any) -> int:
     return int(value)
 
 
-_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$")
-_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = rules.ENV_NAME
 
 
 def pattern(regex: re.Pattern[str], what: str) -> Parser:
@@ -167,6 +166,23 @@ def pattern(regex: re.Pattern[str], what: str) -> Parser:
             raise origin.error(key, f"{value!r} is not {what}")
         return value
     return parse
+
+
+def identity_text(which: str) -> Parser:
+    """A user or host name, as the rule identity-text of nsbox/rules.py takes it."""
+    def parse(origin: Origin, key: str, raw: Any) -> str:
+        expect(origin, key, raw, str, "a string")  # NUL too is the rule's business
+        value = str(raw)
+        names = {"user": value, "hostname": "nsbox"} if which == "user" else {
+            "user": "sandbox", "hostname": value}
+        ruled(origin, rules.check_identity, names["user"], names["hostname"])
+        return value
+    return parse
+
+
+def allow_rules(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
+    expect(origin, key, raw, list, 'an array of rule names such as ["bind-run"]')
+    return tuple(ruled(origin, rules.check_allow, raw, key))
 
 
 def env_names(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
@@ -190,42 +206,19 @@ def env_table(origin: Origin, key: str, raw: Any) -> dict[str, str]:
 
 # --- paths ---------------------------------------------------------------------------------------
 
-# What nsbox mounts itself after the policy's mounts (nsbox/plan.py): a mount there would be
-# covered, so it is refused. The whole trees, and the synthetic files of /etc.
-RESERVED_TARGETS = ("/proc", "/dev", "/tmp", "/workspace")
-RESERVED_FILES = ("/etc/passwd", "/etc/group", "/etc/hostname", "/etc/hosts")
-# Giving the sandbox write access to these (or to /) would hand it the host.
-SYSTEM_DIRS = frozenset({
-    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/proc", "/root",
-    "/run", "/sbin", "/sys", "/usr", "/var", "/tmp", "/var/tmp", "/dev/shm",
-})
-# Trees that hold the host's unix sockets (/run/docker.sock, /tmp/.X11-unix, ...) or its kernel
-# interfaces. connect(2) to a socket file needs no network and works through a read-only bind
-# (unix(7): only write permission on the socket is checked), so even a read-only bind of these
-# opens a way out of the sandbox: refused.
-EXPOSING_DIRS = frozenset({"/", "/run", "/tmp", "/var/tmp", "/dev", "/dev/shm", "/proc", "/sys"})
-
-
-def target_path(origin: Origin, key: str, raw: Any) -> str:
-    """A path inside the sandbox: absolute, without "..", not the root or a reserved tree."""
+def target_path(origin: Origin, key: str, raw: Any, kind: str = "bind") -> str:
+    """A path inside the sandbox: absolute, without "..", not the root or a reserved tree
+    (rules target-path, target-reserved, nsbox-files of nsbox/rules.py)."""
     value = string(origin, key, raw)
-    if not value.startswith("/"):
-        raise origin.error(key, f"{value!r} is a relative path; mount targets are absolute",
-                           f'write "/{value}"')
-    if ".." in value.split("/"):
-        raise origin.error(key, f"{value!r} contains \"..\"; targets must stay inside the "
-                           "sandbox's root")
-    value = posixpath.normpath(value).replace("//", "/")
-    if value == "/":
-        raise origin.error(key, "the root itself cannot be a mount target",
-                           "the root is nsbox's own tmpfs; mount below it")
-    for reserved in RESERVED_TARGETS:
-        if value == reserved or value.startswith(reserved + "/"):
-            raise origin.error(key, f"{value} is set up by nsbox itself and cannot be a target",
-                               "for /workspace use workspace.path; for /tmp limits.tmp_size")
-    if value in RESERVED_FILES:
-        raise origin.error(key, f"{value} is written by nsbox itself (from [identity])")
-    return value
+    return ruled(origin, rules.check_target, value, key, kind)
+
+
+def ruled(origin: Origin, check: Callable[..., Any], *args: Any) -> Any:
+    """Run a check of the rule book, its error placed in the origin's file and line."""
+    try:
+        return check(*args)
+    except PolicyError as exc:
+        raise origin.error(exc.key or "", exc.message, exc.hint, rule=exc.rule) from None
 
 
 def host_path(origin: Origin, key: str, raw: Any) -> str:
@@ -247,15 +240,16 @@ def host_path(origin: Origin, key: str, raw: Any) -> str:
 
 
 def host_dir(origin: Origin, key: str, raw: Any) -> str:
-    """A host directory the sandbox may write: must exist, and must not be a system tree."""
-    value = os.path.realpath(host_path(origin, key, raw))
+    """A host directory the sandbox may write, resolved. What it may be is the rule book's
+    business (nsbox/rules.py), checked with the policy's allow_rules when it is applied, and
+    then that it is a directory (check_dir)."""
+    return os.path.realpath(host_path(origin, key, raw))
+
+
+def check_dir(origin: Origin, key: str, value: str) -> None:
     if not os.path.isdir(value):
         raise origin.error(key, f"{value} does not exist or is not a directory",
                            "create it first")
-    if value in SYSTEM_DIRS:
-        raise origin.error(key, f"refusing to let the sandbox write {value}",
-                           "give it a directory of its own")
-    return value
 
 
 # --- mounts --------------------------------------------------------------------------------------
@@ -287,7 +281,7 @@ def mount(origin: Origin, key: str, raw: Any) -> Mount:
     expect(origin, key, raw, dict, "a table")
     kind = choice(*MOUNT_KEYS)(origin, f"{key}.type", require(origin, key, raw, "type"))
     check_keys(origin, key, raw, MOUNT_KEYS[kind])
-    target = target_path(origin, f"{key}.target", require(origin, key, raw, "target"))
+    target = target_path(origin, f"{key}.target", require(origin, key, raw, "target"), kind)
     if kind == "bind":
         writable = boolean(origin, f"{key}.writable", raw.get("writable", False))
         optional = boolean(origin, f"{key}.optional", raw.get("optional", False))
@@ -297,16 +291,9 @@ def mount(origin: Origin, key: str, raw: Any) -> Mount:
         # the file that will be bound, whatever is later written where the link was.
         if os.path.islink(source) and (writable or source != target):
             source = os.path.realpath(source)
-        if not os.path.lexists(source) and not optional:
-            raise origin.error(f"{key}.source", f"{source} does not exist",
-                               "fix the path, or set optional = true to skip it when missing")
-        if os.path.realpath(source) in EXPOSING_DIRS:
-            raise origin.error(f"{key}.source", f"refusing to bind {source}: it holds the "
-                               "host's unix sockets or kernel interfaces",
-                               "bind the one file or directory the sandbox needs")
-        if writable and os.path.realpath(source) in SYSTEM_DIRS:
-            raise origin.error(f"{key}.source", f"refusing to bind {source} writable",
-                               "bind it read-only, or bind a directory of its own")
+        # What the source may be is checked when the mount is applied, with the policy's
+        # allow_rules (profiles.apply_layer, which then calls check_exists), and again on the
+        # resolved path at plan time.
         return Bind(source, target, writable=writable, optional=optional)
     if kind == "tmpfs":
         return Tmpfs(target, size=size()(origin, f"{key}.size", raw.get("size", Tmpfs.size)),
@@ -320,6 +307,13 @@ def mount(origin: Origin, key: str, raw: Any) -> Mount:
             raise origin.error(f"{key}.points_to", "is empty")
         return Symlink(target, points_to)
     return Dir(target, mode=mode(origin, f"{key}.mode", raw.get("mode", Dir.mode)))
+
+
+def check_exists(origin: Origin, key: str, mount: Mount) -> None:
+    """A bind's source must exist unless the mount is optional."""
+    if isinstance(mount, Bind) and not mount.optional and not os.path.lexists(mount.source):
+        raise origin.error(f"{key}.source", f"{mount.source} does not exist",
+                           "fix the path, or set optional = true to skip it when missing")
 
 
 def mount_to_toml(item: Mount) -> dict[str, Any]:
@@ -479,14 +473,16 @@ def _none_or(fmt: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 FIELDS: dict[str, Field] = {
     "description": Field(("description",), string),
+    # Before every key whose value a rule may refuse: a layer applies its keys in this order.
+    "allow_rules": Field(("allow_rules",), allow_rules, list),
     "environment.set": Field(("env",), env_table, dict),
     "environment.passthrough": Field(("env_passthrough",), env_names, list),
     "environment.path": Field(("path",), string),
     "environment.lang": Field(("lang",), string),
     "identity.uid": Field(("uid",), integer(0, 2**32 - 2)),
     "identity.gid": Field(("gid",), integer(0, 2**32 - 2)),
-    "identity.user": Field(("user",), pattern(_USER, "a user name ([a-z_][a-z0-9_-]*)")),
-    "identity.hostname": Field(("hostname",), pattern(_HOSTNAME, "a host name")),
+    "identity.user": Field(("user",), identity_text("user")),
+    "identity.hostname": Field(("hostname",), identity_text("hostname")),
     # Never host uid/gid 0: a kernel bug that leaks a file must land as nobody (DESIGN.md).
     "identity.host_uid": Field(("host_uid",), integer(1, 2**32 - 2)),
     "identity.host_gid": Field(("host_gid",), integer(1, 2**32 - 2)),
@@ -520,5 +516,5 @@ FIELDS: dict[str, Field] = {
 # Keys that hold ordered lists of tables, and the switch that drops inherited mounts.
 LIST_KEYS = ("filesystem.mounts", "seccomp.rules")
 SECTIONS = ("filesystem", "environment", "identity", "limits", "network", "seccomp", "workspace")
-TOP_KEYS = ("description", "extends", *SECTIONS)
+TOP_KEYS = ("description", "extends", "allow_rules", *SECTIONS)
 ALL_KEYS = (*FIELDS, *LIST_KEYS, "filesystem.inherit", "extends")

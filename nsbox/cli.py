@@ -146,6 +146,9 @@ def main() -> None:
               help="Override any profile key: --set limits.memory=1G --set network.mode=loopback.")
 @click.option("--print-profile", is_flag=True,
               help="Print the effective policy (profile plus options) as TOML and exit.")
+@click.option("--allow-rule", "allow_rules", multiple=True, metavar="NAME",
+              help="Lift one rule of the rule book for a trusted use (docs/rules.md). "
+              "Repeatable.")
 # --- end profiles -------------------------------------------------------------------------------
 @_limit_options
 # --- sessions: data in and out, audit (nsbox/_cli_session.py) ---
@@ -163,7 +166,8 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
         ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
         pass_env: tuple[str, ...], cwd: str | None, as_json: bool, seccomp_log: bool,
         net_mode: str | None, allow_host: tuple[str, ...], profile: str,
-        settings: tuple[str, ...], print_profile: bool, inputs: tuple[str, ...],
+        settings: tuple[str, ...], print_profile: bool, allow_rules: tuple[str, ...],
+        inputs: tuple[str, ...],
         collect: tuple[str, ...], collect_dir: str, audit: str | None,
         command: tuple[str, ...], **limit_values: Any) -> None:
     """Run COMMAND in a new sandbox.

@@ -19,7 +19,8 @@ class NsboxError(Exception):
 
 
 class PolicyError(NsboxError):
-    """A profile or an option is invalid. Names the file, the key and (when known) the line."""
+    """A profile or an option is invalid. Names the file, the key and (when known) the line;
+    ``rule`` is the name of the rule of nsbox/rules.py that refused it, if one did."""
 
     def __init__(
         self,
@@ -29,8 +30,10 @@ class PolicyError(NsboxError):
         file: str | None = None,
         line: int | None = None,
         hint: str | None = None,
+        rule: str | None = None,
     ) -> None:
         self.key = key
+        self.rule = rule
         self.file = file
         self.line = line
         self.message = message

@@ -12,11 +12,11 @@ policy cannot hide or replace those.
 from __future__ import annotations
 
 import os
-import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
 from nsbox import network as netmod
+from nsbox import rules
 from nsbox import seccomp as seccompmod
 from nsbox.errors import PolicyError, SetupError
 from nsbox.limits import plan_limits
@@ -60,27 +60,17 @@ class Plan:
         }
 
 
-def check_target(target: str, key: str = "target") -> str:
-    """A mount target must be an absolute, normalized path inside the sandbox root."""
-    if not target.startswith("/"):
-        raise PolicyError(f"mount target {target!r} is not an absolute path", key=key)
-    parts = target.split("/")
-    if ".." in parts:
-        raise PolicyError(f"mount target {target!r} leaves the sandbox root", key=key)
-    norm = posixpath.normpath(target)
-    if norm == "/":
-        raise PolicyError("a mount cannot replace the sandbox root", key=key)
-    return norm
-
-
-def _bind_ops(mount: Bind) -> list[dict[str, Any]]:
-    target = check_target(mount.target)
+def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],
+              host: rules.HostView | None) -> list[dict[str, Any]]:
+    target = rules.check_target(mount.target, f"{key}.target", mount.kind)
     source = os.path.abspath(mount.source)
     if os.path.islink(source) and not mount.writable and mount.source == mount.target:
         # Reproduce the host's link (e.g. the merged-usr /bin -> usr/bin) instead of binding
         # what it points to twice.
         return [{"op": "symlink", "target": target, "points_to": os.readlink(source)}]
-    real = os.path.realpath(source)
+    real = rules.resolve(source, f"{key}.source")
+    # A refused place is refused whether or not it exists here (a link to /root/.ssh).
+    rules.check_spelling(real, mount.writable, allow, f"{key}.source")
     if not os.path.exists(real):
         if mount.optional:
             return []
@@ -88,16 +78,21 @@ def _bind_ops(mount: Bind) -> list[dict[str, Any]]:
             f"bind {target}", 2, f"source {mount.source} does not exist on the host",
             hint="check the path, or mark the mount optional in the profile",
         )
+    # What the resolved source is, after every symlink and through any alias (rules.py).
+    if host is not None:
+        real = rules.check_source(real, writable=mount.writable, allow=allow,
+                                  key=f"{key}.source", host=host)
     return [{
         "op": "bind", "source": real, "target": target, "writable": mount.writable,
         "is_dir": os.path.isdir(real),
     }]
 
 
-def _mount_ops(mount: Mount) -> list[dict[str, Any]]:
+def _mount_ops(mount: Mount, key: str, allow: tuple[str, ...],
+               host: rules.HostView | None) -> list[dict[str, Any]]:
     if isinstance(mount, Bind):
-        return _bind_ops(mount)
-    target = check_target(mount.target)
+        return _bind_ops(mount, key, allow, host)
+    target = rules.check_target(mount.target, f"{key}.target", mount.kind)
     if isinstance(mount, Tmpfs):
         return [{"op": "tmpfs", "target": target, "size": mount.size, "mode": mount.mode}]
     if isinstance(mount, File):
@@ -139,12 +134,18 @@ def build(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     wall_time: float | None = None,
+    check_sources: bool = True,
 ) -> Plan:
+    """The plan of one launch. ``check_sources=False`` is for a command of a session, whose
+    sandbox (and its binds, checked when it started) exists already: what the sandbox has
+    written into its workspace since (a socket of its own) is not the host's."""
     if not argv or not argv[0]:
         raise PolicyError("no command given", key="argv")
     mounts: list[dict[str, Any]] = []
-    for mount in policy.mounts:
-        mounts.extend(_mount_ops(mount))
+    host = rules.HostView.current() if check_sources else None
+    allow = policy.allow_rules
+    for i, mount in enumerate(policy.mounts):
+        mounts.extend(_mount_ops(mount, f"mounts[{i}]", allow, host))
     mounts += [
         {"op": "file", "target": "/etc/passwd", "content": _passwd(policy), "mode": 0o644},
         {"op": "file", "target": "/etc/group", "content": _group(policy), "mode": 0o644},
@@ -161,12 +162,16 @@ def build(
         mounts.append({"op": "tmpfs", "target": WORKSPACE, "size": policy.limits.workspace_size,
                        "mode": 0o755, "owned": True})
     else:
-        real = os.path.realpath(policy.workspace)
+        real = rules.resolve(policy.workspace, "workspace")
+        rules.check_spelling(real, True, allow, "workspace")
         if not os.path.isdir(real):
             raise SetupError(
                 f"bind {WORKSPACE}", 2, f"workspace {policy.workspace} is not a directory",
                 hint="create it first, or leave the workspace out for a fresh tmpfs",
             )
+        if host is not None:
+            real = rules.check_source(real, writable=True, allow=allow, key="workspace",
+                                      host=host)
         mounts.append({"op": "bind", "source": real, "target": WORKSPACE, "writable": True,
                        "is_dir": True})
     program = None

@@ -196,6 +196,14 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     network: Network = field(default_factory=Network)
     seccomp: Seccomp = field(default_factory=Seccomp)
+    # Rules of nsbox/rules.py this policy lifts, each by name (docs/rules.md); for trusted
+    # callers only. Give them in the same replace() as what they allow.
+    allow_rules: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from nsbox import rules  # a cycle otherwise: rules needs the mount classes
+
+        rules.check_policy(self)
 
     def __post_init__(self) -> None:
         identity.check_host_ids(self.host_uid, self.host_gid)  # never host root, at every door

@@ -26,6 +26,7 @@ from typing import Any
 
 from nsbox import _schema as schema
 from nsbox import _tomltext
+from nsbox import rules as rule_book
 from nsbox.errors import PolicyError
 from nsbox.policy import Mount, Policy, SeccompRule
 
@@ -88,20 +89,29 @@ def _array(origin: schema.Origin, key: str, raw: Any) -> list[Any]:
 def apply_layer(policy: Policy, layer: Layer) -> Policy:
     """The policy with the layer's values on top: scalars replace, ``environment.set`` merges,
     mounts and seccomp rules are appended (a mount at an existing target replaces that one)."""
+    origin = layer.origin
     for key, value in layer.values.items():
         spec = schema.FIELDS[key]
         if key == "environment.set":
             value = tuple({**dict(policy.env), **value}.items())
-        policy = _set(policy, spec.attr, tuple(value) if isinstance(value, list) else value)
+        if key == "workspace.path" and value is not None:
+            schema.ruled(origin, rule_book.check_spelling, value, True, policy.allow_rules, key)
+            schema.check_dir(origin, key, value)
+        value = tuple(value) if isinstance(value, list) else value
+        policy = schema.ruled(origin, _set, policy, spec.attr, value)
     mounts = list(policy.mounts) if layer.inherit_mounts else []
     for key, mount in layer.mounts:
+        # The rule book, with this policy's allow_rules, so the error names this file's line.
+        schema.ruled(origin, rule_book.check_mount, mount, policy.allow_rules, key)
+        schema.check_exists(origin, key, mount)
         targets = [m.target for m in mounts]
         if mount.target in targets:
             mounts[targets.index(mount.target)] = mount
         else:
             mounts.append(mount)
-        _check_not_hidden(layer.origin, key, mounts, mount)
-    policy = policy.replace(mounts=tuple(mounts))
+        _check_not_hidden(origin, key, mounts, mount)
+    final = tuple(mounts)
+    policy = schema.ruled(origin, lambda: policy.replace(mounts=final))
     if layer.rules:
         rules = (*policy.seccomp.rules, *layer.rules)
         policy = policy.replace(seccomp=dataclasses.replace(policy.seccomp, rules=rules))
@@ -288,7 +298,8 @@ def apply_overrides(policy: Policy, overrides: Mapping[str, Any]) -> Policy:
             value = [schema.mount_to_toml(m) if isinstance(m, Mount) else m
                      for m in value]
         section, _, leaf = key.rpartition(".")
-        data.setdefault(section, {})[leaf] = "none" if value is None else value
+        (data.setdefault(section, {}) if section else data)[leaf] = (
+            "none" if value is None else value)
     origin = schema.Origin(None, None, os.getcwd())
     return apply_layer(policy, parse_layer(data, origin))
 

@@ -49,7 +49,8 @@ def main() -> None:
     except nsbox.NsboxError as exc:
         out = {"error_type": type(exc).__name__, "message": getattr(exc, "message", str(exc)),
                "step": getattr(exc, "step", None), "errno": getattr(exc, "errno", None),
-               "hint": exc.hint, "feature": getattr(exc, "feature", None)}
+               "hint": exc.hint, "feature": getattr(exc, "feature", None),
+               "key": getattr(exc, "key", None), "rule": getattr(exc, "rule", None)}
         print(json.dumps(out))
         return
     data = result.to_dict()

@@ -107,6 +107,9 @@ def decode_result(data: dict[str, Any]) -> Result:
             raise cls(data["step"], data["errno"], data["message"], hint=data.get("hint"))
         if issubclass(cls, errors.HostError):
             raise cls(data["message"], feature=data["feature"], hint=data.get("hint"))
+        if issubclass(cls, errors.PolicyError):
+            raise cls(data["message"], key=data.get("key"), hint=data.get("hint"),
+                      rule=data.get("rule"))
         raise cls(data["message"])
     data["status"] = Status(data["status"])
     data["stdout"] = base64.b64decode(data.pop("stdout_b64"))

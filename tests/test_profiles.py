@@ -138,12 +138,13 @@ target = "/first"
         ('type = "tmpfs"\ntarget = "/first"\n', "filesystem.mounts[1].target", 7,
          "/first is already the target of filesystem.mounts[0]", None),
         ('type = "bind"\nsource = "/etc"\ntarget = "/hostetc"\nwritable = true\n',
-         "filesystem.mounts[1].source", 7, "refusing to bind /etc writable", None),
+         "filesystem.mounts[1].source", 7, "refused by rule writable-system-dir: /etc",
+         "--allow-rule writable-system-dir"),
         ('type = "bind"\nsource = "/var/run"\ntarget = "/hostrun"\n',
          "filesystem.mounts[1].source", 7,
-         "refusing to bind /run: it holds the host's unix sockets", None),
+         "refused by rule bind-run: /run is at or below /run", "the one file"),
         ('type = "bind"\nsource = "/"\ntarget = "/host"\n', "filesystem.mounts[1].source", 7,
-         "refusing to bind /: it holds", "the one file"),
+         "refused by rule bind-root: / is /", "bind the directories"),
         ('type = "dir"\ntarget = "/first/sub"\n', "filesystem.mounts[1].target", 7, None, None),
         ('type = "tmpfs"\ntarget = "/usr"\n', None, None, None, None),
     ],
@@ -317,7 +318,8 @@ def test_workspace_must_be_an_existing_directory_of_its_own(tmp_path: Path) -> N
     assert (err.key, err.line) == ("workspace.path", 2)
     assert "does not exist" in err.message
     err = error_of(write(tmp_path, '[workspace]\npath = "/etc"\n'))
-    assert "refusing to let the sandbox write /etc" in err.message
+    assert (err.rule, err.key, err.line) == ("writable-system-dir", "workspace.path", 2)
+    assert "refused by rule writable-system-dir: /etc" in err.message
     (tmp_path / "ws").mkdir()
     assert load_profile(str(write(tmp_path, '[workspace]\npath = "ws"\n'))).workspace == \
         str(tmp_path / "ws")
@@ -491,7 +493,8 @@ def test_api_overrides_take_mount_objects_and_check_them(tmp_path: Path) -> None
     assert policy.mounts[-2:] == (Tmpfs("/cache", size=MiB), Bind("/usr", "/u"))
     with pytest.raises(PolicyError) as info:
         apply_overrides(Policy(), {"mounts": [Bind("/etc", "/e", writable=True)]})
-    assert str(info.value).startswith("filesystem.mounts[0].source: refusing to bind /etc")
+    assert str(info.value).startswith("filesystem.mounts[0].source: refused by rule "
+                                      "writable-system-dir: /etc")
 
 
 def test_every_policy_field_is_a_schema_key() -> None:
