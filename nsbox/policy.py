@@ -203,10 +203,8 @@ class Policy:
     def __post_init__(self) -> None:
         from nsbox import rules  # a cycle otherwise: rules needs the mount classes
 
-        rules.check_policy(self)
-
-    def __post_init__(self) -> None:
         identity.check_host_ids(self.host_uid, self.host_gid)  # never host root, at every door
+        rules.check_policy(self)
 
     def replace(self, **changes: Any) -> Policy:
         return dataclasses.replace(self, **changes)
