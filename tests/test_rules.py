@@ -436,6 +436,7 @@ def test_a_device_node_in_a_bound_tree_cannot_be_opened(tmp_path: Path) -> None:
     tree.mkdir()
     os.mknod(tree / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # like /dev/null
     (tree / "null").chmod(0o666)
+    os.chown(tree, 65534, 65534)  # as root, a writable bind must not be root's (identity rule)
     for writable in (False, True):
         result = nsbox.run(["/usr/bin/python3", "-c", "open('/x/null', 'w')"],
                            bind_policy(str(tree), writable), timeout=10)
