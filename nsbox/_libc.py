@@ -24,6 +24,10 @@ _NR = {
 NR_OPEN_TREE = 428
 NR_MOVE_MOUNT = 429
 NR_CLOSE_RANGE = 436
+NR_FSOPEN = 430
+NR_FSCONFIG = 431
+NR_FSMOUNT = 432
+NR_OPENAT2 = 437
 NR_MOUNT_SETATTR = 442
 NR_CLONE3 = 435  # the same number on every architecture (asm-generic/unistd.h)
 
@@ -62,6 +66,17 @@ MOUNT_ATTR_IDMAP = 0x100000
 OPEN_TREE_CLONE = 1
 OPEN_TREE_CLOEXEC = 0o2000000
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
+FSOPEN_CLOEXEC = 0x1
+FSMOUNT_CLOEXEC = 0x1
+FSCONFIG_SET_STRING = 1
+FSCONFIG_CMD_CREATE = 6
+
+# <linux/openat2.h>
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
 
 # <linux/prctl.h>
 PR_SET_PDEATHSIG = 1
@@ -108,6 +123,10 @@ _sys_path2 = _proto("syscall", _long, _long, _str, _str)  # pivot_root
 _sys_mount_setattr = _proto("syscall", _long, _long, _int, _str, _uint, _str, ctypes.c_size_t)
 _sys_open_tree = _proto("syscall", _long, _long, _int, _str, _uint)
 _sys_move_mount = _proto("syscall", _long, _long, _int, _str, _int, _str, _uint)
+_sys_fsopen = _proto("syscall", _long, _long, _str, _uint)
+_sys_fsconfig = _proto("syscall", _long, _long, _int, _uint, _str, _str, _int)
+_sys_fsmount = _proto("syscall", _long, _long, _int, _uint, _uint)
+_sys_openat2 = _proto("syscall", _long, _long, _int, _str, _str, ctypes.c_size_t)
 _sys_close_range = _proto("syscall", _long, _long, _uint, _uint, _uint)
 _sys_ptr2 = _proto("syscall", _long, _long, _ptr, _ptr)  # capset
 _sys_seccomp = _proto("syscall", _long, _long, _uint, _uint, _ptr)
@@ -181,8 +200,8 @@ def mount_setattr(path: str, attr_set: int, recursive: bool = True, userns_fd: i
         raise _fail("mount_setattr", path, hex(attr_set))
 
 
-def open_tree(path: str, flags: int) -> int:
-    fd = _sys_open_tree(NR_OPEN_TREE, AT_FDCWD, _b(path), flags)
+def open_tree(path: str, flags: int, dirfd: int = AT_FDCWD) -> int:
+    fd = _sys_open_tree(NR_OPEN_TREE, dirfd, _b(path), flags)
     if fd < 0:
         raise _fail("open_tree", path, hex(flags))
     return int(fd)
@@ -192,6 +211,62 @@ def move_mount_fd(fd: int, target: str) -> None:
     if _sys_move_mount(NR_MOVE_MOUNT, fd, b"", AT_FDCWD, _b(target),
                        MOVE_MOUNT_F_EMPTY_PATH) != 0:
         raise _fail("move_mount", fd, target)
+
+
+def move_mount(from_fd: int, to_fd: int, to_path: str = "") -> None:
+    """Attach the detached mount ``from_fd`` onto ``to_path`` relative to ``to_fd``, or onto
+    ``to_fd`` itself when ``to_path`` is empty: the target is the very file the descriptor
+    holds, never looked up again by name (move_mount(2))."""
+    flags = MOVE_MOUNT_F_EMPTY_PATH | (0 if to_path else MOVE_MOUNT_T_EMPTY_PATH)
+    if _sys_move_mount(NR_MOVE_MOUNT, from_fd, b"", to_fd, _b(to_path), flags) != 0:
+        raise _fail("move_mount", from_fd, to_fd, to_path)
+
+
+def new_mount(fstype: str, options: tuple[tuple[str, str], ...], attrs: int) -> int:
+    """A new, detached mount of ``fstype`` (fsopen, fsconfig, fsmount): a descriptor of its root.
+
+    Nothing else can see it until it is moved in place, so what is made below it needs no
+    guard against a concurrent writer."""
+    context = _sys_fsopen(NR_FSOPEN, _b(fstype), FSOPEN_CLOEXEC)
+    if context < 0:
+        raise _fail("fsopen", fstype)
+    try:
+        for key, value in options:
+            if _sys_fsconfig(NR_FSCONFIG, context, FSCONFIG_SET_STRING, _b(key), _b(value),
+                             0) != 0:
+                raise _fail("fsconfig", fstype, f"{key}={value}")
+        if _sys_fsconfig(NR_FSCONFIG, context, FSCONFIG_CMD_CREATE, None, None, 0) != 0:
+            raise _fail("fsconfig", fstype, "create")
+        fd = _sys_fsmount(NR_FSMOUNT, context, FSMOUNT_CLOEXEC, attrs)
+        if fd < 0:
+            raise _fail("fsmount", fstype, hex(attrs))
+        return int(fd)
+    finally:
+        os.close(context)
+
+
+# struct open_how: flags, mode, resolve (all __u64), openat2(2).
+_OPEN_HOW = struct.Struct("=3Q")
+
+
+def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
+    fd = _sys_openat2(NR_OPENAT2, dirfd, _b(path), _OPEN_HOW.pack(flags, mode, resolve),
+                      _OPEN_HOW.size)
+    if fd < 0:
+        raise _fail("openat2", path)
+    return int(fd)
+
+
+def _has_openat2() -> bool:
+    # Linux 5.6; a container's seccomp filter may also refuse it (ENOSYS or EPERM).
+    try:
+        os.close(openat2(AT_FDCWD, "/", os.O_PATH | os.O_CLOEXEC, RESOLVE_NO_SYMLINKS))
+    except OSError:
+        return False
+    return True
+
+
+HAS_OPENAT2 = _has_openat2()
 
 
 def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
