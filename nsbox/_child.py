@@ -275,7 +275,12 @@ def _not_a_directory(fd: int, name: str, path: str) -> OSError:
         mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
     except OSError:
         mode = 0
-    what = "a symlink" if stat.S_ISLNK(mode) else "not a directory"
+    if stat.S_ISLNK(mode):
+        what = "a symlink"
+    elif mode and not stat.S_ISDIR(mode):
+        what = "not a directory"
+    else:
+        what = "a symlink or not a directory (it changed meanwhile)"
     return OSError(20, f"{name} in mount target {path} is {what}: nsbox follows no symlink "
                        "in a mount target and makes no directory in place of a file")
 

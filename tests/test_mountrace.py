@@ -1,0 +1,151 @@
+"""A concurrent writer cannot redirect the mount setup of a sandbox out of its binds.
+
+One sandbox holds a host directory as its writable workspace and swaps, in a tight loop, a
+directory ``cfg`` with a symlink ``alt`` that points at a host "victim" directory
+(renameat2(2), RENAME_EXCHANGE). Meanwhile other launches bind the same host directory writable
+at /data and put a File, a Dir and a Symlink below /data/cfg. Made by name, those targets would
+land in the victim directory on some launches; made through directory descriptors, the launch
+fails with a named error instead. The evidence is checked on the host: the victim tree is
+exactly as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, REPO, UNPRIVILEGED_UID
+
+LAUNCHES = 1000
+
+# Run in a process of its own (as this process's user, or as the unprivileged uid): the
+# swapper sandbox in a thread, the launches in the main thread. Prints one JSON line.
+SCRIPT = r"""
+import json, os, sys, threading, time
+args = json.loads(sys.argv[1])
+sys.path.insert(0, args["path"])
+import nsbox
+from nsbox import Bind, Dir, File, Policy, SetupError, Symlink
+from nsbox.policy import DEFAULT_MOUNTS
+
+SWAP = '''
+import ctypes, os
+os.chdir("/workspace")
+renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+print("swapping", flush=True)
+open("started", "w").close()
+while not os.path.exists("stop"):
+    for _ in range(1000):
+        renameat2(-100, b"cfg", -100, b"alt", 2)  # RENAME_EXCHANGE
+'''
+
+swapper = {}
+def swap():
+    swapper["result"] = nsbox.run(["python3", "-c", SWAP], workspace=args["shared"],
+                                  timeout=120)
+thread = threading.Thread(target=swap)
+thread.start()
+deadline = time.monotonic() + 60
+while not os.path.exists(args["shared"] + "/started") and time.monotonic() < deadline:
+    time.sleep(0.01)
+
+outcomes = {"ok": 0, "errors": []}
+for i in range(args["launches"]):
+    mounts = DEFAULT_MOUNTS + (
+        Bind(args["shared"], "/data", writable=True),
+        File("/data/cfg/settings.txt", "PWNED\n"),
+        Dir(f"/data/cfg/dir{i}"),
+        Symlink(f"/data/cfg/link{i}", "/pwned"),
+    )
+    try:
+        result = nsbox.run(["true"], Policy().replace(mounts=mounts))
+        outcomes["ok"] += result.status is nsbox.Status.OK
+    except SetupError as exc:
+        outcomes["errors"].append([exc.step, exc.errno, str(exc)])
+open(args["shared"] + "/stop", "w").close()
+thread.join()
+result = swapper["result"]
+outcomes["swapper"] = [result.status.value, result.stdout.decode(), result.stderr.decode()]
+print(json.dumps(outcomes))
+"""
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int, str]]:
+    """Every entry below ``root``: mode, size, and the content's hash for files."""
+    tree = {}
+    for path in [root, *root.rglob("*")]:
+        st = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+        tree[str(path.relative_to(root))] = (st.st_mode, st.st_size, digest)
+    return tree
+
+
+@pytest.fixture
+def dirs() -> Iterator[tuple[Path, Path]]:
+    """The shared host directory and the victim directory, both writable by the sandbox's
+    host uid (so that only the mount setup stands between the attacker and the victim)."""
+    with tempfile.TemporaryDirectory(prefix="nsbox-race-", dir="/tmp") as top:
+        base = Path(top)
+        base.chmod(0o755)
+        shared, victim = base / "shared", base / "victim"
+        shared.mkdir(mode=0o777)
+        # The attacker's pair: a real directory, and a symlink to the victim as the sandbox
+        # child sees it while it sets up (the host's root is at /oldroot then).
+        (shared / "cfg").mkdir()
+        (shared / "alt").symlink_to(f"/oldroot{victim}")
+        victim.mkdir()
+        (victim / "settings.txt").write_text("the victim's settings\n")
+        (victim / "keep").mkdir()
+        (victim / "keep" / "data").write_text("more\n")
+        if os.geteuid() == 0:
+            for path in (shared, shared / "cfg", shared / "alt", victim, *victim.rglob("*")):
+                os.chown(path, UNPRIVILEGED_UID, UNPRIVILEGED_UID, follow_symlinks=False)
+        shared.chmod(0o777)
+        yield shared, victim
+
+
+@pytest.mark.parametrize("mode", ["caller", "unprivileged"])
+def test_swapping_symlinks_cannot_redirect_mount_targets(mode: str, public_tree: Path,
+                                                         dirs: tuple[Path, Path]):
+    if mode == "unprivileged" and os.geteuid() != 0:
+        pytest.skip("this process is already unprivileged: the 'caller' run covers it")
+    shared, victim = dirs
+    before = snapshot(victim)
+    args = json.dumps({"shared": str(shared), "victim": str(victim), "launches": LAUNCHES,
+                       "path": str(REPO if mode == "caller" else public_tree)})
+    if mode == "caller":
+        command = [sys.executable, "-c", SCRIPT, args]
+    else:
+        command = ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
+                   "--clear-groups", "--", PYTHON, "-I", "-c", SCRIPT, args]
+    proc = subprocess.run(command, capture_output=True, timeout=240, cwd="/",
+                          env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr.decode()
+    outcomes = json.loads(proc.stdout.splitlines()[-1])
+
+    # The host-side evidence: nothing new in the victim tree, nothing changed or truncated.
+    assert snapshot(victim) == before
+    # The race was live: the swapper ran throughout, and launches met its symlink.
+    status, out, err = outcomes["swapper"]
+    assert (status, out) == ("OK", "swapping\n"), err
+    errors = outcomes["errors"]
+    assert errors, "no launch met the swapped symlink: the race was not exercised"
+    assert outcomes["ok"] + len(errors) == LAUNCHES
+    # Each failure names the step, the component and the reason.
+    for step, errno, message in errors:
+        assert step.split()[0] in ("file", "dir", "symlink"), (step, message)
+        assert step.split()[1].startswith("/data/cfg"), (step, message)
+        assert errno == 20, (step, errno, message)
+        assert "cfg in mount target /data/cfg" in message, message
+        assert "nsbox follows no symlink in a mount target" in message, message
+    # What succeeded landed in the shared directory (under either name of the real one).
+    written = [path for path in shared.rglob("settings.txt")]
+    if outcomes["ok"]:
+        assert [path.read_text() for path in written] == ["PWNED\n"]
