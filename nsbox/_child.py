@@ -294,10 +294,12 @@ def _open_dir(fd: int, name: str, path: str) -> int:
         raise
 
 
-def open_dir(root: int, path: str, mode: int = 0o777) -> int:
+def open_dir(root: int, path: str, mode: int = 0o777, target: str = "") -> int:
     """An O_PATH descriptor of directory ``path`` of the new root, made (with its parents)
-    where missing, with no symlink followed on the way."""
+    where missing, with no symlink followed on the way. Errors name ``target`` (the mount
+    target ``path`` leads to) or ``path``."""
     parts = _components(path)
+    shown = target or path
     if _libc.HAS_OPENAT2:
         try:
             # The common case, a directory that is there: one call for the whole path.
@@ -311,13 +313,13 @@ def open_dir(root: int, path: str, mode: int = 0o777) -> int:
     try:
         for index, name in enumerate(parts):
             try:
-                next_fd = _open_dir(fd, name, path)
+                next_fd = _open_dir(fd, name, shown)
             except FileNotFoundError:
                 try:
                     os.mkdir(name, mode if index == len(parts) - 1 else 0o777, dir_fd=fd)
                 except FileExistsError:
                     pass  # made meanwhile: opened below like any other
-                next_fd = _open_dir(fd, name, path)
+                next_fd = _open_dir(fd, name, shown)
             if fd != root:
                 os.close(fd)
             fd = next_fd
@@ -332,7 +334,7 @@ def open_parent(root: int, path: str) -> tuple[int, str]:
     """A descriptor of the directory that holds ``path`` (made if missing), and its name."""
     parent, _, name = path.rpartition("/")
     _components(path)
-    return (os.dup(root) if not parent else open_dir(root, parent)), name
+    return (os.dup(root) if not parent else open_dir(root, parent, target=path)), name
 
 
 def open_mountpoint(root: int, path: str, is_dir: bool) -> int:
@@ -448,14 +450,8 @@ def bind(root: int, op: dict[str, Any], tree: int | None) -> None:
 
 
 def _open_source(source: str) -> int:
-    flags = _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE
-    if not _libc.HAS_OPENAT2:
-        return _libc.open_tree(OLDROOT + source, flags)
-    fd = _libc.openat2(_libc.AT_FDCWD, OLDROOT + source, _NODE, _libc.RESOLVE_NO_SYMLINKS)
-    try:
-        return _libc.open_tree("", flags | _libc.AT_EMPTY_PATH, dirfd=fd)
-    finally:
-        os.close(fd)
+    return _libc.open_tree_nofollow(
+        OLDROOT + source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE)
 
 
 def mount_dev(target: int, devices: list[str], shm_size: int) -> None:

@@ -407,7 +407,7 @@ class Helper:
                 if op["writable"]:
                     fds[index] = self.idmapped_tree(op["source"], plan)
                 else:
-                    fds[index] = _libc.open_tree(
+                    fds[index] = _libc.open_tree_nofollow(
                         op["source"],
                         _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE)
         except OSError as exc:
@@ -423,11 +423,11 @@ class Helper:
         to a host directory without changing anything on disk, and files it creates there are
         owned by the directory's owner (mount_setattr(2), MOUNT_ATTR_IDMAP).
         """
-        st = os.stat(source)
-        userns = self.userns_for(st.st_uid, st.st_gid, plan["host_uid"], plan["host_gid"])
-        fd = _libc.open_tree(source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC
-                             | _libc.AT_RECURSIVE)
+        fd = _libc.open_tree_nofollow(source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC
+                                      | _libc.AT_RECURSIVE)
         try:
+            st = os.fstat(fd)
+            userns = self.userns_for(st.st_uid, st.st_gid, plan["host_uid"], plan["host_gid"])
             _libc.mount_setattr("", _libc.MOUNT_ATTR_IDMAP, recursive=True, userns_fd=userns,
                                 dirfd=fd, empty_path=True)
         except OSError:

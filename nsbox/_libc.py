@@ -269,6 +269,49 @@ def _has_openat2() -> bool:
 HAS_OPENAT2 = _has_openat2()
 
 
+def open_tree_nofollow(path: str, flags: int) -> int:
+    """``open_tree`` of an absolute, resolved ``path`` with no symlink followed at any component.
+
+    A bind source was resolved when the plan was made; a symlink in its path now means that
+    someone swapped a component since (a sandbox writing the directory above it, say), and it
+    would lead the bind wherever they chose.
+    """
+    fd = _open_path_nofollow(path)
+    try:
+        return open_tree("", flags | AT_EMPTY_PATH, dirfd=fd)
+    finally:
+        os.close(fd)
+
+
+def _open_path_nofollow(path: str) -> int:
+    symlink = OSError(40, f"{path}: a component became a symlink since the path was resolved;"
+                          " it is refused, not followed")
+    if HAS_OPENAT2:
+        try:
+            return openat2(AT_FDCWD, path, os.O_PATH | os.O_CLOEXEC, RESOLVE_NO_SYMLINKS)
+        except OSError as exc:
+            if exc.errno == 40:  # ELOOP
+                raise symlink from None
+            raise
+    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        for name in path.split("/"):
+            if name:
+                next_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = next_fd
+                if _is_symlink(fd):
+                    raise symlink
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _is_symlink(fd: int) -> bool:
+    return (os.fstat(fd).st_mode & 0o170000) == 0o120000
+
+
 def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
     if _sys_close_range(NR_CLOSE_RANGE, first, last, flags) != 0:
         raise _fail("close_range", first, last)

@@ -149,3 +149,66 @@ def test_swapping_symlinks_cannot_redirect_mount_targets(mode: str, public_tree:
     written = [path for path in shared.rglob("settings.txt")]
     if outcomes["ok"]:
         assert [path.read_text() for path in written] == ["PWNED\n"]
+
+
+@pytest.fixture(params=[True, False], ids=["openat2", "walk"])
+def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both ways to look up a path with no symlink followed: openat2(2) where the kernel has it
+    (5.6), the O_NOFOLLOW walk one component at a time where it does not."""
+    from nsbox import _libc
+
+    monkeypatch.setattr(_libc, "HAS_OPENAT2", request.param and _libc.HAS_OPENAT2)
+    return bool(request.param)
+
+
+def test_target_walk_makes_directories_and_refuses_symlinks(resolver: bool, tmp_path: Path):
+    from nsbox import _child
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "root"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "link").symlink_to(outside)
+    (root / "a" / "file").write_text("x")
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    try:
+        fd = _child.open_dir(root_fd, "/a/b/c", 0o700)
+        assert os.path.samestat(os.fstat(fd), (root / "a" / "b" / "c").stat())
+        os.close(fd)
+        assert (root / "a" / "b" / "c").stat().st_mode & 0o777 == 0o700
+        with pytest.raises(OSError) as symlink:
+            _child.open_dir(root_fd, "/a/link/d")
+        with pytest.raises(OSError) as file:
+            _child.write_file(root_fd, "/a/file/d", "y", 0o644)
+        with pytest.raises(OSError) as last:
+            _child.write_file(root_fd, "/a/link", "y", 0o644)
+        with pytest.raises(OSError) as dotdot:
+            _child.open_dir(root_fd, "/a/../b")
+    finally:
+        os.close(root_fd)
+    assert symlink.value.errno == 20
+    assert str(symlink.value.strerror) == (
+        "link in mount target /a/link/d is a symlink: nsbox follows no symlink in a mount "
+        "target and makes no directory in place of a file")
+    assert file.value.errno == 20 and "file in mount target /a/file/d is not a directory" in str(
+        file.value.strerror)
+    assert last.value.errno == 40  # O_NOFOLLOW on the last component
+    assert dotdot.value.errno == 22 and "not a normalized absolute path" in str(
+        dotdot.value.strerror)
+    assert list(outside.iterdir()) == []
+    assert (root / "a" / "file").read_text() == "x"
+
+
+def test_bind_source_with_a_symlink_component_is_refused(resolver: bool, tmp_path: Path):
+    from nsbox import _libc
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    flags = _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC
+    if os.geteuid() == 0:
+        os.close(_libc.open_tree_nofollow(str(tmp_path / "real"), flags))
+    with pytest.raises(OSError) as refused:
+        _libc.open_tree_nofollow(str(tmp_path / "alias"), flags)
+    assert refused.value.errno == 40
+    assert "a component became a symlink since the path was resolved" in str(
+        refused.value.strerror)
