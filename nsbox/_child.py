@@ -257,9 +257,15 @@ def mount_tmpfs(target: str, size: int, mode: int) -> None:
                 f"size={size},mode={mode:o}")
 
 
-def new_tmpfs(size: int, mode: int, attrs: int) -> int:
-    """A detached tmpfs: a descriptor of its root, to move onto a target."""
-    return _libc.new_mount("tmpfs", (("size", str(size)), ("mode", f"{mode:o}")), attrs)
+# mount(2) takes a path: this one leads to the very file a descriptor holds, with no name looked
+# up again (the magic links of proc(5), here the host's /proc, until pivot_root). It leads to
+# what the descriptor holds and not to what is mounted on it since: a descriptor of the root
+# of a new mount (fsmount) is needed to reach inside it.
+FD_PATH = OLDROOT + "/proc/self/fd/"
+
+
+def fd_path(fd: int, name: str = "") -> str:
+    return f"{FD_PATH}{fd}/{name}" if name else f"{FD_PATH}{fd}"
 
 
 def _components(path: str) -> list[str]:
@@ -300,9 +306,10 @@ def open_dir(root: int, path: str, mode: int = 0o777, target: str = "") -> int:
     target ``path`` leads to) or ``path``."""
     parts = _components(path)
     shown = target or path
-    if _libc.HAS_OPENAT2:
+    if _libc.HAS_OPENAT2 and len(parts) > 1:
         try:
-            # The common case, a directory that is there: one call for the whole path.
+            # A deep directory that is there: one call for the whole path. (One level down,
+            # openat with O_NOFOLLOW is the same thing, and many are not there yet.)
             return _libc.openat2(root, path[1:], _DIR, _RESOLVE)
         except FileNotFoundError:
             pass  # something is missing: made one level at a time, below
@@ -331,10 +338,17 @@ def open_dir(root: int, path: str, mode: int = 0o777, target: str = "") -> int:
 
 
 def open_parent(root: int, path: str) -> tuple[int, str]:
-    """A descriptor of the directory that holds ``path`` (made if missing), and its name."""
+    """A descriptor of the directory that holds ``path`` (made if missing), and its name.
+
+    The descriptor is ``root`` itself for a target at the top: close it with ``release``."""
     parent, _, name = path.rpartition("/")
     _components(path)
-    return (os.dup(root) if not parent else open_dir(root, parent, target=path)), name
+    return (root if not parent else open_dir(root, parent, target=path)), name
+
+
+def release(fd: int, root: int) -> None:
+    if fd != root:
+        os.close(fd)
 
 
 def open_mountpoint(root: int, path: str, is_dir: bool) -> int:
@@ -345,8 +359,9 @@ def open_mountpoint(root: int, path: str, is_dir: bool) -> int:
     parent, name = open_parent(root, path)
     try:
         try:
-            os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o644, dir_fd=parent))
+            # A new file: its own descriptor is the mount's target.
+            return os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
+                           | os.O_CLOEXEC, 0o644, dir_fd=parent)
         except FileExistsError:
             pass
         fd = os.open(name, _NODE, dir_fd=parent)
@@ -358,7 +373,7 @@ def open_mountpoint(root: int, path: str, is_dir: bool) -> int:
                           f"mount target {path} is a {what} where a file is bound")
         return fd
     finally:
-        os.close(parent)
+        release(parent, root)
 
 
 def write_file(root: int, path: str, content: str, mode: int) -> None:
@@ -371,7 +386,7 @@ def write_file(root: int, path: str, content: str, mode: int) -> None:
         except FileExistsError:
             fd = _open_existing_file(parent, name, path)
     finally:
-        os.close(parent)
+        release(parent, root)
     try:
         data = memoryview(content.encode())
         while data:
@@ -400,8 +415,11 @@ def apply_mount(ctx: Context, index: int, op: dict[str, Any]) -> None:
     if kind == "bind":
         bind(root, op, ctx.source_fds.pop(index, None))
     elif kind == "tmpfs":
-        attach(new_tmpfs(op["size"], op["mode"], _libc.MOUNT_ATTR_NOSUID
-                         | _libc.MOUNT_ATTR_NODEV), open_dir(root, op["target"]))
+        target = open_dir(root, op["target"])
+        try:
+            mount_tmpfs(fd_path(target), op["size"], op["mode"])
+        finally:
+            os.close(target)
     elif kind == "file":
         write_file(root, op["target"], op["content"], op["mode"])
     elif kind == "symlink":
@@ -409,7 +427,7 @@ def apply_mount(ctx: Context, index: int, op: dict[str, Any]) -> None:
         try:
             os.symlink(op["points_to"], name, dir_fd=parent)
         finally:
-            os.close(parent)
+            release(parent, root)
     elif kind == "dir":
         os.close(open_dir(root, op["target"], op["mode"]))
     elif kind == "dev":
@@ -455,8 +473,8 @@ def _open_source(source: str) -> int:
 
 
 def mount_dev(target: int, devices: list[str], shm_size: int) -> None:
-    # The tmpfs is attached first (a mount cannot go onto a detached one); it is this
-    # namespace's alone, so what is made below it is reached by name, relative to its root.
+    # A new tmpfs, of this namespace alone: what is made below it is reached by name from
+    # the descriptor of its root.
     dev = _libc.new_mount("tmpfs", (("size", "64k"), ("mode", "755")),
                           _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NOEXEC)
     try:
@@ -465,23 +483,15 @@ def mount_dev(target: int, devices: list[str], shm_size: int) -> None:
         for name in devices:
             os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644,
                              dir_fd=dev))
-            node = _libc.open_tree(f"{OLDROOT}/dev/{name}",
-                                   _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC)
-            try:
-                _libc.mount_setattr("", _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NOEXEC,
-                                    recursive=False, dirfd=node, empty_path=True)
-                _libc.move_mount(node, dev, name)
-            finally:
-                os.close(node)
+            node = fd_path(dev, name)
+            _libc.mount(f"{OLDROOT}/dev/{name}", node, None, _libc.MS_BIND)
+            _libc.mount_setattr(node, _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NOEXEC,
+                                recursive=False)
         for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                            ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
             os.symlink(link, name, dir_fd=dev)
         os.mkdir("shm", dir_fd=dev)
-        shm = new_tmpfs(shm_size, 0o1777, _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NODEV)
-        try:
-            _libc.move_mount(shm, dev, "shm")
-        finally:
-            os.close(shm)
+        mount_tmpfs(fd_path(dev, "shm"), shm_size, 0o1777)
         _libc.mount_setattr("", _libc.MOUNT_ATTR_RDONLY, recursive=False, dirfd=dev,
                             empty_path=True)
     finally:
@@ -498,19 +508,30 @@ def mount_proc(target: int) -> None:
         os.close(target)
         # Kernel knobs stay read-only even where the namespace would allow a write.
         for sub in ("sys", "sysrq-trigger", "irq", "bus"):
+            path = fd_path(proc, sub)
             try:
-                tree = _libc.open_tree(sub, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC
-                                       | _libc.AT_RECURSIVE, dirfd=proc)
+                _libc.mount(path, path, None, _libc.MS_BIND | _libc.MS_REC)
             except FileNotFoundError:
                 continue
-            try:
-                _libc.mount_setattr("", _libc.MOUNT_ATTR_RDONLY, recursive=True, dirfd=tree,
-                                    empty_path=True)
-                _libc.move_mount(tree, proc, sub)
-            finally:
-                os.close(tree)
+            _libc.mount_setattr(path, _libc.MOUNT_ATTR_RDONLY, recursive=True)
+        mask_host_files(proc)
     finally:
         os.close(proc)
+
+
+# Files of /proc that show the whole host, not the sandbox: the host's block devices, swap
+# devices or files, the kernel's boot arguments (which name the root device). /dev/null goes
+# over each, as container runtimes mask /proc/kcore: reading gives nothing. What the kernel
+# shows per process (mountinfo, mountstats) cannot be covered so: docs/security.md.
+PROC_MASKED = ("cmdline", "partitions", "diskstats", "swaps")
+
+
+def mask_host_files(proc: int) -> None:
+    for name in PROC_MASKED:
+        try:
+            _libc.mount(OLDROOT + "/dev/null", fd_path(proc, name), None, _libc.MS_BIND)
+        except FileNotFoundError:
+            pass  # a kernel without it (swaps without CONFIG_SWAP): nothing to cover
 
 
 def enter_root() -> None:

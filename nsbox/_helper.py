@@ -689,6 +689,9 @@ def main() -> None:
 
 def serve(fd: int) -> None:
     """Serve the control socket ``fd`` until the host process is gone."""
+    # Every sandbox is a clone of this process: no host path (interpreter, checkout) nor host
+    # environment of its start may be read in a sandbox's /proc.
+    _libc.set_process_title("nsbox._helper")
     # Descriptors the host process leaked without close-on-exec end here, not in a sandbox.
     _libc.close_range(fd + 1)
     # Nor does the helper keep the host's own stdio (a pipe a reader waits on, an MCP client's

@@ -312,6 +312,31 @@ def _is_symlink(fd: int) -> bool:
     return (os.fstat(fd).st_mode & 0o170000) == 0o120000
 
 
+def set_process_title(title: str) -> None:
+    """Show ``title`` as this process's command line, and blank its environment block.
+
+    /proc/PID/cmdline and environ are read from the process's own memory, the argument and
+    environment strings it was started with (proc(5)); clones share them. The launch
+    helper's would show the host's interpreter, checkout and environment to every process of
+    a sandbox that does not exec (a session's init). Python keeps copies of both (sys.argv,
+    os.environ), so overwriting the originals changes nothing for it.
+    """
+    with open("/proc/self/stat", "rb") as f:
+        # proc(5): fields 48-51, counted after the command name (which may hold spaces).
+        fields = f.read().rsplit(b")", 1)[1].split()
+    arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
+    size = arg_end - arg_start
+    ctypes.memset(arg_start, 0, size)
+    ctypes.memset(env_start, 0, env_end - env_start)
+    if size < 2:
+        return
+    raw = title.encode()[:size - 2]
+    ctypes.memmove(arg_start, raw, len(raw))
+    # A last byte that is not NUL tells the kernel the title was rewritten: it then shows the
+    # area up to the first NUL, the title alone (get_mm_cmdline in fs/proc/base.c).
+    ctypes.memset(arg_end - 1, 1, 1)
+
+
 def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
     if _sys_close_range(NR_CLOSE_RANGE, first, last, flags) != 0:
         raise _fail("close_range", first, last)
