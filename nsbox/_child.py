@@ -522,7 +522,7 @@ def mount_proc(target: int) -> None:
 # Files of /proc that show the whole host, not the sandbox: the host's block devices, swap
 # devices or files, the kernel's boot arguments (which name the root device). /dev/null goes
 # over each, as container runtimes mask /proc/kcore: reading gives nothing. What the kernel
-# shows per process (mountinfo, mountstats) cannot be covered so: docs/security.md.
+# shows per process (mountinfo, mountstats) cannot be covered so (docs/threat-model.md).
 PROC_MASKED = ("cmdline", "partitions", "diskstats", "swaps")
 
 

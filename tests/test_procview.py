@@ -1,5 +1,5 @@
 """No host path of the caller and no host block device name can be read in a sandbox's /proc,
-except what the kernel itself shows of a bind mount (docs/security.md, "What /proc shows").
+except what the kernel itself shows of a bind mount (docs/threat-model.md, "What /proc shows").
 
 A probe reads every command line, environment and mount table in /proc of a single run, a
 session and a pooled sandbox, as the caller and as an unprivileged uid; the host side looks for
