@@ -271,7 +271,7 @@ def fd_path(fd: int, name: str = "") -> str:
 def _components(path: str) -> list[str]:
     parts = path[1:].split("/")
     # The plan normalizes targets (plan.check_target); this is the child's own guard.
-    if not path.startswith("/") or any(part in ("", ".", "..") for part in parts):
+    if path[:1] != "/" or "" in parts or "." in parts or ".." in parts:
         raise OSError(22, f"mount target {path} is not a normalized absolute path")
     return parts
 
@@ -307,15 +307,12 @@ def open_dir(root: int, path: str, mode: int = 0o777, target: str = "") -> int:
     parts = _components(path)
     shown = target or path
     if _libc.HAS_OPENAT2 and len(parts) > 1:
-        try:
-            # A deep directory that is there: one call for the whole path. (One level down,
-            # openat with O_NOFOLLOW is the same thing, and many are not there yet.)
-            return _libc.openat2(root, path[1:], _DIR, _RESOLVE)
-        except FileNotFoundError:
-            pass  # something is missing: made one level at a time, below
-        except OSError as exc:
-            if exc.errno not in (20, 40):
-                raise
+        # A deep directory that is there: one call for the whole path. (One level down,
+        # openat with O_NOFOLLOW is the same thing.) Otherwise the walk below makes what is
+        # missing, or names the component that is in the way.
+        fd = _libc.try_openat2(root, path[1:], _DIR, _RESOLVE)
+        if fd >= 0:
+            return fd
     fd = root
     try:
         for index, name in enumerate(parts):

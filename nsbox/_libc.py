@@ -250,11 +250,17 @@ _OPEN_HOW = struct.Struct("=3Q")
 
 
 def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
-    fd = _sys_openat2(NR_OPENAT2, dirfd, _b(path), _OPEN_HOW.pack(flags, mode, resolve),
-                      _OPEN_HOW.size)
+    fd = try_openat2(dirfd, path, flags, resolve, mode)
     if fd < 0:
         raise _fail("openat2", path)
-    return int(fd)
+    return fd
+
+
+def try_openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
+    """openat2(2): a descriptor, or -1 with the reason in ctypes.get_errno() (no exception,
+    for callers to whom a failure is one of the expected outcomes)."""
+    return int(_sys_openat2(NR_OPENAT2, dirfd, _b(path), _OPEN_HOW.pack(flags, mode, resolve),
+                            _OPEN_HOW.size))
 
 
 def _has_openat2() -> bool:
