@@ -232,8 +232,8 @@ def die_with_launcher(ctx: Context) -> None:
 # directory descriptor at a time, and no symlink is followed at any component (openat2(2) with
 # RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH; a walk with O_NOFOLLOW where openat2 is missing).
 # Directories and files are made relative to their parent's descriptor, and mounts go onto the
-# descriptor itself (move_mount(2) with MOVE_MOUNT_T_EMPTY_PATH). A concurrent rename can then
-# only fail the launch, never redirect it.
+# descriptor itself (move_mount(2) with MOVE_MOUNT_T_EMPTY_PATH, or mount(2) on the descriptor's
+# /proc/self/fd link). A concurrent rename can then only fail the launch, never redirect it.
 
 _RESOLVE = _libc.RESOLVE_NO_SYMLINKS | _libc.RESOLVE_BENEATH
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -252,7 +252,7 @@ def stage() -> int:
 
 
 def mount_tmpfs(target: str, size: int, mode: int) -> None:
-    # Only for the staging mounts, at fixed places of this process's own private tmpfs.
+    # ``target``: a fixed place of the staging tmpfs, or a descriptor's link (fd_path).
     _libc.mount("tmpfs", target, "tmpfs", _libc.MS_NOSUID | _libc.MS_NODEV,
                 f"size={size},mode={mode:o}")
 
