@@ -29,6 +29,9 @@ from nsbox import _libc, _netns
 STAGING = "/tmp"
 OLDROOT = "/oldroot"
 NEWROOT = "/newroot"
+# New mounts (tmpfs, /dev, /proc) are made here, where nothing but this process can reach, then
+# moved onto their target's descriptor: no name below the new root is looked up for them.
+BUILD = "/build"
 CLOSE_RANGE_CLOEXEC = 4
 
 
@@ -232,8 +235,8 @@ def die_with_launcher(ctx: Context) -> None:
 # directory descriptor at a time, and no symlink is followed at any component (openat2(2) with
 # RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH; a walk with O_NOFOLLOW where openat2 is missing).
 # Directories and files are made relative to their parent's descriptor, and mounts go onto the
-# descriptor itself (move_mount(2) with MOVE_MOUNT_T_EMPTY_PATH, or mount(2) on the descriptor's
-# /proc/self/fd link). A concurrent rename can then only fail the launch, never redirect it.
+# descriptor itself (move_mount(2) with MOVE_MOUNT_T_EMPTY_PATH). A concurrent rename can then
+# only fail the launch, never redirect it.
 
 _RESOLVE = _libc.RESOLVE_NO_SYMLINKS | _libc.RESOLVE_BENEATH
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -245,6 +248,7 @@ def stage() -> int:
     mount_tmpfs(STAGING, 1024 * 1024, 0o755)
     os.mkdir(STAGING + OLDROOT)
     os.mkdir(STAGING + NEWROOT)
+    os.mkdir(STAGING + BUILD)
     _libc.pivot_root(STAGING, STAGING + OLDROOT)
     os.chdir("/")
     mount_tmpfs(NEWROOT, 4 * 1024 * 1024, 0o755)
@@ -252,20 +256,9 @@ def stage() -> int:
 
 
 def mount_tmpfs(target: str, size: int, mode: int) -> None:
-    # ``target``: a fixed place of the staging tmpfs, or a descriptor's link (fd_path).
+    # ``target``: a fixed place of the staging tmpfs (never below the new root).
     _libc.mount("tmpfs", target, "tmpfs", _libc.MS_NOSUID | _libc.MS_NODEV,
                 f"size={size},mode={mode:o}")
-
-
-# mount(2) takes a path: this one leads to the very file a descriptor holds, with no name looked
-# up again (the magic links of proc(5), here the host's /proc, until pivot_root). It leads to
-# what the descriptor holds and not to what is mounted on it since: a descriptor of the root
-# of a new mount (fsmount) is needed to reach inside it.
-FD_PATH = OLDROOT + "/proc/self/fd/"
-
-
-def fd_path(fd: int, name: str = "") -> str:
-    return f"{FD_PATH}{fd}/{name}" if name else f"{FD_PATH}{fd}"
 
 
 def _components(path: str) -> list[str]:
@@ -413,10 +406,8 @@ def apply_mount(ctx: Context, index: int, op: dict[str, Any]) -> None:
         bind(root, op, ctx.source_fds.pop(index, None))
     elif kind == "tmpfs":
         target = open_dir(root, op["target"])
-        try:
-            mount_tmpfs(fd_path(target), op["size"], op["mode"])
-        finally:
-            os.close(target)
+        mount_tmpfs(BUILD, op["size"], op["mode"])
+        move_into_place(BUILD, target)
     elif kind == "file":
         write_file(root, op["target"], op["content"], op["mode"])
     elif kind == "symlink":
@@ -470,50 +461,47 @@ def _open_source(source: str) -> int:
 
 
 def mount_dev(target: int, devices: list[str], shm_size: int) -> None:
-    # A new tmpfs, of this namespace alone: what is made below it is reached by name from
-    # the descriptor of its root.
-    dev = _libc.new_mount("tmpfs", (("size", "64k"), ("mode", "755")),
-                          _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NOEXEC)
-    try:
-        _libc.move_mount(dev, target)
-        os.close(target)
-        for name in devices:
-            os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644,
-                             dir_fd=dev))
-            node = fd_path(dev, name)
-            _libc.mount(f"{OLDROOT}/dev/{name}", node, None, _libc.MS_BIND)
-            _libc.mount_setattr(node, _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NOEXEC,
-                                recursive=False)
-        for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                           ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-            os.symlink(link, name, dir_fd=dev)
-        os.mkdir("shm", dir_fd=dev)
-        mount_tmpfs(fd_path(dev, "shm"), shm_size, 0o1777)
-        _libc.mount_setattr("", _libc.MOUNT_ATTR_RDONLY, recursive=False, dirfd=dev,
-                            empty_path=True)
-    finally:
-        os.close(dev)
+    path = BUILD
+    _libc.mount("tmpfs", path, "tmpfs", _libc.MS_NOSUID | _libc.MS_NOEXEC, "size=64k,mode=755")
+    for name in devices:
+        node = path + "/" + name
+        os.close(os.open(node, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        _libc.mount(f"{OLDROOT}/dev/{name}", node, None, _libc.MS_BIND)
+        _libc.mount_setattr(node, _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NOEXEC,
+                            recursive=False)
+    for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(link, path + "/" + name)
+    shm = path + "/shm"
+    os.mkdir(shm)
+    mount_tmpfs(shm, shm_size, 0o1777)
+    _libc.mount_setattr(path, _libc.MOUNT_ATTR_RDONLY, recursive=False)
+    move_into_place(path, target)
 
 
 def mount_proc(target: int) -> None:
     # Mounted before pivot_root: once the host's /proc is detached, the kernel refuses a new
     # proc mount in a user namespace (mount_too_revealing in fs/namespace.c).
-    proc = _libc.new_mount("proc", (), _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NODEV
-                           | _libc.MOUNT_ATTR_NOEXEC)
+    path = BUILD
+    _libc.mount("proc", path, "proc", _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC)
+    # Kernel knobs stay read-only even where the namespace would allow a write.
+    for sub in ("sys", "sysrq-trigger", "irq", "bus"):
+        sub_path = path + "/" + sub
+        try:
+            _libc.mount(sub_path, sub_path, None, _libc.MS_BIND | _libc.MS_REC)
+        except FileNotFoundError:
+            continue
+        _libc.mount_setattr(sub_path, _libc.MOUNT_ATTR_RDONLY, recursive=True)
+    mask_host_files(path)
+    move_into_place(path, target)
+
+
+def move_into_place(path: str, target: int) -> None:
+    """Move the mount built at ``path`` (with what is mounted below it) onto ``target``."""
     try:
-        _libc.move_mount(proc, target)
-        os.close(target)
-        # Kernel knobs stay read-only even where the namespace would allow a write.
-        for sub in ("sys", "sysrq-trigger", "irq", "bus"):
-            path = fd_path(proc, sub)
-            try:
-                _libc.mount(path, path, None, _libc.MS_BIND | _libc.MS_REC)
-            except FileNotFoundError:
-                continue
-            _libc.mount_setattr(path, _libc.MOUNT_ATTR_RDONLY, recursive=True)
-        mask_host_files(proc)
+        _libc.move_mount_path(path, target)
     finally:
-        os.close(proc)
+        os.close(target)
 
 
 # Files of /proc that show the whole host, not the sandbox: the host's block devices, swap
@@ -523,10 +511,10 @@ def mount_proc(target: int) -> None:
 PROC_MASKED = ("cmdline", "partitions", "diskstats", "swaps")
 
 
-def mask_host_files(proc: int) -> None:
+def mask_host_files(proc: str) -> None:
     for name in PROC_MASKED:
         try:
-            _libc.mount(OLDROOT + "/dev/null", fd_path(proc, name), None, _libc.MS_BIND)
+            _libc.mount(OLDROOT + "/dev/null", proc + "/" + name, None, _libc.MS_BIND)
         except FileNotFoundError:
             pass  # a kernel without it (swaps without CONFIG_SWAP): nothing to cover
 

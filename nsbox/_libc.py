@@ -24,9 +24,6 @@ _NR = {
 NR_OPEN_TREE = 428
 NR_MOVE_MOUNT = 429
 NR_CLOSE_RANGE = 436
-NR_FSOPEN = 430
-NR_FSCONFIG = 431
-NR_FSMOUNT = 432
 NR_OPENAT2 = 437
 NR_MOUNT_SETATTR = 442
 NR_CLONE3 = 435  # the same number on every architecture (asm-generic/unistd.h)
@@ -67,10 +64,6 @@ OPEN_TREE_CLONE = 1
 OPEN_TREE_CLOEXEC = 0o2000000
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 MOVE_MOUNT_T_EMPTY_PATH = 0x40
-FSOPEN_CLOEXEC = 0x1
-FSMOUNT_CLOEXEC = 0x1
-FSCONFIG_SET_STRING = 1
-FSCONFIG_CMD_CREATE = 6
 
 # <linux/openat2.h>
 RESOLVE_NO_XDEV = 0x01
@@ -123,9 +116,6 @@ _sys_path2 = _proto("syscall", _long, _long, _str, _str)  # pivot_root
 _sys_mount_setattr = _proto("syscall", _long, _long, _int, _str, _uint, _str, ctypes.c_size_t)
 _sys_open_tree = _proto("syscall", _long, _long, _int, _str, _uint)
 _sys_move_mount = _proto("syscall", _long, _long, _int, _str, _int, _str, _uint)
-_sys_fsopen = _proto("syscall", _long, _long, _str, _uint)
-_sys_fsconfig = _proto("syscall", _long, _long, _int, _uint, _str, _str, _int)
-_sys_fsmount = _proto("syscall", _long, _long, _int, _uint, _uint)
 _sys_openat2 = _proto("syscall", _long, _long, _int, _str, _str, ctypes.c_size_t)
 _sys_close_range = _proto("syscall", _long, _long, _uint, _uint, _uint)
 _sys_ptr2 = _proto("syscall", _long, _long, _ptr, _ptr)  # capset
@@ -222,27 +212,12 @@ def move_mount(from_fd: int, to_fd: int, to_path: str = "") -> None:
         raise _fail("move_mount", from_fd, to_fd, to_path)
 
 
-def new_mount(fstype: str, options: tuple[tuple[str, str], ...], attrs: int) -> int:
-    """A new, detached mount of ``fstype`` (fsopen, fsconfig, fsmount): a descriptor of its root.
-
-    Nothing else can see it until it is moved in place, so what is made below it needs no
-    guard against a concurrent writer."""
-    context = _sys_fsopen(NR_FSOPEN, _b(fstype), FSOPEN_CLOEXEC)
-    if context < 0:
-        raise _fail("fsopen", fstype)
-    try:
-        for key, value in options:
-            if _sys_fsconfig(NR_FSCONFIG, context, FSCONFIG_SET_STRING, _b(key), _b(value),
-                             0) != 0:
-                raise _fail("fsconfig", fstype, f"{key}={value}")
-        if _sys_fsconfig(NR_FSCONFIG, context, FSCONFIG_CMD_CREATE, None, None, 0) != 0:
-            raise _fail("fsconfig", fstype, "create")
-        fd = _sys_fsmount(NR_FSMOUNT, context, FSMOUNT_CLOEXEC, attrs)
-        if fd < 0:
-            raise _fail("fsmount", fstype, hex(attrs))
-        return int(fd)
-    finally:
-        os.close(context)
+def move_mount_path(path: str, to_fd: int) -> None:
+    """Move the mount at ``path`` (an attached one, with its submounts) onto the descriptor
+    ``to_fd`` itself."""
+    if _sys_move_mount(NR_MOVE_MOUNT, AT_FDCWD, _b(path), to_fd, b"",
+                       MOVE_MOUNT_T_EMPTY_PATH) != 0:
+        raise _fail("move_mount", path, to_fd)
 
 
 # struct open_how: flags, mode, resolve (all __u64), openat2(2).
