@@ -32,6 +32,7 @@ NEWROOT = "/newroot"
 # New mounts (tmpfs, /dev, /proc) are made here, where nothing but this process can reach, then
 # moved onto their target's descriptor: no name below the new root is looked up for them.
 BUILD = "/build"
+EMPTY = "/empty"  # an empty directory, bound read-only over parts of /proc (mask_host_files)
 CLOSE_RANGE_CLOEXEC = 4
 
 
@@ -249,6 +250,7 @@ def stage() -> int:
     os.mkdir(STAGING + OLDROOT)
     os.mkdir(STAGING + NEWROOT)
     os.mkdir(STAGING + BUILD)
+    os.mkdir(STAGING + EMPTY, 0o555)
     _libc.pivot_root(STAGING, STAGING + OLDROOT)
     os.chdir("/")
     mount_tmpfs(NEWROOT, 4 * 1024 * 1024, 0o755)
@@ -504,11 +506,13 @@ def move_into_place(path: str, target: int) -> None:
         os.close(target)
 
 
-# Files of /proc that show the whole host, not the sandbox: the host's block devices, swap
-# devices or files, the kernel's boot arguments (which name the root device). /dev/null goes
-# over each, as container runtimes mask /proc/kcore: reading gives nothing. What the kernel
-# shows per process (mountinfo, mountstats) cannot be covered so (docs/threat-model.md).
+# Parts of /proc that show the whole host, not the sandbox: the host's block devices, swap
+# devices or files, the kernel's boot arguments (which name the root device), and per
+# filesystem and device, /proc/fs (ext4/vda...). /dev/null goes over each file and an empty
+# read-only directory over the directory, as container runtimes mask /proc/kcore. What the
+# kernel shows per process (mountinfo, mountstats) cannot be covered so (docs/threat-model.md).
 PROC_MASKED = ("cmdline", "partitions", "diskstats", "swaps")
+PROC_MASKED_DIRS = ("fs",)
 
 
 def mask_host_files(proc: str) -> None:
@@ -517,6 +521,14 @@ def mask_host_files(proc: str) -> None:
             _libc.mount(OLDROOT + "/dev/null", proc + "/" + name, None, _libc.MS_BIND)
         except FileNotFoundError:
             pass  # a kernel without it (swaps without CONFIG_SWAP): nothing to cover
+    for name in PROC_MASKED_DIRS:
+        path = proc + "/" + name
+        try:
+            _libc.mount(EMPTY, path, None, _libc.MS_BIND)
+        except FileNotFoundError:
+            continue
+        _libc.mount_setattr(path, _libc.MOUNT_ATTR_RDONLY | _libc.MOUNT_ATTR_NOSUID
+                            | _libc.MOUNT_ATTR_NODEV | _libc.MOUNT_ATTR_NOEXEC, recursive=False)
 
 
 def enter_root() -> None:

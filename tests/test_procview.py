@@ -4,7 +4,7 @@ except what the kernel itself shows of a bind mount (docs/threat-model.md, "What
 A probe reads every command line, environment and mount table in /proc of a single run, a
 session and a pooled sandbox, as the caller and as an unprivileged uid; the host side looks for
 the caller's checkout, interpreter, home and working directory, the host directories it bound,
-and the names of the host's block devices.
+and the names of the host's block devices (in the files, and as names of entries in /proc).
 """
 
 from __future__ import annotations
@@ -34,7 +34,13 @@ for pid in pids + ["self", "thread-self"]:
 for name in ("cmdline", "partitions", "diskstats", "swaps"):
     with open(f"/proc/{name}", "rb") as f:
         seen[name] = f.read().decode("utf-8", "replace")
-print(json.dumps({"pids": pids, "seen": seen}))
+# The names of everything in /proc that is not a process (/proc/fs/ext4/vda, say).
+names = []
+for top, dirs, files in os.walk("/proc"):
+    if top == "/proc":
+        dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self")]
+    names += dirs + files
+print(json.dumps({"pids": pids, "seen": seen, "names": names}))
 """
 
 SCRIPT = r"""
@@ -132,6 +138,8 @@ def test_proc_shows_no_host_paths_or_devices(mode: str, public_tree: Path,
         # Host-wide files that name devices, swap files or the boot arguments read empty.
         assert [seen[name] for name in ("cmdline", "partitions", "diskstats", "swaps")] == [
             ""] * 4, kind
+        # No entry of /proc is named after a host block device.
+        assert report["names"] and not set(report["names"]) & set(host_block_devices()), kind
         # The single run and the pool's sandbox are their command; a session has its init.
         assert len(report["pids"]) == (2 if kind == "session" else 1), (kind, report["pids"])
         for key, text in seen.items():
