@@ -66,8 +66,6 @@ MOVE_MOUNT_F_EMPTY_PATH = 0x4
 MOVE_MOUNT_T_EMPTY_PATH = 0x40
 
 # <linux/openat2.h>
-RESOLVE_NO_XDEV = 0x01
-RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 
@@ -195,12 +193,6 @@ def open_tree(path: str, flags: int, dirfd: int = AT_FDCWD) -> int:
     if fd < 0:
         raise _fail("open_tree", path, hex(flags))
     return int(fd)
-
-
-def move_mount_fd(fd: int, target: str) -> None:
-    if _sys_move_mount(NR_MOVE_MOUNT, fd, b"", AT_FDCWD, _b(target),
-                       MOVE_MOUNT_F_EMPTY_PATH) != 0:
-        raise _fail("move_mount", fd, target)
 
 
 def move_mount(from_fd: int, to_fd: int, to_path: str = "") -> None:
