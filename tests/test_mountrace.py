@@ -3,10 +3,10 @@
 One sandbox holds a host directory as its writable workspace and swaps, in a tight loop, a
 directory ``cfg`` with a symlink ``alt`` that points at a host "victim" directory
 (renameat2(2), RENAME_EXCHANGE). Meanwhile other launches bind the same host directory writable
-at /data and put a File, a Dir and a Symlink below /data/cfg. Made by name, those targets would
-land in the victim directory on some launches; made through directory descriptors, the launch
-fails with a named error instead. The evidence is checked on the host: the victim tree is
-exactly as it was.
+at /data and put a File, a Dir, a Symlink, a tmpfs and a file bind below /data/cfg. Made by
+name, those targets would land in the victim directory on some launches; made through directory
+descriptors, the launch fails with a named error instead. The evidence is checked on the host:
+the victim tree is exactly as it was.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import json, os, sys, threading, time
 args = json.loads(sys.argv[1])
 sys.path.insert(0, args["path"])
 import nsbox
-from nsbox import Bind, Dir, File, Policy, SetupError, Symlink
+from nsbox import Bind, Dir, File, Policy, SetupError, Symlink, Tmpfs
 from nsbox.policy import DEFAULT_MOUNTS
 
 SWAP = '''
@@ -63,6 +63,8 @@ for i in range(args["launches"]):
         File("/data/cfg/settings.txt", "PWNED\n"),
         Dir(f"/data/cfg/dir{i}"),
         Symlink(f"/data/cfg/link{i}", "/pwned"),
+        Tmpfs(f"/data/cfg/tmpfs{i}"),
+        Bind(args["source"], f"/data/cfg/bound{i}"),
     )
     try:
         result = nsbox.run(["true"], Policy().replace(mounts=mounts))
@@ -104,6 +106,8 @@ def dirs() -> Iterator[tuple[Path, Path]]:
         (victim / "settings.txt").write_text("the victim's settings\n")
         (victim / "keep").mkdir()
         (victim / "keep" / "data").write_text("more\n")
+        (base / "source.txt").write_text("bound read-only\n")
+        (base / "source.txt").chmod(0o644)
         if os.geteuid() == 0:
             for path in (shared, shared / "cfg", shared / "alt", victim, *victim.rglob("*")):
                 os.chown(path, UNPRIVILEGED_UID, UNPRIVILEGED_UID, follow_symlinks=False)
@@ -119,6 +123,7 @@ def test_swapping_symlinks_cannot_redirect_mount_targets(mode: str, public_tree:
     shared, victim = dirs
     before = snapshot(victim)
     args = json.dumps({"shared": str(shared), "victim": str(victim), "launches": LAUNCHES,
+                       "source": str(shared.parent / "source.txt"),
                        "path": str(REPO if mode == "caller" else public_tree)})
     if mode == "caller":
         command = [sys.executable, "-c", SCRIPT, args]
@@ -140,7 +145,7 @@ def test_swapping_symlinks_cannot_redirect_mount_targets(mode: str, public_tree:
     assert outcomes["ok"] + len(errors) == LAUNCHES
     # Each failure names the step, the component and the reason.
     for step, errno, message in errors:
-        assert step.split()[0] in ("file", "dir", "symlink"), (step, message)
+        assert step.split()[0] in ("file", "dir", "symlink", "tmpfs", "bind"), (step, message)
         assert step.split()[1].startswith("/data/cfg"), (step, message)
         assert errno == 20, (step, errno, message)
         assert "cfg in mount target /data/cfg" in message, message
