@@ -389,14 +389,21 @@ def write_file(root: int, path: str, content: str, mode: int) -> None:
 
 
 def _open_existing_file(parent: int, name: str, path: str) -> int:
-    # O_NONBLOCK: a FIFO put here must not hang the launch; it is refused below.
-    fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+    refused = OSError(17, f"{path} exists and is not a plain file of its own (a directory, a "
+                          "device, a FIFO, a socket or a hard link): not written")
+    try:
+        # O_NONBLOCK: a FIFO put here must not hang the launch; it is refused below.
+        fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (6, 21):  # ENXIO: a FIFO without a reader, a socket; EISDIR
+            raise refused from None
+        raise
     st = os.fstat(fd)
     # A second name of the file (a hard link) could lead the write out of the tree.
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         os.close(fd)
-        raise OSError(17, f"{path} exists and is not a plain file of its own "
-                          "(a directory, a device, a FIFO or a hard link): not written")
+        raise refused
     os.ftruncate(fd, 0)
     return fd
 

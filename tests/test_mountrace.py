@@ -217,3 +217,34 @@ def test_bind_source_with_a_symlink_component_is_refused(resolver: bool, tmp_pat
     assert refused.value.errno == 40
     assert "a component became a symlink since the path was resolved" in str(
         refused.value.strerror)
+
+
+def test_file_rewrites_only_a_plain_file_of_its_own(tmp_path: Path):
+    from nsbox import _child
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("outside\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "plain").write_text("old content that is longer\n")
+    os.link(outside, root / "linked")
+    os.mkfifo(root / "fifo")
+    (root / "dir").mkdir()
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    try:
+        _child.write_file(root_fd, "/plain", "new\n", 0o600)
+        _child.write_file(root_fd, "/sub/fresh", "fresh\n", 0o644)
+        refused = {}
+        for name in ("linked", "fifo", "dir"):
+            with pytest.raises(OSError) as exc:
+                _child.write_file(root_fd, f"/{name}", "x\n", 0o644)
+            refused[name] = exc.value
+    finally:
+        os.close(root_fd)
+    assert (root / "plain").read_text() == "new\n"
+    assert (root / "plain").stat().st_mode & 0o777 == 0o600
+    assert (root / "sub" / "fresh").read_text() == "fresh\n"
+    for name, exc in refused.items():
+        assert exc.errno == 17, (name, exc)
+        assert f"/{name} exists and is not a plain file of its own" in str(exc.strerror)
+    assert outside.read_text() == "outside\n"
