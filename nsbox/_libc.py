@@ -257,24 +257,33 @@ def open_tree_nofollow(path: str, flags: int) -> int:
 
 
 def _open_path_nofollow(path: str) -> int:
+    # O_DIRECTORY first: an O_PATH lookup triggers an automount (autofs homes, say) at its last
+    # component only for a directory (path_resolution(7)); a file source is opened without.
     symlink = OSError(40, f"{path}: a component became a symlink since the path was resolved;"
                           " it is refused, not followed")
     if HAS_OPENAT2:
-        try:
-            return openat2(AT_FDCWD, path, os.O_PATH | os.O_CLOEXEC, RESOLVE_NO_SYMLINKS)
-        except OSError as exc:
-            if exc.errno == 40:  # ELOOP
-                raise symlink from None
-            raise
+        for flags in (os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY, os.O_PATH | os.O_CLOEXEC):
+            fd = try_openat2(AT_FDCWD, path, flags, RESOLVE_NO_SYMLINKS)
+            if fd >= 0:
+                return fd
+            if ctypes.get_errno() != 20:  # ENOTDIR: a file, opened without O_DIRECTORY
+                break
+        if ctypes.get_errno() == 40:  # ELOOP
+            raise symlink
+        raise _fail("openat2", path)
     fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
     try:
-        for name in path.split("/"):
-            if name:
-                next_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                os.close(fd)
-                fd = next_fd
-                if _is_symlink(fd):
-                    raise symlink
+        for name in [name for name in path.split("/") if name]:
+            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                next_fd = os.open(name, flags | os.O_DIRECTORY, dir_fd=fd)
+            except NotADirectoryError:
+                # A file (a component after it fails), or a symlink, refused below.
+                next_fd = os.open(name, flags, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+            if _is_symlink(fd):
+                raise symlink
     except BaseException:
         os.close(fd)
         raise

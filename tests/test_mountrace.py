@@ -207,16 +207,21 @@ def test_target_walk_makes_directories_and_refuses_symlinks(resolver: bool, tmp_
 def test_bind_source_with_a_symlink_component_is_refused(resolver: bool, tmp_path: Path):
     from nsbox import _libc
 
-    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "file").write_text("x")
     (tmp_path / "alias").symlink_to(tmp_path / "real")
     flags = _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC
-    if os.geteuid() == 0:
-        os.close(_libc.open_tree_nofollow(str(tmp_path / "real"), flags))
-    with pytest.raises(OSError) as refused:
-        _libc.open_tree_nofollow(str(tmp_path / "alias"), flags)
-    assert refused.value.errno == 40
-    assert "a component became a symlink since the path was resolved" in str(
-        refused.value.strerror)
+    if os.geteuid() == 0:  # open_tree(OPEN_TREE_CLONE) needs CAP_SYS_ADMIN
+        for source in ("real", "real/sub", "real/file"):
+            os.close(_libc.open_tree_nofollow(str(tmp_path / source), flags))
+    refused = []
+    for source in ("alias", "alias/sub", "alias/file"):
+        with pytest.raises(OSError) as exc:
+            _libc.open_tree_nofollow(str(tmp_path / source), flags)
+        refused.append(exc.value)
+    for exc in refused:
+        assert exc.errno == 40, exc
+        assert "a component became a symlink since the path was resolved" in str(exc.strerror)
 
 
 def test_file_rewrites_only_a_plain_file_of_its_own(tmp_path: Path):
