@@ -420,7 +420,7 @@ class Helper:
                 if op["writable"] and how == "idmap":
                     fds[index] = self.idmapped_tree(op["source"], ids)
                 else:
-                    fds[index] = _libc.open_tree(
+                    fds[index] = _libc.open_tree_nofollow(
                         op["source"],
                         _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE)
         except BaseException as exc:
@@ -440,11 +440,11 @@ class Helper:
         owned by the directory's owner (mount_setattr(2), MOUNT_ATTR_IDMAP). Never for an owner
         uid or gid 0 (identity.writable_bind): those files would be root's.
         """
-        st = os.stat(source)
-        userns = self.userns_for(st.st_uid, st.st_gid, ids.uid, ids.gid)
-        fd = _libc.open_tree(source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC
-                             | _libc.AT_RECURSIVE)
+        fd = _libc.open_tree_nofollow(source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC
+                                      | _libc.AT_RECURSIVE)
         try:
+            st = os.fstat(fd)  # the tree opened, not whatever the path names by now
+            userns = self.userns_for(st.st_uid, st.st_gid, ids.uid, ids.gid)
             _libc.mount_setattr("", _libc.MOUNT_ATTR_IDMAP, recursive=True, userns_fd=userns,
                                 dirfd=fd, empty_path=True)
         except OSError:
@@ -722,6 +722,9 @@ def main() -> None:
 
 def serve(fd: int) -> None:
     """Serve the control socket ``fd`` until the host process is gone."""
+    # Every sandbox is a clone of this process: no host path (interpreter, checkout) nor host
+    # environment of its start may be read in a sandbox's /proc.
+    _libc.set_process_title("nsbox._helper")
     # Descriptors the host process leaked without close-on-exec end here, not in a sandbox.
     _libc.close_range(fd + 1)
     # Nor does the helper keep the host's own stdio (a pipe a reader waits on, an MCP client's

@@ -24,6 +24,7 @@ _NR = {
 NR_OPEN_TREE = 428
 NR_MOVE_MOUNT = 429
 NR_CLOSE_RANGE = 436
+NR_OPENAT2 = 437
 NR_MOUNT_SETATTR = 442
 NR_CLONE3 = 435  # the same number on every architecture (asm-generic/unistd.h)
 
@@ -62,6 +63,11 @@ MOUNT_ATTR_IDMAP = 0x100000
 OPEN_TREE_CLONE = 1
 OPEN_TREE_CLOEXEC = 0o2000000
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
+
+# <linux/openat2.h>
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
 
 # <linux/prctl.h>
 PR_SET_PDEATHSIG = 1
@@ -108,6 +114,7 @@ _sys_path2 = _proto("syscall", _long, _long, _str, _str)  # pivot_root
 _sys_mount_setattr = _proto("syscall", _long, _long, _int, _str, _uint, _str, ctypes.c_size_t)
 _sys_open_tree = _proto("syscall", _long, _long, _int, _str, _uint)
 _sys_move_mount = _proto("syscall", _long, _long, _int, _str, _int, _str, _uint)
+_sys_openat2 = _proto("syscall", _long, _long, _int, _str, _str, ctypes.c_size_t)
 _sys_close_range = _proto("syscall", _long, _long, _uint, _uint, _uint)
 _sys_ptr2 = _proto("syscall", _long, _long, _ptr, _ptr)  # capset
 _sys_seccomp = _proto("syscall", _long, _long, _uint, _uint, _ptr)
@@ -181,17 +188,135 @@ def mount_setattr(path: str, attr_set: int, recursive: bool = True, userns_fd: i
         raise _fail("mount_setattr", path, hex(attr_set))
 
 
-def open_tree(path: str, flags: int) -> int:
-    fd = _sys_open_tree(NR_OPEN_TREE, AT_FDCWD, _b(path), flags)
+def open_tree(path: str, flags: int, dirfd: int = AT_FDCWD) -> int:
+    fd = _sys_open_tree(NR_OPEN_TREE, dirfd, _b(path), flags)
     if fd < 0:
         raise _fail("open_tree", path, hex(flags))
     return int(fd)
 
 
-def move_mount_fd(fd: int, target: str) -> None:
-    if _sys_move_mount(NR_MOVE_MOUNT, fd, b"", AT_FDCWD, _b(target),
-                       MOVE_MOUNT_F_EMPTY_PATH) != 0:
-        raise _fail("move_mount", fd, target)
+def move_mount(from_fd: int, to_fd: int, to_path: str = "") -> None:
+    """Attach the detached mount ``from_fd`` onto ``to_path`` relative to ``to_fd``, or onto
+    ``to_fd`` itself when ``to_path`` is empty: the target is the very file the descriptor
+    holds, never looked up again by name (move_mount(2))."""
+    flags = MOVE_MOUNT_F_EMPTY_PATH | (0 if to_path else MOVE_MOUNT_T_EMPTY_PATH)
+    if _sys_move_mount(NR_MOVE_MOUNT, from_fd, b"", to_fd, _b(to_path), flags) != 0:
+        raise _fail("move_mount", from_fd, to_fd, to_path)
+
+
+def move_mount_path(path: str, to_fd: int) -> None:
+    """Move the mount at ``path`` (an attached one, with its submounts) onto the descriptor
+    ``to_fd`` itself."""
+    if _sys_move_mount(NR_MOVE_MOUNT, AT_FDCWD, _b(path), to_fd, b"",
+                       MOVE_MOUNT_T_EMPTY_PATH) != 0:
+        raise _fail("move_mount", path, to_fd)
+
+
+# struct open_how: flags, mode, resolve (all __u64), openat2(2).
+_OPEN_HOW = struct.Struct("=3Q")
+
+
+def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
+    fd = try_openat2(dirfd, path, flags, resolve, mode)
+    if fd < 0:
+        raise _fail("openat2", path)
+    return fd
+
+
+def try_openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
+    """openat2(2): a descriptor, or -1 with the reason in ctypes.get_errno() (no exception,
+    for callers to whom a failure is one of the expected outcomes)."""
+    return int(_sys_openat2(NR_OPENAT2, dirfd, _b(path), _OPEN_HOW.pack(flags, mode, resolve),
+                            _OPEN_HOW.size))
+
+
+def _has_openat2() -> bool:
+    # Linux 5.6; a container's seccomp filter may also refuse it (ENOSYS or EPERM).
+    try:
+        os.close(openat2(AT_FDCWD, "/", os.O_PATH | os.O_CLOEXEC, RESOLVE_NO_SYMLINKS))
+    except OSError:
+        return False
+    return True
+
+
+HAS_OPENAT2 = _has_openat2()
+
+
+def open_tree_nofollow(path: str, flags: int) -> int:
+    """``open_tree`` of an absolute, resolved ``path`` with no symlink followed at any component.
+
+    A bind source was resolved when the plan was made; a symlink in its path now means that
+    someone swapped a component since (a sandbox writing the directory above it, say), and it
+    would lead the bind wherever they chose.
+    """
+    fd = _open_path_nofollow(path)
+    try:
+        return open_tree("", flags | AT_EMPTY_PATH, dirfd=fd)
+    finally:
+        os.close(fd)
+
+
+def _open_path_nofollow(path: str) -> int:
+    # O_DIRECTORY first: an O_PATH lookup triggers an automount (autofs homes, say) at its last
+    # component only for a directory (path_resolution(7)); a file source is opened without.
+    symlink = OSError(40, f"{path}: a component became a symlink since the path was resolved;"
+                          " it is refused, not followed")
+    if HAS_OPENAT2:
+        for flags in (os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY, os.O_PATH | os.O_CLOEXEC):
+            fd = try_openat2(AT_FDCWD, path, flags, RESOLVE_NO_SYMLINKS)
+            if fd >= 0:
+                return fd
+            if ctypes.get_errno() != 20:  # ENOTDIR: a file, opened without O_DIRECTORY
+                break
+        if ctypes.get_errno() == 40:  # ELOOP
+            raise symlink
+        raise _fail("openat2", path)
+    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        for name in [name for name in path.split("/") if name]:
+            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                next_fd = os.open(name, flags | os.O_DIRECTORY, dir_fd=fd)
+            except NotADirectoryError:
+                # A file (a component after it fails), or a symlink, refused below.
+                next_fd = os.open(name, flags, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+            if _is_symlink(fd):
+                raise symlink
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _is_symlink(fd: int) -> bool:
+    return (os.fstat(fd).st_mode & 0o170000) == 0o120000
+
+
+def set_process_title(title: str) -> None:
+    """Show ``title`` as this process's command line, and blank its environment block.
+
+    /proc/PID/cmdline and environ are read from the process's own memory, the argument and
+    environment strings it was started with (proc(5)); clones share them. The launch
+    helper's would show the host's interpreter, checkout and environment to every process of
+    a sandbox that does not exec (a session's init). Python keeps copies of both (sys.argv,
+    os.environ), so overwriting the originals changes nothing for it.
+    """
+    with open("/proc/self/stat", "rb") as f:
+        # proc(5): fields 48-51, counted after the command name (which may hold spaces).
+        fields = f.read().rsplit(b")", 1)[1].split()
+    arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
+    size = arg_end - arg_start
+    ctypes.memset(arg_start, 0, size)
+    ctypes.memset(env_start, 0, env_end - env_start)
+    if size < 2:
+        return
+    raw = title.encode()[:size - 2]
+    ctypes.memmove(arg_start, raw, len(raw))
+    # A last byte that is not NUL tells the kernel the title was rewritten: it then shows the
+    # area up to the first NUL, the title alone (get_mm_cmdline in fs/proc/base.c).
+    ctypes.memset(arg_end - 1, 1, 1)
 
 
 def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
