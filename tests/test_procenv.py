@@ -1,0 +1,64 @@
+"""Programs behave inside as on a normal Linux host: users, arguments, terminals, an init.
+
+Each case runs the same command on the host and inside a sandbox and expects the same output
+and exit status (docs/compatibility.md lists what differs, and why).
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from conftest import PYTHON, Runner
+
+from nsbox.result import Status
+
+
+def host(argv: list[str]) -> subprocess.CompletedProcess[bytes]:
+    """The command run on the host, as the test runs it inside: no stdin, output captured."""
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+
+
+# --- users and groups --------------------------------------------------------------------------
+
+
+LOOKUPS = """
+import grp, os, pwd
+for uid in (0, 65534, os.getuid()):
+    e = pwd.getpwuid(uid)
+    print(e.pw_name, e.pw_uid, e.pw_gid, os.path.isdir(e.pw_dir), os.access(e.pw_shell, os.X_OK))
+for gid in (0, 65534, os.getgid()):
+    print(grp.getgrgid(gid).gr_name)
+print(pwd.getpwnam("root").pw_uid, pwd.getpwnam("nobody").pw_uid, grp.getgrnam("nogroup").gr_gid)
+"""
+
+
+def test_root_nobody_and_the_user_are_known(sandbox: Runner):
+    result = sandbox.run([PYTHON, "-c", LOOKUPS])
+    assert result.status is Status.OK, result.stderr
+    # Every home is a directory inside; every shell but nobody's nologin runs.
+    assert result.stdout.decode().splitlines() == [
+        "root 0 0 True True",
+        "nobody 65534 65534 True True",
+        "sandbox 1000 1000 True True",
+        "root", "nogroup", "sandbox",
+        "0 65534 65534",
+    ]
+
+
+def test_id_and_getent_answer_as_on_a_host(sandbox: Runner):
+    result = sandbox.run(["sh", "-c", "id -un; id -gn; getent passwd 0; getent group 0; "
+                                      "getent passwd nobody | cut -d: -f1,3"])
+    assert result.status is Status.OK, result.stderr
+    assert result.stdout.decode().splitlines() == [
+        "sandbox", "sandbox", "root:x:0:0:root:/:/bin/sh", "root:x:0:", "nobody:65534"]
+
+
+def test_files_of_unmapped_owners_belong_to_nobody(sandbox: Runner):
+    # The host's files (owned by ids the sandbox's user namespace does not map) appear as the
+    # overflow uid 65534, which now has a name, as tarfile and ls record it.
+    code = ("import tarfile; t = tarfile.open('/tmp/a.tar', 'w'); t.add('/usr/bin/true'); "
+            "t.add('/etc/hostname'); t.close(); "
+            "print([m.uname for m in tarfile.open('/tmp/a.tar').getmembers()])")
+    result = sandbox.run(["sh", "-c", f"{PYTHON} -c \"{code}\"; stat -c %U /usr/bin/true"])
+    assert result.status is Status.OK, result.stderr
+    assert result.stdout == b"['nobody', 'sandbox']\nnobody\n"
