@@ -7,8 +7,11 @@ and exit status (docs/compatibility.md lists what differs, and why).
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
+import pytest
 from conftest import PYTHON, Runner
+from sessiontools import UserRunner, user_runner
 
 from nsbox.result import Status
 
@@ -62,3 +65,51 @@ def test_files_of_unmapped_owners_belong_to_nobody(sandbox: Runner):
     result = sandbox.run(["sh", "-c", f"{PYTHON} -c \"{code}\"; stat -c %U /usr/bin/true"])
     assert result.status is Status.OK, result.stderr
     assert result.stdout == b"['nobody', 'sandbox']\nnobody\n"
+
+
+# --- arguments: options stop at the command ----------------------------------------------------
+
+
+# The fast path (python3 -m nsbox: nsbox/_fastcli.py) and click (nsbox/cli.py) directly.
+DOORS = {
+    "fast": ["-m", "nsbox"],
+    "click": ["-c", "import sys; from nsbox.cli import main; sys.argv[0] = 'nsbox'; main()"],
+}
+
+
+@pytest.fixture(params=["caller", "unprivileged"])
+def as_user(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
+    return user_runner(request, public_tree)
+
+
+def nsbox_cli(user: UserRunner, door: str, args: list[str],
+              cwd: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(user.tree), "HOME": "/tmp"}
+    return subprocess.run([*user.prefix(), PYTHON, *DOORS[door], *args], capture_output=True,
+                          stdin=subprocess.DEVNULL, env=env, cwd=cwd, timeout=60)
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_options_after_the_command_are_the_commands(as_user: UserRunner, door: str,
+                                                     unprivileged_tmp: Path):
+    # ./data exists: had nsbox taken "-w data", it would have become the workspace.
+    (unprivileged_tmp / "data").mkdir()
+    on_host = host(["ls", "-w", "data"])
+    inside = nsbox_cli(as_user, door, ["run", "ls", "-w", "data"], unprivileged_tmp)
+    assert (inside.returncode, inside.stdout, inside.stderr) == (
+        on_host.returncode, on_host.stdout, on_host.stderr)
+    assert b"invalid line width" in inside.stderr
+    printed = nsbox_cli(as_user, door, ["run", "--time", "10", "python3", "-c", "print(1)"],
+                        unprivileged_tmp)
+    assert (printed.returncode, printed.stdout) == (0, b"1\n"), printed.stderr
+    # After the command, even "--" and nsbox's own option names are the command's.
+    echoed = nsbox_cli(as_user, door, ["run", "--", "echo", "--json", "--", "-t", "5"],
+                       unprivileged_tmp)
+    assert (echoed.returncode, echoed.stdout) == (0, b"--json -- -t 5\n"), echoed.stderr
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_help_says_where_options_stop(door: str, public_tree: Path, tmp_path: Path):
+    helped = nsbox_cli(UserRunner("caller", public_tree), door, ["run", "--help"], tmp_path)
+    assert helped.returncode == 0
+    assert "Options go before COMMAND" in " ".join(helped.stdout.decode().split())
