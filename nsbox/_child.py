@@ -364,7 +364,23 @@ def mount_dev(path: str, devices: list[str], shm_size: int) -> None:
     shm = path + "/shm"
     os.mkdir(shm)
     mount_tmpfs(shm, shm_size, 0o1777)
+    mount_devpts(path)
     _libc.mount_setattr(path, _libc.MOUNT_ATTR_RDONLY, recursive=False)
+
+
+def mount_devpts(dev: str) -> None:
+    """The sandbox's own terminals: a new devpts instance at /dev/pts, /dev/ptmx leading to it.
+
+    ``newinstance`` makes a private set of ptys: the host's terminals are not in it, and the
+    sandbox's are not visible outside (devpts in the kernel's Documentation/filesystems). No
+    ``gid=tty``: gid 5 is not mapped in the sandbox's user namespace, so a pty belongs to the
+    group of the process that opens it.
+    """
+    pts = dev + "/pts"
+    os.mkdir(pts)
+    _libc.mount("devpts", pts, "devpts", _libc.MS_NOSUID | _libc.MS_NOEXEC,
+                "newinstance,ptmxmode=0666,mode=0620")
+    os.symlink("pts/ptmx", dev + "/ptmx")
 
 
 def mount_proc(path: str) -> None:

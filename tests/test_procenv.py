@@ -6,6 +6,7 @@ and exit status (docs/compatibility.md lists what differs, and why).
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -113,3 +114,45 @@ def test_help_says_where_options_stop(door: str, public_tree: Path, tmp_path: Pa
     helped = nsbox_cli(UserRunner("caller", public_tree), door, ["run", "--help"], tmp_path)
     assert helped.returncode == 0
     assert "Options go before COMMAND" in " ".join(helped.stdout.decode().split())
+
+
+# --- terminals ---------------------------------------------------------------------------------
+
+
+OPENPTY = """
+import os, pty
+main, sub = pty.openpty()
+os.write(sub, b"through the pty\\n")
+print(os.read(main, 100), os.isatty(sub), os.ttyname(sub).startswith("/dev/pts/"))
+"""
+
+
+def test_a_program_opens_its_own_pty(sandbox: Runner):
+    on_host = host([PYTHON, "-c", OPENPTY])
+    inside = sandbox.run([PYTHON, "-c", OPENPTY])
+    assert (inside.exit_code, inside.stdout) == (on_host.returncode, on_host.stdout)
+    assert inside.stdout == b"b'through the pty\\r\\n' True True\n"
+
+
+def test_script_runs_a_command_on_a_pty(sandbox: Runner):
+    # script(1) needs a pty of its own; /dev/tty inside it is that pty.
+    argv = ["script", "-qec", "tty; echo hi > /dev/tty; stty size", "/dev/null"]
+    on_host = host(argv)
+    inside = sandbox.run(argv)
+    assert (inside.exit_code, inside.stdout) == (on_host.returncode, on_host.stdout)
+    assert inside.stdout == b"/dev/pts/0\r\nhi\r\n0 0\r\n"
+
+
+def test_host_terminals_are_not_reachable(sandbox: Runner):
+    # A pty of the host's own devpts: its number is not in the sandbox's instance, and no
+    # controlling terminal is reachable through /dev/tty (setsid).
+    main, sub = os.openpty()
+    try:
+        number = os.ttyname(sub).rsplit("/", 1)[1]
+        result = sandbox.run(["sh", "-c", f"ls /dev/pts; test -e /dev/pts/{number}; echo $?; "
+                                          "echo x > /dev/tty"])
+    finally:
+        os.close(main)
+        os.close(sub)
+    assert result.stdout == b"ptmx\n1\n"
+    assert b"/dev/tty: No such device or address" in result.stderr
