@@ -74,7 +74,7 @@ def test_pooled_sandbox_is_whole_pid1_without_capabilities_under_seccomp():
         result = pool.run(["sh", "-c", "echo $$; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' "
                            "/proc/self/status; ls /"])
     lines = result.stdout.decode().split("\n")
-    assert lines[0] == "1"
+    assert lines[0] == "2"  # the command, child of the sandbox's init
     status = dict(line.split(":\t") for line in lines[1:5])
     assert status["CapEff"] == status["CapBnd"] == "0000000000000000"
     assert status["NoNewPrivs"] == "1"
@@ -90,7 +90,8 @@ def test_no_state_passes_between_pooled_launches():
         assert first.stdout == b"ok\n"
         assert processes_with(marker) == []  # dead before the next launch is even asked for
         second = pool.run(["sh", "-c", "ls -A /tmp /workspace; hostname; ps -e -o comm="])
-    assert second.stdout.decode().split() == ["/tmp:", "/workspace:", "nsbox", "sh", "ps"]
+    assert second.stdout.decode().split() == [
+        "/tmp:", "/workspace:", "nsbox", "nsbox-init", "sh", "ps"]
 
 
 def test_each_pooled_launch_is_a_new_sandbox():

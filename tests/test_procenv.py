@@ -7,14 +7,18 @@ and exit status (docs/compatibility.md lists what differs, and why).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, Runner
+from conftest import PYTHON, Runner, parent_of, processes_with
 from sessiontools import UserRunner, user_runner
 
-from nsbox.result import Status
+import nsbox
+from nsbox.result import Result, Status
 
 
 def host(argv: list[str]) -> subprocess.CompletedProcess[bytes]:
@@ -156,3 +160,151 @@ def test_host_terminals_are_not_reachable(sandbox: Runner):
         os.close(sub)
     assert result.stdout == b"ptmx\n1\n"
     assert b"/dev/tty: No such device or address" in result.stderr
+
+
+# --- the init: pid 1 reaps orphans, passes signals on, ends with the command's status ----------
+
+
+def same_as_host(sandbox: Runner, argv: list[str], **kwargs: object) -> Result:
+    """Run ``argv`` on the host (in a session of its own, as inside) and in a sandbox; the exit
+    status (-N for signal N) and stdout must be the same."""
+    on_host = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                             start_new_session=True)
+    inside = sandbox.run(argv, **kwargs)
+    code = inside.exit_code if inside.signal is None else -inside.signal
+    assert (code, inside.stdout) == (on_host.returncode, on_host.stdout), inside.stderr
+    return inside
+
+
+def test_orphans_are_reaped_under_a_small_pids_limit(sandbox: Runner):
+    # Each "true &" outlives its shell: an orphan that only pid 1 can reap. Unreaped, 200 of
+    # them would exhaust a pids limit of 64 ("sh: 0: Cannot fork").
+    loop = ("import subprocess\n"
+            "codes = {subprocess.run(['sh', '-c', 'true & exit 0']).returncode "
+            "for _ in range(200)}\n"
+            "print(codes)")
+    result = same_as_host(sandbox, [PYTHON, "-c", loop], limit_changes={"pids": 64})
+    assert result.stdout == b"{0}\n"
+    assert result.stderr == b""
+
+
+def test_a_signal_the_command_sends_itself_ends_it(sandbox: Runner):
+    result = same_as_host(sandbox, [PYTHON, "-c", "import os, signal\n"
+                                    "os.kill(os.getpid(), signal.SIGTERM)\nprint('survived')"])
+    assert (result.status, result.signal, result.stdout) == (Status.SG, signal.SIGTERM, b"")
+
+
+def test_abort_is_sigabrt(sandbox: Runner):
+    result = same_as_host(sandbox, [PYTHON, "-c", "import os; os.abort()"])
+    assert (result.status, result.signal) == (Status.SG, signal.SIGABRT)
+
+
+def test_sigint_handlers_run(sandbox: Runner):
+    # A handler of its own, then Python's default one, which ends the program with SIGINT.
+    code = ("import os, signal\n"
+            "signal.signal(signal.SIGINT, lambda *_: print('handled', flush=True))\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "print('not reached')")
+    result = same_as_host(sandbox, [PYTHON, "-c", code])
+    assert (result.signal, result.stdout) == (signal.SIGINT, b"handled\n")
+    assert b"KeyboardInterrupt" in result.stderr
+
+
+def test_background_jobs_and_wait(sandbox: Runner):
+    script = ("sleep 0.2 & (exit 7) & wait $!; echo \"last $?\"; wait; echo \"all $?\"; "
+              "sleep 30 & kill $!; wait $!; echo \"killed $?\"")
+    result = same_as_host(sandbox, ["sh", "-c", script])
+    assert result.stdout == b"last 7\nall 0\nkilled 143\n"
+
+
+def test_kill_0_ends_the_process_group(sandbox: Runner):
+    # The shell, its background jobs: one process group, pid 1 not in it.
+    result = same_as_host(sandbox, ["sh", "-c", "sleep 30 & sleep 30 & kill 0; echo survived"])
+    assert (result.signal, result.stdout) == (signal.SIGTERM, b"")
+
+
+def test_signals_to_pid_1_reach_the_command(sandbox: Runner):
+    # What a supervisor sends pid 1 (docker stop, a terminal's ^C or resize) is passed on.
+    code = ("import os, signal, sys\n"
+            "for sig in (signal.SIGUSR1, signal.SIGHUP, signal.SIGWINCH):\n"
+            "    signal.signal(sig, lambda s, _f: print(signal.Signals(s).name, flush=True))\n"
+            "for sig in ('USR1', 'HUP', 'WINCH', 'TERM'):\n"
+            "    os.kill(1, getattr(signal, 'SIG' + sig))\n"
+            "    signal.sigtimedwait([], 0.05)  # let the handler run\n"
+            "    sys.stdout.flush()\n"
+            "signal.pause()")
+    result = sandbox.run([PYTHON, "-c", code], timeout=20)
+    assert (result.status, result.signal) == (Status.SG, signal.SIGTERM), result.stderr
+    assert result.stdout == b"SIGUSR1\nSIGHUP\nSIGWINCH\n"
+
+
+def test_a_signal_from_the_host_to_pid_1_reaches_the_command(sandbox: Runner):
+    marker = f"{time.time():.6f}"
+    outcome: list[Result] = []
+    code = f"import signal, sys\nsys.argv.append({marker!r})\nsignal.pause()"
+    runner = threading.Thread(target=lambda: outcome.append(
+        sandbox.run([PYTHON, "-c", code, marker], timeout=30)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not (found := processes_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        command = [pid for pid in found if parent_of(pid) not in found]
+        assert len(command) == 1, found
+        init = parent_of(command[0])
+        assert init is not None
+        with open(f"/proc/{init}/comm") as f:
+            assert f.read() == "nsbox-init\n"
+        os.kill(init, signal.SIGQUIT)
+    finally:
+        runner.join()
+    assert (outcome[0].status, outcome[0].signal) == (Status.SG, signal.SIGQUIT)
+
+
+def test_init_is_out_of_the_commands_reach(sandbox: Runner):
+    # pid 1 is not under the seccomp filter: the command may neither trace it, nor read its
+    # memory or descriptors, nor kill it (signals without a handler are dropped at pid 1).
+    code = ("import ctypes, errno, os, signal\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "r = libc.ptrace(16, 1, 0, 0)\n"  # PTRACE_ATTACH
+            "print('attach', errno.errorcode[ctypes.get_errno()] if r else 'attached')\n"
+            "for path in ('/proc/1/fd', '/proc/1/mem', '/proc/1/environ'):\n"
+            "    try:\n"
+            "        open(path, 'rb').close() if path[-2:] != 'fd' else os.listdir(path)\n"
+            "        print(path, 'opened')\n"
+            "    except PermissionError:\n"
+            "        print(path, 'denied')\n"
+            "for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV):\n"
+            "    os.kill(1, sig)\n"
+            "print('pid 1', open('/proc/1/stat').read().split()[2])\n"
+            "print(open('/proc/1/status').read().split('CapEff:')[1].split()[0])")
+    result = sandbox.run([PYTHON, "-c", code])
+    assert result.status is Status.OK, result.stderr
+    assert result.stdout.decode().splitlines() == [
+        "attach EPERM", "/proc/1/fd denied", "/proc/1/mem denied", "/proc/1/environ denied",
+        "pid 1 S", "0000000000000000"]
+
+
+def test_cli_exit_code_of_a_signal_death_is_128_plus_n(public_tree: Path, tmp_path: Path):
+    user = UserRunner("caller", public_tree)
+    for door in DOORS:
+        killed = nsbox_cli(user, door, ["run", "python3", "-c",
+                                        "import os; os.kill(os.getpid(), 15)"], tmp_path)
+        aborted = nsbox_cli(user, door, ["run", "python3", "-c", "import os; os.abort()"],
+                            tmp_path)
+        assert (killed.returncode, aborted.returncode) == (143, 134), door
+
+
+def test_session_commands_have_an_init_too(tmp_path: Path):
+    with nsbox.Session(timeout=60) as session:
+        loop = ("import subprocess\n"
+                "print({subprocess.run(['sh', '-c', 'true & exit 0']).returncode "
+                "for _ in range(200)})")
+        reaped = session.run([PYTHON, "-c", loop])
+        aborted = session.run([PYTHON, "-c", "import os; os.abort()"])
+        grouped = session.run(["sh", "-c", "sleep 30 & kill 0; echo survived"])
+    assert (reaped.status, reaped.stdout) == (Status.OK, b"{0}\n"), reaped.stderr
+    assert (aborted.status, aborted.signal) == (Status.SG, signal.SIGABRT)
+    assert (grouped.signal, grouped.stdout) == (signal.SIGTERM, b"")
