@@ -34,6 +34,7 @@ SCRIPT = "{python} -m test --junit-xml {xml} {module} >/dev/null 2>&1; cat {xml}
 def outcomes(report: str) -> dict[str, str]:
     """test id -> ok, failure, error or skipped (with the reason)."""
     found: dict[str, str] = {}
+    last = "?"
     try:
         root = ET.fromstring(report)
     except ET.ParseError:
@@ -44,8 +45,10 @@ def outcomes(report: str) -> dict[str, str]:
             child = case.find(kind)
             if child is not None:
                 outcome = f"{kind}: {(child.get('message') or '')[:100]}"
-        name = case.get("name") or ""
-        found[f"{case.get('classname')}.{name}" if case.get("classname") else name] = outcome
+        # A failing subtest is written without a name, after its test.
+        name = case.get("name") or f"{last} (a subtest)"
+        last = name
+        found[name] = outcome
     return found
 
 
