@@ -173,6 +173,13 @@ def start_init(ctx: Context) -> None:
     # unblocks them (reset_signals). A blocked signal is queued for pid 1 even without a
     # handler (kernel/signal.c, sig_ignored), and sigwaitinfo takes it.
     _signal.pthread_sigmask(_SIG_BLOCK, _INIT_WAITS)
+    # Not dumpable before the command exists: the command (same uid) must never be able to
+    # ptrace pid 1, which is outside the seccomp filter, nor read its memory or descriptors
+    # (ptrace(2), "Ptrace access mode checking"). The uid change cleared the flag only where
+    # it changed the uid (as root); launched unprivileged, the uid stays the same (prctl(2)).
+    # The command's own process gets the flag back at exec.
+    _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
+    _libc.set_name(b"nsbox-init")  # as ps shows pid 1: "python" otherwise (a helper's copy)
     # CLONE_VFORK: pid 1 sleeps until the child has exec'd (or failed). Meanwhile the child
     # runs alone on the CPU, and afterwards pid 1 writes to pages it no longer shares with
     # anyone: no page is copied twice (clone(2)). The memory is not shared (no CLONE_VM).
@@ -187,14 +194,10 @@ def start_init(ctx: Context) -> None:
 
 
 def serve_as_init(ctx: Context, command_pid: int) -> NoReturn:
-    """pid 1: no capability (dropped before the fork), no descriptor but the error pipe."""
+    """pid 1: no capability, not dumpable (both since before the fork), no descriptor but
+    the error pipe."""
     ctx.step = "init"
     try:
-        # Not dumpable: the command (same uid) can neither ptrace pid 1 (which is outside the
-        # seccomp filter) nor read its memory or descriptors (ptrace(2), access mode checks).
-        # Already so since the uid change (prctl(2)); said here because pid 1 relies on it.
-        _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
-        _libc.set_name(b"nsbox-init")  # as ps shows it: "python" otherwise (a helper's fork)
         # The command's streams close here, so that a reader sees end-of-file when the command
         # and its children close theirs.
         _libc.close_range(0, ctx.err_fd - 1)

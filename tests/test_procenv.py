@@ -6,15 +6,19 @@ and exit status (docs/compatibility.md lists what differs, and why).
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, Runner, parent_of, processes_with
+from conftest import PYTHON, Runner, parent_of, processes_with, require
 from sessiontools import UserRunner, user_runner
 
 import nsbox
@@ -286,6 +290,33 @@ def test_init_is_out_of_the_commands_reach(sandbox: Runner):
     assert result.stdout.decode().splitlines() == [
         "attach EPERM", "/proc/1/fd denied", "/proc/1/mem denied", "/proc/1/environ denied",
         "pid 1 S", "0000000000000000"]
+
+
+@pytest.fixture(scope="module")
+def probe_dir() -> Iterator[Path]:
+    """tests/probes/seccomp_probe.c built, in a directory every uid can read."""
+    require(shutil.which("gcc") is not None, "gcc is needed to build the probe")
+    out = Path(tempfile.mkdtemp(prefix="nsbox-probe-", dir="/tmp"))
+    out.chmod(0o755)
+    source = Path(__file__).with_name("probes") / "seccomp_probe.c"
+    subprocess.run(["gcc", "-O1", "-o", str(out / "probe"), str(source)], check=True)
+    yield out
+    shutil.rmtree(out)
+
+
+def test_init_is_never_readable_even_at_the_commands_first_instruction(
+        as_user: UserRunner, probe_dir: Path):
+    # A compiled probe reads pid 1's memory right after its exec: pid 1 must be out of reach
+    # from the very start (launched unprivileged, the uid change leaves the process dumpable;
+    # the init clears the flag before the fork, not after). Without the flag this fails every
+    # time; with it set late (after the fork), some of the runs of a loop like this one.
+    out = as_user.script(f"""
+p = nsbox.Policy()
+p = p.replace(mounts=p.mounts + (nsbox.Bind({str(probe_dir)!r}, "/probe"),))
+emit(seen=sorted({{nsbox.run(["/probe/probe", "vm-read", "1"], p).stdout.decode().strip()
+                   for _ in range(40)}}))
+""")
+    assert out["seen"] == [f"process_vm_readv -1 {errno.EPERM}"]
 
 
 def test_cli_exit_code_of_a_signal_death_is_128_plus_n(public_tree: Path, tmp_path: Path):
