@@ -252,7 +252,9 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
     cli._fail(NsboxError("the session supervisor failed to start"))
 
 
-@session.command(name="exec", context_settings={"ignore_unknown_options": False})
+# Options stop at ID: everything after it is the command's (as for nsbox run).
+@session.command(name="exec", context_settings={"ignore_unknown_options": False,
+                                                "allow_interspersed_args": False})
 @click.option("-t", "--time", "wall_time", callback=_duration_opt, metavar="SECONDS",
               help="Wall-clock limit of this command (default: the session's).")
 @click.option("--output-limit", callback=_size_opt, metavar="BYTES")
@@ -265,11 +267,19 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
           cwd: str | None, as_json: bool, session_id: str, command: tuple[str, ...]) -> None:
     """Run COMMAND in session ID; the output streams through, the exit code is as for run.
 
+    Options go before ID; every argument after ID is the command's own (a "--" between ID
+    and COMMAND is accepted).
+
     \b
     Example:
       nsbox session exec $ID -- python3 main.py
     """
     cli = _cli()
+    if command[:1] == ("--",):
+        # Option parsing stopped at ID, so click leaves the separator in the command.
+        command = command[1:]
+    if not command:
+        raise click.UsageError("Missing argument 'COMMAND...'.")
     message = {"op": "exec", "argv": list(command), "env": _parse_env(env),
                "timeout": wall_time, "output_limit": output_limit, "cwd": cwd}
     sinks: list[int] = []

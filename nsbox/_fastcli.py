@@ -3,8 +3,9 @@
 Importing click costs about 45 ms, several times a whole sandbox launch, so a plain
 ``nsbox run [OPTIONS] [--] COMMAND...`` is parsed here by hand and handed to nsbox/_cli_run.py,
 the same code the click command calls. Everything else (other commands, --help, --version, and
-any form this parser does not take: bundled short flags, ``-t5``, a bad value, options after the
-command without ``--``) goes to click, which parses and reports errors as usual.
+any form this parser does not take: bundled short flags, ``-t5``, a bad value) goes to click,
+which parses and reports errors as usual. As in click's command, options stop at the command:
+everything after its first word is the command's own.
 
 One schema, two doors: RUN_OPTIONS lists ``nsbox run``'s options as click declares them in
 nsbox/cli.py (flags, parameter name, kind). tests/test_perf.py checks that the two lists are the
@@ -142,8 +143,6 @@ def parse_run(args: list[str]) -> dict[str, Any]:
     command = tuple(args[i:])
     if not command:
         raise _Fallback  # click says what is missing
-    if args[i - 1:i] != ["--"] and any(a.startswith("-") for a in command[1:]):
-        raise _Fallback  # click would read these as options of nsbox run
     params["command"] = command
     return params
 

@@ -26,7 +26,14 @@ Protocol (SOCK_SEQPACKET, one JSON object per message):
                                    descriptors on the spawner's socket (nsbox/_spawner.py);
                                    sync pipe: the helper writes the id maps, then one byte;
                                    error pipe (close-on-exec): {step, errno, message} on
-                                   failure, end-of-file when the exec happened;
+                                   failure; the child forks a last time and pid 1 stays as
+                                   the sandbox's init (_child.start_init), holding the pipe
+                                   until the command ends, then writes one line
+                                   {"status": N}: the command's wait status, which pid 1
+                                   cannot pass on by dying of the same signal
+                                   (pid_namespaces(7)); it exits with the shell's code for
+                                   it (128+N for signal N). The helper reports that status
+                                   unless pid 1 was killed (_child.command_status);
                                    learning mode only, a socket: the seccomp listener fd
                                    (SCM_RIGHTS), served here until the sandbox ends;
                                    network allow mode only, a socket: the proxy listener
@@ -656,7 +663,8 @@ class Helper:
             except BlockingIOError:
                 pass
             os.close(launch.err_fd)
-        child_trace, setup_error = split_report(launch.err_data)
+        child_trace, setup_error, reported = _child.read_report(launch.err_data)
+        status = _child.command_status(status, reported)
         limits = self.close_limits(launch, remove=False)
         report = {
             "event": "exit",
@@ -705,15 +713,6 @@ def hold_namespace(pid: int) -> int:
         return os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return -1
-
-
-def split_report(data: bytes) -> tuple[list[Any], dict[str, Any] | None]:
-    """The child's error pipe: an optional trace line, then an optional error report."""
-    trace: list[Any] = []
-    if data.startswith(b'{"trace"'):
-        line, _, data = data.partition(b"\n")
-        trace = json.loads(line)["trace"]
-    return trace, (json.loads(data) if data else None)
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
+CLONE_VFORK = 0x4000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -72,6 +73,7 @@ RESOLVE_BENEATH = 0x08
 # <linux/prctl.h>
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
+PR_SET_NAME = 15
 PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
@@ -107,6 +109,7 @@ _mount = _proto("mount", _int, _str, _str, _str, _ulong, _str)
 _umount2 = _proto("umount2", _int, _str, _int)
 _sethostname = _proto("sethostname", _int, _str, ctypes.c_size_t)
 _prctl = _proto("prctl", _int, _int, _ulong, _ulong, _ulong, _ulong)
+_prctl_str = _proto("prctl", _int, _int, _str, _ulong, _ulong, _ulong)
 _unshare = _proto("unshare", _int, _int)
 _setns = _proto("setns", _int, _int, _int)
 # syscall(2) with the arguments of one system call each.
@@ -172,6 +175,12 @@ def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 
     if result < 0:
         raise _fail("prctl", option, arg2, arg3)
     return int(result)
+
+
+def set_name(name: bytes) -> None:
+    """The calling thread's name (comm: ps, top), at most 15 bytes (prctl(2), PR_SET_NAME)."""
+    if _prctl_str(PR_SET_NAME, name, 0, 0, 0) < 0:
+        raise _fail("prctl", PR_SET_NAME, name)
 
 
 # struct mount_attr: attr_set, attr_clr, propagation, userns_fd (all __u64). Packed to bytes, which

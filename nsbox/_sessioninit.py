@@ -275,9 +275,12 @@ class Init:
             pass
         os.close(job.err_fd)
         try:
-            setup_error = json.loads(err_data) if err_data else None
+            _trace, setup_error, reported = _child.read_report(err_data)
         except ValueError:
             setup_error = {"step": "command", "errno": 0, "message": "garbled error report"}
+            reported = None
+        # The command's own status, as its init (pid 1 of its pid namespace) reported it.
+        status = _child.command_status(status, reported)
         job.send({
             "event": "exit", "wait_status": status, "wall_time": wall,
             "cpu_user": rusage.ru_utime, "cpu_system": rusage.ru_stime,

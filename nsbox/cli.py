@@ -111,7 +111,10 @@ def main() -> None:
     """nsbox: run untrusted code in a Linux sandbox built from kernel namespaces."""
 
 
-@main.command(context_settings={"ignore_unknown_options": False})
+# As env, sudo, timeout and docker run: options stop at the command, whose own options
+# (``ls -w``, ``python3 -c``) are never taken for nsbox's.
+@main.command(context_settings={"ignore_unknown_options": False,
+                                "allow_interspersed_args": False})
 @click.option("-t", "--time", "wall_time", callback=_duration, metavar="SECONDS",
               help="Wall-clock limit; the whole sandbox is killed at the deadline.")
 @click.option("--output-limit", callback=_size, metavar="BYTES",
@@ -172,7 +175,9 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
         command: tuple[str, ...], **limit_values: Any) -> None:
     """Run COMMAND in a new sandbox.
 
-    Every option is an override of a profile key (docs/profiles.md).
+    Options go before COMMAND: its first argument that is not an option starts it, and every
+    argument after that is the command's own (a "--" before COMMAND is accepted too). Every
+    option is an override of a profile key (docs/profiles.md).
 
     \b
     Example:

@@ -23,8 +23,10 @@ from nsbox.limits import plan_limits
 from nsbox.policy import Bind, Dir, File, Mount, Policy, Symlink, Tmpfs
 
 WORKSPACE = "/workspace"
-# Devices a program expects; no tty, no console, nothing that reaches hardware.
-DEVICES = ("null", "zero", "full", "random", "urandom")
+# Devices a program expects; no console, nothing that reaches hardware. /dev/tty is only ever
+# the opener's own controlling terminal: after setsid none (ENXIO), or a pty of the sandbox's
+# own devpts instance (_child.mount_devpts).
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
 @dataclass
@@ -104,15 +106,31 @@ def _mount_ops(mount: Mount, key: str, allow: tuple[str, ...],
     raise PolicyError(f"unknown mount kind {type(mount).__name__}", key="mounts")
 
 
+# Programs look up uid 0 and nobody by number (tarfile, shutil.chown, ls -l, id): a normal
+# host always has them. Homes and shells are paths that exist inside (there is no /root and no
+# host home): root's home is the read-only "/", the sandbox's user is at home in /workspace
+# (as $HOME says), nobody gets the usual nologin from the bound /usr.
+_ROOT_ENTRY = ("root", 0, 0, "/", "/bin/sh")
+_NOBODY_ENTRY = ("nobody", 65534, 65534, "/", "/usr/sbin/nologin")
+_NOGROUP_ENTRY = ("nogroup", 65534)
+
+
 def _passwd(policy: Policy) -> str:
-    return (
-        f"{policy.user}:x:{policy.uid}:{policy.gid}:{policy.user}:{WORKSPACE}:/bin/sh\n"
-        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-    )
+    entries = [(policy.user, policy.uid, policy.gid, WORKSPACE, "/bin/sh")]
+    taken_names, taken_ids = {policy.user}, {policy.uid}
+    for name, uid, gid, home, shell in (_ROOT_ENTRY, _NOBODY_ENTRY):
+        if name not in taken_names and uid not in taken_ids:
+            entries.append((name, uid, gid, home, shell))
+    return "".join(f"{name}:x:{uid}:{gid}:{name}:{home}:{shell}\n"
+                   for name, uid, gid, home, shell in entries)
 
 
 def _group(policy: Policy) -> str:
-    return f"{policy.user}:x:{policy.gid}:\nnogroup:x:65534:\n"
+    entries = [(policy.user, policy.gid)]
+    for name, gid in (("root", 0), _NOGROUP_ENTRY):
+        if all(name != taken and gid != taken_gid for taken, taken_gid in entries):
+            entries.append((name, gid))
+    return "".join(f"{name}:x:{gid}:\n" for name, gid in entries)
 
 
 def _environment(policy: Policy, extra_env: dict[str, str] | None) -> list[tuple[str, str]]:

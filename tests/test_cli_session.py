@@ -196,3 +196,18 @@ def test_interrupted_exec_cancels_its_command(cli: Cli):
         assert cli("session", "exec", sid, "--", "echo", "ok").stdout == b"ok\n"
     finally:
         cli("session", "stop", sid)
+
+
+def test_session_exec_options_stop_at_the_id(cli: Cli):
+    sid = cli("session", "start", "--time", "30").stdout.decode().strip()
+    try:
+        plain = cli("session", "exec", "--time", "10", sid, "python3", "-c", "print(1)")
+        assert (plain.returncode, plain.stdout) == (0, b"1\n"), plain.stderr
+        # The separator after ID is still accepted; after the command's name it is the command's.
+        dashed = cli("session", "exec", sid, "--", "echo", "-t", "--", "--json")
+        assert (dashed.returncode, dashed.stdout) == (0, b"-t -- --json\n"), dashed.stderr
+        missing = cli("session", "exec", sid, "--")
+        assert missing.returncode == 2
+        assert b"Missing argument 'COMMAND...'" in missing.stderr
+    finally:
+        cli("session", "stop", sid)

@@ -254,6 +254,7 @@ def test_an_ordinary_sigkill_is_not_mistaken_for_an_oom_kill(marker: str) -> Non
 
 BOMB = """
     import os, sys, time
+    first = os.getpid()  # the command, the child of the sandbox's init
     deadline = time.monotonic() + 1.5
     refused = 0
     while time.monotonic() < deadline:  # every process forks, children too
@@ -262,10 +263,10 @@ BOMB = """
         except BlockingIOError:
             refused += 1
             time.sleep(0.01)
-    if os.getpid() == 1:
+    if os.getpid() == first:
         print("refused", refused > 0)
     else:
-        time.sleep(60)  # held until pid 1 exits and the pid namespace ends
+        time.sleep(60)  # held until the command and its init exit and the pid namespace ends
 """
 
 
@@ -299,9 +300,11 @@ def test_a_sandbox_is_born_in_its_cgroup_alone_with_its_exact_limits(
         assert pid is not None
         dirs = _cgroup_dirs(_run_cgroup_of(pid))
         assert dirs
+        init = parent_of(pid)
         for directory in dirs:
-            # The spawner has gone: the sandbox is alone in every hierarchy's run cgroup.
-            assert cgroups._fs.procs(directory) == [pid], directory
+            # The spawner has gone: the sandbox (its init and the command) is alone in every
+            # hierarchy's run cgroup.
+            assert cgroups._fs.procs(directory) == [init, pid], directory
             if os.path.exists(os.path.join(directory, "pids.max")):
                 assert cgroups._fs.read(os.path.join(directory, "pids.max")).strip() == "5"
     finally:

@@ -156,9 +156,10 @@ emit(first=first, alive=alive, again=again, gone=gone)
 
 
 def test_init_is_out_of_reach_of_commands(as_user: UserRunner):
-    # A command is pid 1 of a pid namespace nested in the session's: the init has no pid there,
-    # so kill(2) and ptrace(2) cannot name it. It shows only in the session's /proc, and being
-    # non-dumpable, its environment, descriptors and memory are closed to the same uid.
+    # A command runs (as pid 2, under an init of its own) in a pid namespace nested in the
+    # session's: the session's init has no pid there, so kill(2) and ptrace(2) cannot name it.
+    # It shows only in the session's /proc, and being non-dumpable, its environment,
+    # descriptors and memory are closed to the same uid.
     probe = (
         "import os, errno\n"
         "def tryit(f):\n"
@@ -177,8 +178,9 @@ with nsbox.Session(timeout=20) as s:
     emit(probe=r.stdout.decode().split(), err=r.stderr.decode(), after=s.run(["true"]).status.value)
 """)
     levels, own_pid, init_name, environ, fds, mem = out["probe"]
-    # /proc is the session's: a pid there and one in its own namespace, where it is 1
-    assert (levels, own_pid) == ("2", "1"), out["err"]
+    # /proc is the session's: a pid there and one in its own namespace, where it is 2 (the
+    # run's own init is 1)
+    assert (levels, own_pid) == ("2", "2"), out["err"]
     # and its command line is a fixed title, with no host path of the interpreter or package
     assert init_name == "b'nsbox._helper'", init_name
     assert (environ, fds, mem) == ("EACCES", "EACCES", "EACCES")

@@ -1,0 +1,147 @@
+"""What differs inside nsbox from a normal host, one test per difference in
+docs/compatibility.md; and a test that the document and these tests stay in step."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import uuid
+
+from conftest import PYTHON, REPO, Runner, processes_with
+
+from nsbox.result import Status
+
+DOC = REPO / "docs" / "compatibility.md"
+
+
+def lines(sandbox: Runner, script: str) -> list[str]:
+    result = sandbox.run(["sh", "-c", script])
+    return result.stdout.decode().splitlines() + result.stderr.decode().splitlines()
+
+
+def test_every_listed_difference_has_its_test():
+    # Each row of the table names the test that shows the difference (``test_...``).
+    named = re.findall(r"^\|.*`(test_\w+)`\s*\|\s*$", DOC.read_text(), re.MULTILINE)
+    assert len(named) >= 10
+    module = sys.modules[__name__]
+    missing = [name for name in named if not callable(getattr(module, name, None))]
+    assert missing == []
+    # ... and no test here is left out of the document.
+    tests = {name for name in dir(module) if name.startswith("test_")}
+    assert tests - set(named) == {"test_every_listed_difference_has_its_test"}
+
+
+def test_host_files_belong_to_nobody(sandbox: Runner):
+    assert lines(sandbox, "stat -c '%U %G' /usr/bin/env /workspace") == [
+        "nobody nogroup", "sandbox sandbox"]
+
+
+def test_another_id_is_invalid_not_forbidden(sandbox: Runner):
+    out = lines(sandbox, "touch /tmp/f; chown 0 /tmp/f; chgrp 0 /tmp/f; "
+                         f"{PYTHON} -c 'import os; os.setuid(65534)' 2>&1 | tail -1")
+    assert out == ["OSError: [Errno 22] Invalid argument",
+                   "chown: changing ownership of '/tmp/f': Invalid argument",
+                   "chgrp: changing group of '/tmp/f': Invalid argument"]
+
+
+def test_no_capabilities_and_no_new_privileges(sandbox: Runner):
+    out = lines(sandbox, "grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; "
+                         "hostname other; echo $?")
+    assert out[:3] == ["CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
+                       "NoNewPrivs:\t1"]
+    assert out[3] == "1"
+    assert out[4].startswith("hostname: ")
+
+
+def test_only_workspace_and_temporary_directories_are_writable(sandbox: Runner):
+    out = lines(sandbox, "for d in /workspace /tmp /dev/shm /usr /etc /; do "
+                         "touch $d/x 2>/dev/null && echo $d yes || echo $d no; done")
+    assert out == ["/workspace yes", "/tmp yes", "/dev/shm yes", "/usr no", "/etc no", "/ no"]
+
+
+def test_no_network_not_even_loopback(sandbox: Runner):
+    code = ("import socket\n"
+            "for address in (('192.0.2.1', 80), ('127.0.0.1', 80)):\n"
+            "    try:\n"
+            "        socket.create_connection(address, timeout=5)\n"
+            "    except OSError as e:\n"
+            "        print(e.strerror)\n")
+    result = sandbox.run([PYTHON, "-c", code])
+    assert result.stdout == b"Network is unreachable\nNetwork is unreachable\n"
+
+
+def test_etc_holds_only_what_nsbox_writes_or_binds(sandbox: Runner):
+    out = lines(sandbox, "ls /etc; ls /etc/resolv.conf")
+    assert set(out[:-1]) <= {"passwd", "group", "hostname", "hosts", "ld.so.cache",
+                             "alternatives", "localtime"}
+    assert out[-1] == "ls: cannot access '/etc/resolv.conf': No such file or directory"
+
+
+def test_no_home_no_root_no_sys(sandbox: Runner):
+    out = lines(sandbox, "echo $HOME; ls -d /root /home /sys 2>&1 | cut -d: -f2")
+    assert out == ["/workspace", " cannot access '/root'", " cannot access '/home'",
+                   " cannot access '/sys'"]
+
+
+def test_environment_is_reduced(sandbox: Runner):
+    result = sandbox.run([PYTHON, "-c", "import os; print(sorted(os.environ))"])
+    assert result.stdout == b"['HOME', 'LANG', 'PATH']\n"
+
+
+def test_pid_1_is_the_sandbox_init(sandbox: Runner):
+    assert lines(sandbox, "echo $$; cat /proc/1/comm; kill -9 1; cat /proc/1/environ") == [
+        "2", "nsbox-init", "cat: /proc/1/environ: Permission denied"]
+
+
+def test_processes_end_with_the_command(sandbox: Runner):
+    marker = f"4{uuid.uuid4().int % 10**8}"
+    started = time.monotonic()
+    result = sandbox.run(["sh", "-c", f"sleep {marker} & echo started"], timeout=30)
+    assert result.stdout == b"started\n"
+    assert time.monotonic() - started < 20
+    assert processes_with(f"sleep {marker}") == []
+
+
+def test_denied_system_calls(sandbox: Runner):
+    # Two of the filter's rules (docs/seccomp.md): the kernel keyring, and TIOCSTI even on a
+    # pty of the sandbox's own.
+    code = ("import ctypes, fcntl, os, termios\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "libc.syscall(250, 0, 0, 0, 0, 0)\n"  # keyctl(KEYCTL_GET_KEYRING_ID), x86-64
+            "print(os.strerror(ctypes.get_errno()))\n"
+            "main, sub = os.openpty()\n"
+            "try:\n"
+            "    fcntl.ioctl(sub, termios.TIOCSTI, b'x')\n"
+            "except OSError as e:\n"
+            "    print(e.strerror)\n")
+    result = sandbox.run([PYTHON, "-c", code])
+    assert result.stdout == b"Operation not permitted\nOperation not permitted\n"
+
+
+def test_limits_are_lower_than_a_hosts(sandbox: Runner):
+    assert lines(sandbox, "ulimit -c; ulimit -n") == ["0", "1024"]
+
+
+def test_dev_holds_a_few_devices(sandbox: Runner):
+    assert set(lines(sandbox, "ls /dev")) == {
+        "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout",
+        "tty", "urandom", "zero"}
+
+
+def test_no_terminal_unless_the_command_opens_one(sandbox: Runner):
+    result = sandbox.run(["sh", "-c", "tty; test -t 0 || echo no tty"])
+    assert (result.exit_code, result.stdout) == (0, b"not a tty\nno tty\n")
+
+
+def test_glibc_internal_signals_are_ignored(sandbox: Runner):
+    # SigIgn bits 31 and 32: signals 32 and 33 (glibc's SIGCANCEL and SIGSETXID).
+    out = lines(sandbox, "grep SigIgn /proc/self/status")
+    assert out == ["SigIgn:\t0000000180000000"]
+
+
+def test_the_workspace_is_a_fresh_tmpfs(sandbox: Runner):
+    first = sandbox.run(["sh", "-c", "ls -A /workspace | wc -l; touch /workspace/left; "
+                                     "df -k /workspace | tail -1 | awk '{print $1, $2}'"])
+    assert (first.status, first.stdout) == (Status.OK, b"0\ntmpfs 262144\n")
+    assert sandbox.run(["ls", "-A", "/workspace"]).stdout == b""
