@@ -8,11 +8,12 @@ its own socket to the helper and its own pipes; only sending the request takes a
 
 from __future__ import annotations
 
-import array
+import contextlib
 import errno
 import json
 import os
 import selectors
+import signal
 import socket
 import sys
 import threading
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import _netns, cgroups, limits
+from nsbox import _netns, _wire, cgroups, limits
 from nsbox import plan as planmod
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
 from nsbox.network import RunNetwork
@@ -93,19 +94,48 @@ class _HelperClient:
         self.send_request({"plan": wire_plan}, fds)
 
     def send_request(self, request: dict[str, Any], fds: list[int]) -> None:
-        message = json.dumps(request).encode()
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         with self._lock:
             if self._sock is None or not self._alive():
                 if self._sock is not None:
                     self._sock.close()
-                self._sock = self._start()
+                    self._sock = None
+                try:
+                    self._sock = self._start()
+                except OSError as exc:  # socketpair: EMFILE
+                    raise _out_of_descriptors("cannot start the launch helper", exc) from None
             try:
-                self._sock.sendmsg([message], rights)
+                _wire.send(self._sock, request, fds)  # a plan of any size (nsbox/_wire.py)
             except OSError as exc:
+                if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                    # This request could not be sent (EMFILE for its memfd, ENOBUFS): the
+                    # helper and the runs it serves for other threads go on.
+                    raise _out_of_descriptors("cannot send the launch request", exc) from None
                 self._sock.close()
                 self._sock = None
                 raise LaunchError(f"the launch helper is gone: {exc}") from None
+
+    def stop(self) -> None:
+        """End the helper and reap it (the command line, before it exits): every sandbox it
+        still runs is killed first (end-of-file on its control socket)."""
+        with self._lock:
+            sock, pid = self._sock, self._pid
+            self._sock, self._pid = None, 0
+        if sock is not None:
+            sock.close()
+        if pid:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _out_of_descriptors(what: str, exc: OSError) -> LaunchError:
+    """A LaunchError for a failed open or send; with a hint when descriptors ran out."""
+    error = LaunchError(f"{what}: {exc.strerror or exc}")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        error.hint = ("this process has too many open descriptors (ulimit -n): close some, "
+                      "raise the limit, or run fewer sandboxes at once")
+    return error
 
 
 _helper = _HelperClient()
@@ -129,14 +159,21 @@ class _Stream:
 
 
 def _stdin_fd(stdin: bytes | int | None) -> tuple[int, bool]:
-    """A descriptor for the sandbox's stdin, and whether we opened it."""
+    """A descriptor for the sandbox's stdin, and whether we opened it. ``stdin`` was checked
+    at the door (nsbox/inputs.py)."""
     if isinstance(stdin, int):
         return stdin, False
     if stdin is None:
         return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), True
     fd = os.memfd_create("nsbox-stdin", os.MFD_CLOEXEC)
-    os.write(fd, stdin)
-    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        view = memoryview(stdin)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd, True
 
 
@@ -225,30 +262,18 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     if trace is not None:
         wire["trace"] = True
         trace.append(("host: send to helper", time.monotonic_ns()))
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    in_fd, close_in = _stdin_fd(stdin)
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        submit(wire, [theirs.fileno(), in_fd, out_w, err_w])
+        out_r, err_r, ours = _submit_with_streams(submit, wire, stdin)
     except BaseException:
-        for fd in (out_r, err_r):
-            os.close(fd)
-        ours.close()
+        net.close()
         raise
-    finally:
-        theirs.close()
-        for fd in (out_w, err_w):
-            os.close(fd)
-        if close_in:
-            os.close(in_fd)
     streams = [_Stream(out_r, 1 if passthrough else None),
                _Stream(err_r, 2 if passthrough else None)]
     if trace is not None:
         trace.append(("host: wait for the report", time.monotonic_ns()))
     with ours:
         try:
-            report, pid = _supervise(ours, streams, cap, net)
+            report, pid = _supervise(ours, streams, cap, net, wall_time=wire.get("wall_time"))
         finally:
             net.close()  # the proxy ends with the run, whatever happened
     if trace is not None:
@@ -263,22 +288,61 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     return result
 
 
-def _supervise(sock: socket.socket, streams: list[_Stream],
-               cap: int, net: RunNetwork) -> tuple[dict[str, Any], int]:
+def _submit_with_streams(submit: Any, wire: dict[str, Any], stdin: bytes | int | None
+                         ) -> tuple[int, int, socket.socket]:
+    """Open the run's pipes and launch socket and submit the request with the helper's ends
+    (closed here once sent). Returns our ends; on any failure nothing stays open."""
+    with contextlib.ExitStack() as ours, contextlib.ExitStack() as theirs:
+        try:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            ours.callback(os.close, out_r)
+            theirs.callback(os.close, out_w)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            ours.callback(os.close, err_r)
+            theirs.callback(os.close, err_w)
+            in_fd, close_in = _stdin_fd(stdin)
+            if close_in:
+                theirs.callback(os.close, in_fd)
+            sock, their_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            ours.callback(sock.close)
+            theirs.callback(their_sock.close)
+        except OSError as exc:
+            raise _out_of_descriptors("cannot open the run's pipes", exc) from None
+        submit(wire, [their_sock.fileno(), in_fd, out_w, err_w])
+        ours.pop_all()  # the caller owns them now
+    return out_r, err_r, sock
+
+
+# After the deadline the helper kills the sandbox; should the helper not get to run then
+# (stopped, starved of CPU), this process kills it this much later, by the pidfd the helper
+# sent with the pid (pidfd_send_signal(2): no pid-reuse race).
+HOST_GRACE = 0.3
+
+
+def _supervise(sock: socket.socket, streams: list[_Stream], cap: int, net: RunNetwork,
+               wall_time: float | None = None) -> tuple[dict[str, Any], int]:
     selector = selectors.DefaultSelector()
     for each in streams:
         selector.register(each.fd, selectors.EVENT_READ, each)
     selector.register(sock, selectors.EVENT_READ, None)
     report: dict[str, Any] | None = None
     pid = 0
+    pidfd = -1
+    host_deadline: float | None = None
+    host_killed = False
     kept = 0
     drain_until: float | None = None
     try:
         while selector.get_map():
-            timeout = None if drain_until is None else max(0.0, drain_until - time.monotonic())
+            until = drain_until if drain_until is not None else host_deadline
+            # At most an hour per wait: epoll_wait(2) takes an int of milliseconds.
+            timeout = None if until is None else min(max(0.0, until - time.monotonic()), 3600.0)
             events = selector.select(timeout)
             if not events and drain_until is not None:
                 break  # the sandbox is gone; whoever still holds a pipe is not ours to wait for
+            if host_deadline is not None and report is None and time.monotonic() >= host_deadline:
+                host_killed = _kill_by_pidfd(pidfd)
+                host_deadline = None
             for key, _mask in events:
                 if key.data is None:
                     data, fds = _netns.receive_fds(sock, 65536, 1)
@@ -291,12 +355,17 @@ def _supervise(sock: socket.socket, streams: list[_Stream],
                     if message["event"] == "proxy":
                         net.serve(fds)
                         continue
+                    if message["event"] == "pid" and fds and pidfd < 0:
+                        pidfd = fds.pop()
+                        if wall_time is not None:
+                            host_deadline = time.monotonic() + wall_time + HOST_GRACE
                     for fd in fds:
                         os.close(fd)
                     if message["event"] == "pid":
                         pid = message["pid"]
                     elif message["event"] == "exit":
                         report = message
+                        host_deadline = None
                         drain_until = time.monotonic() + 2.0
                     continue
                 stream: _Stream = key.data
@@ -322,9 +391,28 @@ def _supervise(sock: socket.socket, streams: list[_Stream],
         selector.close()
         for stream in streams:
             os.close(stream.fd)
+        if pidfd >= 0:
+            os.close(pidfd)
     if report is None:
         raise LaunchError("the launch helper ended the run without a report")
+    status = report.get("wait_status")
+    if host_killed and isinstance(status, int) and os.WIFSIGNALED(status) and (
+            os.WTERMSIG(status) == signal.SIGKILL):
+        report["timed_out"] = True  # the SIGKILL was this process's, at the deadline
     return report, pid
+
+
+def _kill_by_pidfd(pidfd: int) -> bool:
+    """SIGKILL to the sandbox's pid 1 (its whole pid namespace dies with it)."""
+    if pidfd < 0:
+        return False
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        return False  # it has ended already
+    except OSError:
+        return False  # not ours to signal: the helper's own deadline stays the guard
+    return True
 
 
 def _send_kill(sock: socket.socket, reason: str) -> None:

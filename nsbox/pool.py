@@ -13,14 +13,14 @@ process. nsbox/_helper_pool.py documents the helper's side.
 
 from __future__ import annotations
 
-import array
+import errno
 import json
 import os
 import socket
 import threading
 from typing import Any
 
-from nsbox import launcher
+from nsbox import _wire, launcher
 from nsbox import plan as planmod
 from nsbox.errors import LaunchError, PolicyError
 from nsbox.policy import Policy
@@ -138,12 +138,13 @@ class Pool:
         self._send({"command": command}, fds)
 
     def _send(self, request: dict[str, Any], fds: list[int]) -> None:
-        message = json.dumps(request).encode()
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         with self._lock:
             if self._sock is None:
                 raise LaunchError("the pool is closed")
             try:
-                self._sock.sendmsg([message], rights)
+                _wire.send(self._sock, request, fds)  # any size (nsbox/_wire.py)
             except OSError as exc:
-                raise LaunchError(f"the pool's launch helper is gone: {exc}") from None
+                if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                    raise LaunchError(f"the pool's launch helper is gone: {exc}") from None
+                raise launcher._out_of_descriptors("cannot send the command to the pool",
+                                                   exc) from None

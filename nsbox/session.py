@@ -19,7 +19,6 @@ every process, mount and tmpfs of the sandbox.
 
 from __future__ import annotations
 
-import array
 import errno
 import hashlib
 import json
@@ -34,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import _netns, launcher
+from nsbox import _netns, _wire, launcher
 from nsbox import audit as auditmod
 from nsbox import plan as planmod
 from nsbox.errors import (
@@ -345,26 +344,7 @@ class Session:
                  sinks: tuple[int | None, int | None], timeout: float | None) -> Result:
         self._check_open()
         started = time.monotonic()
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        in_fd, close_in = launcher._stdin_fd(stdin)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            rights = array.array("i", [theirs.fileno(), in_fd, out_w, err_w])
-            self._ctl.sendmsg([json.dumps(request).encode()],
-                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
-        except OSError:
-            ours.close()
-            for fd in (out_r, err_r):
-                os.close(fd)
-            self._ended_reason = "the session's sandbox has ended (idle timeout or killed)"
-            raise SessionClosed(self._ended_reason) from None
-        finally:
-            theirs.close()
-            for fd in (out_w, err_w):
-                os.close(fd)
-            if close_in:
-                os.close(in_fd)
+        out_r, err_r, ours = launcher._submit_with_streams(self._send_command, request, stdin)
         head = auditmod.HEAD if self._audit else 0
         streams = [launcher._Stream(out_r, sinks[0], head_limit=head),
                    launcher._Stream(err_r, sinks[1], head_limit=head)]
@@ -401,6 +381,16 @@ class Session:
         if sinks[1] is not None:
             result.stderr = b""
         return result
+
+    def _send_command(self, request: dict[str, Any], fds: list[int]) -> None:
+        try:
+            _wire.send(self._ctl, request, fds)  # any size (nsbox/_wire.py)
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                # Not sent (EMFILE for its memfd, say): this command fails, the session lives.
+                raise launcher._out_of_descriptors("cannot send the command", exc) from None
+            self._ended_reason = "the session's sandbox has ended (idle timeout or killed)"
+            raise SessionClosed(self._ended_reason) from None
 
     def _network_report(self, result: Result) -> None:
         """The session's proxy log, cut to the attempts made since the previous command."""
