@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import _netns, _wire, cgroups, limits
+from nsbox import _netns, _wire, cgroups, inputs, limits
 from nsbox import plan as planmod
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
 from nsbox.network import RunNetwork
@@ -179,6 +179,9 @@ def _stdin_fd(stdin: bytes | int | None) -> tuple[int, bool]:
 
 def choose_policy(policy: Policy | None, profile: str | None) -> Policy:
     """The policy given, or the one the profile names, or the default; never both."""
+    inputs.policy(policy)
+    if profile is not None:
+        profile = inputs.path(profile, "profile")
     if profile is None:
         return policy or Policy()
     if policy is not None:
@@ -192,7 +195,7 @@ def run(
     argv: list[str],
     policy: Policy | None = None,
     *,
-    stdin: bytes | int | None = None,
+    stdin: bytes | str | int | None = None,
     timeout: float | None = None,
     output_limit: int | None = None,
     env: dict[str, str] | None = None,
@@ -207,27 +210,32 @@ def run(
     The sandbox is ``policy``, or the profile ``profile`` names (a shipped profile or a TOML
     file), or the default policy.
 
-    ``stdin`` is bytes to feed, a descriptor to pass, or None for /dev/null. With
+    ``stdin`` is bytes (or str) to feed, a descriptor to pass, or None for /dev/null. With
     ``passthrough`` the output goes to this process's stdout/stderr as it arrives (still
     capped) instead of into the Result. Raises SetupError when the sandbox cannot be built
     (CommandNotFound when the command does not exist inside it). ``audit`` names a file that
-    gets one JSON line for the run (nsbox/audit.py).
+    gets one JSON line for the run (nsbox/audit.py). A bad argument raises PolicyError naming
+    it (nsbox/inputs.py), before anything starts.
     """
     trace = _trace_start()
+    cmd = inputs.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
+                         env_=env, cwd=cwd, passthrough=passthrough)
+    workspace = inputs.optional_path(workspace, "workspace")
+    audit = inputs.optional_path(audit, "audit")
     policy = choose_policy(policy, profile)
     if audit is not None:
         from nsbox.session import run_audited  # a session lists the files before teardown
 
-        return run_audited(argv, policy, audit=audit, stdin=stdin, timeout=timeout,
-                           output_limit=output_limit, env=env, workspace=workspace, cwd=cwd,
-                           passthrough=passthrough)
+        return run_audited(cmd.argv, policy, audit=audit, stdin=cmd.stdin, timeout=cmd.timeout,
+                           output_limit=cmd.output_limit, env=cmd.env, workspace=workspace,
+                           cwd=cmd.cwd, passthrough=passthrough)
     if workspace is not None:
         policy = policy.replace(workspace=workspace)
-    plan = planmod.build(policy, list(argv), env=env, cwd=cwd, wall_time=timeout)
+    plan = planmod.build(policy, cmd.argv, env=cmd.env, cwd=cmd.cwd, wall_time=cmd.timeout)
     wire = plan.to_wire()
     wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
-    cap = output_limit if output_limit is not None else policy.limits.output
-    return _launch(wire, stdin, cap, passthrough, RunNetwork(policy.network), trace=trace)
+    cap = cmd.output_limit if cmd.output_limit is not None else policy.limits.output
+    return _launch(wire, cmd.stdin, cap, passthrough, RunNetwork(policy.network), trace=trace)
 
 
 # --- NSBOX_TRACE=1: where the time of a launch goes (docs/performance.md) ----------------------

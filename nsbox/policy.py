@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nsbox import inputs
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -43,6 +45,9 @@ class Tmpfs:
     size: int = 16 * MiB
     mode: int = 0o755
     kind: Literal["tmpfs"] = "tmpfs"
+
+    def __post_init__(self) -> None:
+        inputs.check_tmpfs(self)  # size 0 would be a tmpfs without a limit (tmpfs(5))
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,9 @@ class Limits:
     workspace_size: int = 256 * MiB
     shm_size: int = 16 * MiB
     require_cgroup: bool = False  # fail instead of falling back to rlimits
+
+    def __post_init__(self) -> None:
+        inputs.check_limits(self)  # types and ranges: NaN, 2^64 or "5" never weaken a limit
 
 
 # --- network -----------------------------------------------------------------------------------
@@ -193,6 +201,9 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     network: Network = field(default_factory=Network)
     seccomp: Seccomp = field(default_factory=Seccomp)
+
+    def __post_init__(self) -> None:
+        inputs.check_policy(self)
 
     def replace(self, **changes: Any) -> Policy:
         return dataclasses.replace(self, **changes)

@@ -20,13 +20,14 @@ import socket
 import threading
 from typing import Any
 
-from nsbox import _wire, launcher
+from nsbox import _wire, inputs, launcher
 from nsbox import plan as planmod
 from nsbox.errors import LaunchError, PolicyError
 from nsbox.policy import Policy
 from nsbox.result import Result
 
 # What a command brings; everything else of the plan is fixed when the pool is made.
+MAX_SIZE = 1024  # sandboxes prepared at once: each holds processes, mounts and memory
 COMMAND_KEYS = ("argv", "env", "cwd", "rlimits", "seccomp_bpf", "seccomp_notify", "wall_time")
 
 
@@ -39,9 +40,9 @@ class Pool:
 
     def __init__(self, policy: Policy | None = None, size: int = 2, *,
                  workspace: str | None = None) -> None:
-        if size < 1:
-            raise ValueError("a pool needs at least one sandbox (size >= 1)")
-        policy = policy or Policy()
+        inputs.whole(size, "size", 1, MAX_SIZE, "a number of sandboxes")
+        workspace = inputs.optional_path(workspace, "workspace")
+        policy = inputs.policy(policy) or Policy()
         if workspace is not None:
             policy = policy.replace(workspace=workspace)
         if policy.network.mode == "allow":
@@ -115,9 +116,11 @@ class Pool:
     ) -> Result:
         """Run ``argv`` in one of the prepared sandboxes; see ``nsbox.run``."""
         trace = launcher._trace_start()
-        command = self._command(argv, env, cwd, timeout)
-        cap = output_limit if output_limit is not None else self.policy.limits.output
-        return launcher._launch(command, stdin, cap, passthrough, submit=self._submit,
+        cmd = inputs.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
+                             env_=env, cwd=cwd, passthrough=passthrough)
+        command = self._command(cmd.argv, cmd.env, cmd.cwd, cmd.timeout)
+        cap = cmd.output_limit if cmd.output_limit is not None else self.policy.limits.output
+        return launcher._launch(command, cmd.stdin, cap, passthrough, submit=self._submit,
                                 trace=trace)
 
     def _command(self, argv: list[str], env: dict[str, str] | None, cwd: str | None,

@@ -35,6 +35,7 @@ from typing import Any
 
 from nsbox import _netns, _wire, launcher
 from nsbox import audit as auditmod
+from nsbox import inputs as doors
 from nsbox import plan as planmod
 from nsbox.errors import (
     FileTransferError,
@@ -123,13 +124,27 @@ class Session:
         audit: str | None = None,
         copy_limits: CopyLimits | None = None,
     ) -> None:
+        self._closed = True  # until started: nothing for close() or __del__ to end
+        workspace = doors.optional_path(workspace, "workspace")
+        audit = doors.optional_path(audit, "audit")
+        env = doors.env(env)
+        timeout = doors.optional_seconds(timeout, "timeout")
+        output_limit = doors.output_limit(output_limit)
+        idle_timeout = doors.optional_seconds(idle_timeout, "idle_timeout")
+        if copy_limits is not None and not isinstance(copy_limits, CopyLimits):
+            raise PolicyError(f"expected a nsbox.CopyLimits, got {doors.quote(copy_limits)}",
+                              key="copy_limits")
+        if isinstance(inputs, str) or not isinstance(inputs, (list, tuple)):
+            raise PolicyError(f"expected a list of HOST_PATH[:NAME], got {doors.quote(inputs)}",
+                              key="inputs", hint=f"did you mean [{doors.quote(inputs)}]?"
+                              if isinstance(inputs, str) else None)
+        for spec in inputs:
+            doors.text(spec, "inputs")
         policy = launcher.choose_policy(policy, profile)
         if workspace is not None:
             policy = policy.replace(workspace=workspace)
         if inputs:
             policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
-        if idle_timeout is not None and idle_timeout <= 0:
-            raise PolicyError("must be more than 0 seconds", key="idle_timeout")
         if policy.seccomp.log_denied:
             # The learning-mode listener is handed over once per launch, not per command.
             raise PolicyError("seccomp learning mode is not available in a session",
@@ -312,12 +327,14 @@ class Session:
         A timeout (status TO) or output limit (OL) ends this command and everything it started,
         never the session. ``stdin`` is bytes (or text) to feed, a descriptor, or None.
         """
-        if isinstance(stdin, str):
-            stdin = stdin.encode()
-        timeout = timeout if timeout is not None else self.timeout
-        cap = output_limit if output_limit is not None else self.output_limit
-        command_env = {**self._env, **(env or {})}
-        plan = planmod.build(self.policy, list(argv), env=command_env, cwd=cwd,
+        # A bad value fails this command alone, before it reaches the session's sandbox.
+        cmd = doors.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
+                            env_=env, cwd=cwd, passthrough=passthrough)
+        data = cmd.stdin
+        timeout = cmd.timeout if cmd.timeout is not None else self.timeout
+        cap = cmd.output_limit if cmd.output_limit is not None else self.output_limit
+        command_env = {**self._env, **(cmd.env or {})}
+        plan = planmod.build(self.policy, cmd.argv, env=command_env, cwd=cmd.cwd,
                              wall_time=timeout)
         wire = plan.to_wire()
         command = {key: wire[key] for key in ("argv", "env", "cwd", "rlimits", "seccomp_bpf",
@@ -328,7 +345,7 @@ class Session:
             error: NsboxError | None = None
             heads = (b"", b"")
             try:
-                result = self._command({"cmd": "run", "command": command}, stdin, cap, sinks,
+                result = self._command({"cmd": "run", "command": command}, data, cap, sinks,
                                        timeout)
                 heads = self._heads
                 return result
@@ -338,7 +355,8 @@ class Session:
             finally:
                 self.commands += 1
                 if self._audit is not None:
-                    self._record(argv, command_env, stdin, timeout, cap, result, error, heads)
+                    self._record(cmd.argv, command_env, data, timeout, cap, result, error,
+                                 heads)
 
     def _command(self, request: dict[str, Any], stdin: bytes | int | None, cap: int,
                  sinks: tuple[int | None, int | None], timeout: float | None) -> Result:
@@ -433,6 +451,9 @@ class Session:
                                    FILE_OP_TIMEOUT)
         if result.status is Status.OK:
             return result.stdout
+        if result.status is Status.OL and op["kind"] == "get":
+            raise FileTransferError(str(op.get("path", "")), f"too large: more than {cap - 1} "
+                                    "bytes")
         if result.exit_code == 1:
             try:
                 info = json.loads(result.stderr)
@@ -445,8 +466,14 @@ class Session:
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write ``data`` to ``path`` in the sandbox (relative paths are under /workspace),
         creating parent directories; never through a symlink or into a FIFO."""
+        path = doors.path(path, "path")
+        doors.whole(mode, "mode", 0, 0o7777, "a mode (an int, e.g. 0o644)")
         if isinstance(data, str):
             data = data.encode()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise PolicyError(f"expected bytes or str, got {type(data).__name__} "
+                              f"{doors.quote(data)}", key="data")
+        data = bytes(data)
         self._file_op({"kind": "put", "path": path, "mode": mode}, data)
         if self._audit is not None:
             described = auditmod.describe_data(data)
@@ -459,6 +486,9 @@ class Session:
     def read_file(self, path: str, *, max_size: int | None = None) -> bytes:
         """The content of the regular file ``path`` in the sandbox. Refuses symlinks, FIFOs,
         devices, hard links and files over ``max_size`` (default: the per-file copy limit)."""
+        path = doors.path(path, "path")
+        if max_size is not None:
+            doors.size(max_size, "max_size", low=0)
         limit = max_size if max_size is not None else self.copy_limits.max_file_size
         data = self._file_op({"kind": "get", "path": path, "max_size": limit}, cap=limit + 1)
         if len(data) > limit:
