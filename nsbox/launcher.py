@@ -365,7 +365,7 @@ def _supervise(sock: socket.socket, streams: list[_Stream], cap: int, net: RunNe
                         continue
                     if message["event"] == "pid" and fds and pidfd < 0:
                         pidfd = fds.pop()
-                        if wall_time is not None:
+                        if isinstance(wall_time, (int, float)):
                             host_deadline = time.monotonic() + wall_time + HOST_GRACE
                     for fd in fds:
                         os.close(fd)
@@ -462,6 +462,9 @@ def _setup_error(info: dict[str, Any]) -> SetupError:
         return CommandNotFound(step, err, message, hint=(
             "the sandbox sees only /usr and the profile's binds; use an absolute path, or "
             "bind the program's directory with --ro-bind"))
+    if err in (errno.EMFILE, errno.ENFILE):
+        hint = ("the launch helper ran out of descriptors (it has this process's ulimit -n): "
+                "run fewer sandboxes at once, or raise the limit")
     if step.startswith("bind ") and err in (errno.ENOENT, errno.EACCES):
         hint = "check that the bind source exists and that you can read it"
     if step.startswith("bind ") and "mount_setattr" in message:
