@@ -8,6 +8,7 @@ its own socket to the helper and its own pipes; only sending the request takes a
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import json
@@ -39,6 +40,7 @@ class _HelperClient:
         self._sock: socket.socket | None = None
         self._pid = 0
         self.fork = False  # use_forked_helper()
+        self._reap_registered = False
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
@@ -114,6 +116,13 @@ class _HelperClient:
                 self._sock = None
                 raise LaunchError(f"the launch helper is gone: {exc}") from None
 
+    def reap_at_exit(self) -> None:
+        """The command line waits for its helper before it exits: left to init, each call
+        would leave a zombie under a pid 1 that does not reap."""
+        if not self._reap_registered:
+            self._reap_registered = True
+            atexit.register(self.stop)
+
     def stop(self) -> None:
         """End the helper and reap it (the command line, before it exits): every sandbox it
         still runs is killed first (end-of-file on its control socket)."""
@@ -146,6 +155,9 @@ def use_forked_helper() -> None:
     20 ms sooner). Only for a small process that stays single-threaded until then, such as the
     command line: a clone of a big process costs every launch more."""
     _helper.fork = True
+    _helper.reap_at_exit()
+
+
 
 
 @dataclass

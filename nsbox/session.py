@@ -201,10 +201,13 @@ class Session:
             os.close(null)
         try:
             self._wait_ready(ctl, launch, wire["net"].get("mode") == "allow")
-        except BaseException:
+        except BaseException as exc:
             ctl.close()
             launch.close()
             self._net.close()
+            if isinstance(exc, OSError):  # ECONNRESET: the init died while starting
+                raise LaunchError(f"the session's sandbox ended while starting: "
+                                  f"{exc.strerror or exc}") from None
             raise
         return ctl, launch
 
@@ -375,7 +378,7 @@ class Session:
         try:
             with ours:
                 report, pid = launcher._supervise(ours, streams, cap, self._net)
-        except (LaunchError, ValueError, KeyError):
+        except (LaunchError, ValueError, KeyError, OSError):  # ECONNRESET: the init died
             if self._overdue:
                 self._ended_reason = ("the session was killed: a command outlived its deadline "
                                       "and the sandbox's init did not stop it")
@@ -614,8 +617,12 @@ def _write_below(dest_fd: int, path: str, data: bytes, mode: int) -> None:
                 raise FileTransferError(path, "the destination is not a regular file")
             os.ftruncate(out, 0)
             view = memoryview(data)
-            while view:
-                view = view[os.write(out, view):]
+            try:
+                while view:
+                    view = view[os.write(out, view):]
+            except OSError:
+                os.unlink(name, dir_fd=fd)  # no truncated copy is left behind (ENOSPC)
+                raise
         finally:
             os.close(out)
     finally:

@@ -351,3 +351,100 @@ def test_the_helper_survives_a_failing_launch_and_reports_it():
     assert "could not carry out this launch" in info.value.message
     assert nsbox.run(["echo", "fine"]).stdout == b"fine\n"
     assert launcher._helper._pid == helper
+
+
+@pytest.mark.parametrize(("signame", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_to_nsbox_run_ends_the_sandbox_and_reaps_the_helper(as_user: UserRunner,
+                                                                       signame: str, code: int):
+    marker = f"6{uuid.uuid4().int % 10**8}"
+    # This script is a child subreaper (prctl(2)): a helper the command line left unreaped
+    # would become its zombie child here, where it can be seen.
+    out = as_user.script(f"""
+import ctypes, signal, subprocess, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+cli = subprocess.Popen([sys.executable, "-m", "nsbox", "run", "--", "sleep", "{marker}"],
+                       env={{"PYTHONPATH": {str(as_user.tree)!r}, "PATH": "/usr/bin:/bin"}},
+                       stderr=subprocess.PIPE)
+def sandboxed():
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{{entry}}/cmdline", "rb") as f:
+                if f.read() == b"sleep\\x00{marker}\\x00":
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            pass
+    return found
+deadline = time.monotonic() + 20
+while not sandboxed() and time.monotonic() < deadline:
+    time.sleep(0.05)
+started = bool(sandboxed())
+cli.send_signal(signal.{signame})
+stderr = cli.communicate(timeout=20)[1].decode()
+time.sleep(0.2)
+zombies = []
+for entry in os.listdir("/proc"):
+    if entry.isdigit():
+        try:
+            with open(f"/proc/{{entry}}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] == "Z":
+            zombies.append(int(entry))
+for pid in zombies:
+    os.waitpid(pid, 0)
+emit(started=started, code=cli.returncode, stderr=stderr, zombies=zombies,
+     left=sandboxed())
+""")
+    assert out["started"] is True
+    assert out["code"] == code
+    assert out["stderr"] == f"nsbox: stopped by {signame}: the sandbox was killed\n"
+    assert out["zombies"] == []
+    assert out["left"] == []
+
+
+def test_each_nsbox_run_reaps_its_helper(as_user: UserRunner):
+    out = as_user.script(f"""
+import ctypes, subprocess, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+codes = [subprocess.run([sys.executable, "-m", "nsbox", "run", "--", "true"],
+                        env={{"PYTHONPATH": {str(as_user.tree)!r}, "PATH": "/usr/bin:/bin"}}
+                        ).returncode for _ in range(3)]
+time.sleep(0.2)
+try:
+    reaped = os.waitpid(-1, os.WNOHANG)
+except ChildProcessError:
+    reaped = None
+emit(codes=codes, reaped=reaped)
+""")
+    assert out["codes"] == [0, 0, 0]
+    assert out["reaped"] is None  # no child left to reap: each command line waited for its own
+
+
+def test_profiles_that_are_not_regular_small_files_are_refused(tmp_path: Path):
+    fifo = tmp_path / "profile.toml"
+    os.mkfifo(fifo)
+    extends = tmp_path / "child.toml"
+    extends.write_text(f'extends = "{fifo}"\n')
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * (1024 * 1024) + "\n")
+    deep = tmp_path / "deep.toml"
+    deep.write_text("description = " + "[" * 5000 + "]" * 5000 + "\n")
+    nested = tmp_path / "nested.toml"
+    nested.write_text("description = " + "[" * 40 + "]" * 40 + "\n")
+    from nsbox.profiles import load_profile
+
+    for path, message in [(fifo, "must be a regular file"), (extends, "must be a regular file"),
+                          ("/dev/zero", "must be a regular file"), (big, "too large"),
+                          (deep, "nested more than 32 levels"),
+                          (nested, "nested more than 32 levels")]:
+        with pytest.raises(PolicyError, match=message):
+            load_profile(str(path))
+
+
+def test_an_audit_file_that_is_a_device_is_refused_before_the_run(tmp_path: Path):
+    marker = tmp_path / "ran"
+    with pytest.raises(nsbox.NsboxError, match="/dev/full is not a regular file"):
+        nsbox.run(["sh", "-c", f"touch {marker}"], audit="/dev/full")
+    assert not marker.exists()
