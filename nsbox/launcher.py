@@ -298,7 +298,15 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
             net.close()  # the proxy ends with the run, whatever happened
     if trace is not None:
         trace.append(("host: report received, build result", time.monotonic_ns()))
-    result = _result(report, pid, streams, cap, time.monotonic() - started)
+    try:
+        result = _result(report, pid, streams, cap, time.monotonic() - started)
+    except SetupError as exc:
+        if exc.step != "working directory":
+            raise
+        # The child's chdir reports the errno alone: name the directory (--cwd).
+        raise SetupError(exc.step, exc.errno, f"{inputs.quote(wire.get('cwd'))}: {exc.message}",
+                         hint="the working directory must exist inside the sandbox, e.g. "
+                         "/workspace, /tmp or a bind's target") from None
     net_report = net.report()
     if net_report is not None:
         result.extra["network"] = net_report

@@ -448,3 +448,10 @@ def test_an_audit_file_that_is_a_device_is_refused_before_the_run(tmp_path: Path
     with pytest.raises(nsbox.NsboxError, match="/dev/full is not a regular file"):
         nsbox.run(["sh", "-c", f"touch {marker}"], audit="/dev/full")
     assert not marker.exists()
+
+
+def test_a_missing_working_directory_is_named():
+    with pytest.raises(nsbox.SetupError) as info:
+        nsbox.run(["true"], cwd="/nope")
+    assert info.value.step == "working directory"
+    assert info.value.message == "'/nope': No such file or directory"
