@@ -25,6 +25,7 @@ import json
 import os
 import secrets
 import selectors
+import signal
 import socket
 import stat
 import threading
@@ -156,6 +157,7 @@ class Session:
         self.idle_timeout = idle_timeout
         self.copy_limits = copy_limits or CopyLimits()
         self.pid = 0  # host pid of the session's init
+        self._pidfd = -1  # and a descriptor for it (sent with the pid)
         self.commands = 0
         self._env = dict(env or {})
         self._lock = threading.RLock()  # run() records files with the lock held
@@ -173,6 +175,8 @@ class Session:
             self._ctl, self._launch = self._start()
         except BaseException:
             self._closed = True
+            if self._pidfd >= 0:
+                os.close(self._pidfd)
             if self._audit is not None:
                 self._audit.close()
             raise
@@ -246,6 +250,8 @@ class Session:
         if message is not None and message.get("event") == "proxy":
             self._net.serve(fds)
             return message
+        if message is not None and message.get("event") == "pid" and fds and self._pidfd < 0:
+            self._pidfd = fds.pop()  # the init's: _kill_overdue needs no helper
         for fd in fds:
             os.close(fd)
         if message is not None and message.get("event") == "pid":
@@ -295,6 +301,9 @@ class Session:
         self._ctl.close()
         self._launch.close()
         self._net.close()
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
         if self._audit is not None:
             self._audit.close()
 
@@ -437,6 +446,13 @@ class Session:
             self._launch.shutdown(socket.SHUT_WR)  # the helper kills the init
         except OSError:
             pass
+        # And this process does, should the helper not get to run (stopped, starved): by the
+        # pidfd, so never another process that reused the pid (pidfd_send_signal(2)).
+        if self._pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except OSError:
+                pass
 
     def _check_open(self) -> None:
         if self._closed:

@@ -455,3 +455,37 @@ def test_a_missing_working_directory_is_named():
         nsbox.run(["true"], cwd="/nope")
     assert info.value.step == "working directory"
     assert info.value.message == "'/nope': No such file or directory"
+
+
+def test_a_session_backstop_needs_neither_its_init_nor_the_helper(as_user: UserRunner):
+    marker = f"5{uuid.uuid4().int % 10**8}"
+    out = as_user.script(f"""
+import signal, threading, time
+with nsbox.Session(timeout=1) as s:
+    helper = nsbox.launcher._helper._pid
+    results = []
+    t = threading.Thread(target=lambda: results.append(s.run(["sleep", "{marker}"])))
+    started = time.monotonic()
+    t.start()
+    while not find("{marker}") and time.monotonic() - started < 10:
+        time.sleep(0.02)
+    # Neither the init (it would kill the command at its deadline) nor the helper (it would
+    # kill the init) gets to run: only the host's own backstop is left.
+    os.kill(s.pid, signal.SIGSTOP)
+    os.kill(helper, signal.SIGSTOP)
+    try:
+        t.join(15)
+        ended = time.monotonic() - started
+    finally:
+        os.kill(helper, signal.SIGCONT)
+    r = results[0]
+    alive = s.alive
+    gone = time.monotonic() + 3
+    while find("{marker}") and time.monotonic() < gone:  # SIGKILLed; let it finish exiting
+        time.sleep(0.02)
+    emit(ended=ended, status=r.status.value, alive=alive, left=find("{marker}"))
+""")
+    assert out["status"] == "TO"
+    assert out["ended"] < 1 + 5 + 2  # the deadline plus the backstop's delay, and some slack
+    assert out["alive"] is False
+    assert out["left"] == []
