@@ -489,3 +489,29 @@ with nsbox.Session(timeout=1) as s:
     assert out["ended"] < 1 + 5 + 2  # the deadline plus the backstop's delay, and some slack
     assert out["alive"] is False
     assert out["left"] == []
+
+
+def test_session_start_names_an_unwritable_runtime_directory(public_tree: Path,
+                                                             unprivileged_tmp: Path):
+    import subprocess
+
+    from conftest import PYTHON, UNPRIVILEGED_UID
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start the command line as the unprivileged uid")
+    runtime = unprivileged_tmp / "runtime"
+    (runtime / "nsbox").mkdir(parents=True)
+    for path in (runtime, runtime / "nsbox"):
+        os.chown(path, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
+    runtime.chmod(0o700)
+    (runtime / "nsbox").chmod(0o500)  # private, but nothing can be created in it
+    proc = subprocess.run(
+        ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
+         "--clear-groups", "--", PYTHON, "-m", "nsbox", "session", "start"],
+        capture_output=True, timeout=60, cwd="/",
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public_tree),
+             "XDG_RUNTIME_DIR": str(runtime), "HOME": "/tmp"})
+    assert proc.returncode == 125, proc
+    assert (f"cannot create the session's socket and record in {runtime}/nsbox: "
+            "Permission denied") in proc.stderr.decode()
+    assert os.listdir(runtime / "nsbox") == []
