@@ -243,11 +243,24 @@ def run(
                            cwd=cmd.cwd, passthrough=passthrough)
     if workspace is not None:
         policy = policy.replace(workspace=workspace)
-    plan = planmod.build(policy, cmd.argv, env=cmd.env, cwd=cmd.cwd, wall_time=cmd.timeout)
+    plan = build_plan(policy, cmd.argv, env=cmd.env, cwd=cmd.cwd, wall_time=cmd.timeout)
     wire = plan.to_wire()
     wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
     cap = cmd.output_limit if cmd.output_limit is not None else policy.limits.output
     return _launch(wire, cmd.stdin, cap, passthrough, RunNetwork(policy.network), trace=trace)
+
+
+def build_plan(policy: Policy, argv: list[str], **kwargs: Any) -> planmod.Plan:
+    """``plan.build``, with a failure of the host (a path it may not resolve, no descriptor
+    left for the seccomp program's memfd) as a SetupError that names it."""
+    try:
+        return planmod.build(policy, argv, **kwargs)
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        error = SetupError("prepare", exc.errno or 0, f"{exc.strerror or exc}{where}")
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            error.hint = _out_of_descriptors("", exc).hint
+        raise error from None
 
 
 # --- NSBOX_TRACE=1: where the time of a launch goes (docs/performance.md) ----------------------
@@ -349,7 +362,12 @@ HOST_GRACE = 0.3
 
 def _supervise(sock: socket.socket, streams: list[_Stream], cap: int, net: RunNetwork,
                wall_time: float | None = None) -> tuple[dict[str, Any], int]:
-    selector = selectors.DefaultSelector()
+    try:
+        selector = selectors.DefaultSelector()
+    except OSError as exc:  # epoll_create1: EMFILE
+        for each in streams:
+            os.close(each.fd)
+        raise _out_of_descriptors("cannot watch the run", exc) from None
     for each in streams:
         selector.register(each.fd, selectors.EVENT_READ, each)
     selector.register(sock, selectors.EVENT_READ, None)
@@ -373,9 +391,19 @@ def _supervise(sock: socket.socket, streams: list[_Stream], cap: int, net: RunNe
                 host_deadline = None
             for key, _mask in events:
                 if key.data is None:
-                    data, fds = _netns.receive_fds(sock, 65536, 1)
+                    try:
+                        data, fds = _netns.receive_fds(sock, 65536, 1)
+                    except ConnectionResetError:
+                        # The peer closed with our "kill" unread. The kernel reports that
+                        # before the messages still queued (the report among them): read on.
+                        continue
                     if not data:
                         selector.unregister(sock)
+                        if report is None and pid == 0:
+                            # It never started the sandbox: the request was lost on the way
+                            # in (the helper out of descriptors), or the helper died.
+                            raise LaunchError("the launch helper could not take the request "
+                                              "(out of descriptors, or it died)")
                         if report is None:
                             raise LaunchError("the launch helper died during the run")
                         continue
@@ -523,7 +551,9 @@ def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
         result.extra["seccomp_denied"] = report["seccomp_denied"]
     if report["timed_out"]:
         result.status = Status.TO
-    elif report["kill_reason"] == "output":
+    elif report["kill_reason"] == "output" or out.truncated or err.truncated:
+        # Also when the command ended before the kill for its output arrived: what it wrote
+        # was cut all the same.
         result.status = Status.OL
     elif result.signal is not None:
         result.status = Status.SG

@@ -51,7 +51,7 @@ class Pool:
         self.policy = policy
         self.size = size
         # Checked and resolved once: a bad policy fails here, not at the first command.
-        wire = planmod.build(policy, ["true"]).to_wire()
+        wire = launcher.build_plan(policy, ["true"]).to_wire()
         wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
         # What a command needs from the policy (rlimits, the seccomp program) is the same for
         # every command: taken once, here; only argv, env, cwd and the deadline are per command.

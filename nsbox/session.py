@@ -184,7 +184,7 @@ class Session:
     # --- lifetime ----------------------------------------------------------------------------
 
     def _start(self) -> tuple[socket.socket, socket.socket]:
-        plan = planmod.build(self.policy, ["nsbox-session-init"], env=self._env)
+        plan = launcher.build_plan(self.policy, ["nsbox-session-init"], env=self._env)
         wire = plan.to_wire()
         wire.update(host_uid=self.policy.host_uid, host_gid=self.policy.host_gid,
                     wall_time=None, session={"idle_timeout": self.idle_timeout})
@@ -346,7 +346,7 @@ class Session:
         timeout = cmd.timeout if cmd.timeout is not None else self.timeout
         cap = cmd.output_limit if cmd.output_limit is not None else self.output_limit
         command_env = {**self._env, **(cmd.env or {})}
-        plan = planmod.build(self.policy, cmd.argv, env=command_env, cwd=cmd.cwd,
+        plan = launcher.build_plan(self.policy, cmd.argv, env=command_env, cwd=cmd.cwd,
                              wall_time=timeout)
         wire = plan.to_wire()
         command = {key: wire[key] for key in ("argv", "env", "cwd", "rlimits", "seccomp_bpf",
@@ -471,8 +471,8 @@ class Session:
         if result.status is Status.OK:
             return result.stdout
         if result.status is Status.OL and op["kind"] == "get":
-            raise FileTransferError(str(op.get("path", "")), f"too large: more than {cap - 1} "
-                                    "bytes")
+            raise FileTransferError(str(op.get("path", "")),
+                                    f"too large: more than {op.get('max_size')} bytes")
         if result.exit_code == 1:
             try:
                 info = json.loads(result.stderr)
@@ -509,7 +509,9 @@ class Session:
         if max_size is not None:
             doors.size(max_size, "max_size", low=0)
         limit = max_size if max_size is not None else self.copy_limits.max_file_size
-        data = self._file_op({"kind": "get", "path": path, "max_size": limit}, cap=limit + 1)
+        # Room for the sandbox's error report on stderr (a refusal is no partial file).
+        data = self._file_op({"kind": "get", "path": path, "max_size": limit},
+                             cap=limit + 65536)
         if len(data) > limit:
             raise FileTransferError(path, f"too large: more than {limit} bytes")
         return data
