@@ -229,7 +229,11 @@ def _execute(options: dict[str, Any]) -> int:
                 passthrough=not as_json, audit=o["audit"],
             )
         # --- end sessions ---
-    except NsboxError as error:
+    except (NsboxError, OSError) as raised:
+        # An OSError is the host refusing something the options name (a path this user may
+        # not resolve, say): a message, not a traceback.
+        error = raised if isinstance(raised, NsboxError) else NsboxError(
+            f"{raised.strerror or raised}" + (f": {raised.filename}" if raised.filename else ""))
         if as_json:
             echo(json.dumps({"status": Status.XX.value, "error": str(error)}))
         return fail_code(error)

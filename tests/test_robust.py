@@ -520,3 +520,22 @@ def test_session_start_names_an_unwritable_runtime_directory(public_tree: Path,
     assert (f"cannot create the session's socket and record in {runtime}/nsbox: "
             "Permission denied") in proc.stderr.decode()
     assert os.listdir(runtime / "nsbox") == []
+
+
+def test_a_path_the_user_may_not_resolve_is_a_message_not_a_traceback(public_tree: Path):
+    import subprocess
+
+    from conftest import PYTHON, UNPRIVILEGED_UID
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start the command line as the unprivileged uid")
+    proc = subprocess.run(
+        ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
+         "--clear-groups", "--", PYTHON, "-m", "nsbox", "run", "--ro-bind",
+         "/proc/1/root/etc:/e", "--", "true"],
+        capture_output=True, timeout=60, cwd="/",
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public_tree), "HOME": "/tmp"})
+    assert proc.returncode == 125
+    assert proc.stderr.decode().startswith("nsbox: ")
+    assert "Permission denied" in proc.stderr.decode()
+    assert "Traceback" not in proc.stderr.decode()
