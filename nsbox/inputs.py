@@ -165,8 +165,8 @@ def stdin(value: Any, key: str = "stdin") -> bytes | int | None:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise PolicyError(f"{value} is not a descriptor", key=key)
+        if not 0 <= value < 2**31:  # an int of C (os.fstat would raise OverflowError)
+            raise PolicyError(f"{quote(value)} is not a descriptor", key=key)
         try:
             os.fstat(value)
         except OSError as exc:

@@ -144,6 +144,7 @@ def test_plans_of_any_size_arrive_whole():
     ({"stdin": 9999}, "stdin", "descriptor 9999 is not open", None),
     ({"stdin": -1}, "stdin", "-1 is not a descriptor", None),
     ({"stdin": 1.5}, "stdin", "expected bytes, str, a descriptor", None),
+    ({"stdin": 2**40}, "stdin", "1099511627776 is not a descriptor", None),
     ({"output_limit": -1}, "output_limit", "-1 is out of range", None),
     ({"env": {b"A": "b"}}, "env name", "got bytes", None),
     ({"env": {"A": 1}}, "env['A']", "got int 1", None),
