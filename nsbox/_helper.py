@@ -462,10 +462,10 @@ class Helper:
         launch.mnt_ns = hold_namespace(launch.pid)
         # Closed after the report has gone out: the sandbox's mounts are torn down then.
         launch.cleanup.callback(self.drop_fd, launch, "mnt_ns")
-        self.launches.add(launch)
         self.selector.register(launch.pidfd, selectors.EVENT_READ, lambda _f: self.reap(launch))
         self.selector.register(launch.err_fd, selectors.EVENT_READ,
                                lambda _f: self.read_error(launch))
+        launch.cleanup.callback(self.unwatch_requests, launch)
         if launch.sock is not None:
             self.watch_requests(launch)
         if launch.notify_sock is not None:
@@ -474,6 +474,14 @@ class Helper:
         if launch.net_sock is not None:
             self.selector.register(launch.net_sock, selectors.EVENT_READ,
                                    lambda _f: self.pass_proxy_listener(launch))
+        self.launches.add(launch)
+
+    def unwatch_requests(self, launch: Launch) -> None:
+        if launch.sock is not None:
+            try:
+                self.selector.unregister(launch.sock)
+            except (KeyError, ValueError):
+                pass
 
     def release(self, launch: Launch, plan: dict[str, Any], pid: int) -> None:
         """Write the id maps, settle the cgroup, let the child go on; tell the caller."""
@@ -816,7 +824,7 @@ class Helper:
             "maxrss_kib": rusage.ru_maxrss,
             "timed_out": launch.timed_out,
             "kill_reason": launch.kill_reason,
-            "setup_error": setup_error or launch.internal_error,
+            "setup_error": launch.internal_error or setup_error,  # the helper's is the cause
             "seccomp_denied": denied,
             "limits": limits,
         }
@@ -839,10 +847,7 @@ class Helper:
                 launch.cleanup.close()  # the sandbox's mounts are torn down here (mnt_ns)
             finally:
                 if launch.sock is not None:
-                    try:
-                        self.selector.unregister(launch.sock)
-                    except (KeyError, ValueError):
-                        pass
+                    self.unwatch_requests(launch)
                     launch.sock.close()
 
 
