@@ -540,3 +540,25 @@ def test_a_path_the_user_may_not_resolve_is_a_message_not_a_traceback(public_tre
     assert proc.stderr.decode().startswith("nsbox: ")
     assert "Permission denied" in proc.stderr.decode()
     assert "Traceback" not in proc.stderr.decode()
+
+
+def test_collect_into_an_unwritable_directory_fails_before_the_run(public_tree: Path,
+                                                                  unprivileged_tmp: Path):
+    import subprocess
+
+    from conftest import PYTHON, UNPRIVILEGED_UID
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start the command line as the unprivileged uid")
+    dest = unprivileged_tmp / "out"
+    dest.mkdir(mode=0o555)  # root's, not writable by the unprivileged uid
+    proc = subprocess.run(
+        ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
+         "--clear-groups", "--", PYTHON, "-m", "nsbox", "run", "--collect", "*",
+         "--collect-dir", str(dest), "--", "sh", "-c", "echo ran; echo x > f"],
+        capture_output=True, timeout=60, cwd="/",
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public_tree), "HOME": "/tmp"})
+    assert proc.returncode == 125
+    assert proc.stdout == b""  # the command never ran
+    assert proc.stderr.decode() == f"nsbox: {dest}: cannot use it for --collect: not writable\n"
+    assert os.listdir(dest) == []
