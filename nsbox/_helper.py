@@ -4,14 +4,17 @@ The host process starts it once (``python3 -I -S``) and keeps a control socket t
 from here instead of from the host process is what makes launches fast (a small process has few
 page tables to copy) and safe (the host may have threads; this process never does).
 
-Protocol (SOCK_SEQPACKET, one JSON object per message):
+Protocol (SOCK_SEQPACKET, one JSON object per message; one too large for a datagram travels in
+a memfd, nsbox/_wire.py):
 
   host -> helper, control socket:  {"plan": {...}}  with SCM_RIGHTS
                                    [launch socket, stdin, stdout, stderr]
   host -> helper, control socket:  {"pool": {"plan": {...}, "size": N}} with SCM_RIGHTS
                                    [pool socket]: a warm pool (nsbox/_helper_pool.py);
                                    commands then come over the pool socket
-  helper -> host, launch socket:   {"event": "pid", "pid": N}         the sandbox's pid 1
+  helper -> host, launch socket:   {"event": "pid", "pid": N}         the sandbox's pid 1,
+                                   + SCM_RIGHTS [pidfd]               its pidfd: the host's
+                                                                      own guard of the deadline
                                    {"event": "proxy"} + SCM_RIGHTS    network allow mode:
                                    [listener]                         the proxy's socket
                                    {"event": "exit", ...}             the outcome; then close
@@ -62,7 +65,6 @@ NAMESPACES = (
     _libc.CLONE_NEWUSER | _libc.CLONE_NEWNS | _libc.CLONE_NEWPID | _libc.CLONE_NEWNET
     | _libc.CLONE_NEWIPC | _libc.CLONE_NEWUTS | _libc.CLONE_NEWCGROUP
 )
-MAX_MESSAGE = 4 * 1024 * 1024
 MAX_FDS = 8
 MAX_WAIT = 3600.0  # seconds: the longest single wait of the event loop
 

@@ -18,7 +18,7 @@ import socket
 from typing import Any
 
 INLINE_MAX = 64 * 1024  # bytes sent in the datagram itself
-MAX_MESSAGE = 256 * 1024 * 1024  # a plan larger than this is refused (nsbox/inputs.py)
+MAX_MESSAGE = 256 * 1024 * 1024  # larger is refused: the launch fails with a LaunchError
 _TAG = b'{"memfd": '
 
 
