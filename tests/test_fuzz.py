@@ -148,10 +148,28 @@ _policy_fields = ("mounts", "env", "env_passthrough", "path", "lang", "uid", "gi
 def _policy_property(cases: int) -> None:
     from nsbox import plan as planmod
 
+    sizes = st.integers(1, 2**63 - 1)
+    valid_limits = {
+        "wall_time": st.one_of(st.none(), st.floats(0.001, 365 * 24 * 3600.0)),
+        "output": st.integers(0, 2**63 - 1), "memory": st.one_of(st.none(),
+                                                                st.integers(4096, 2**63 - 1)),
+        "pids": st.one_of(st.none(), st.integers(1, 2**31 - 1)),
+        "cpus": st.one_of(st.none(), st.floats(0.01, 64)),
+        "cpu_time": st.one_of(st.none(), st.floats(0.001, 3600)),
+        "open_files": st.integers(1, 2**31 - 1), "file_size": st.one_of(st.none(), sizes),
+        "tmp_size": sizes, "workspace_size": sizes, "shm_size": sizes,
+        "require_cgroup": st.just(False),
+    }
+
+    @st.composite
+    def limit_changes(draw: Any) -> dict[str, Any]:
+        names = draw(st.lists(st.sampled_from(_limit_fields), max_size=3, unique=True))
+        return {name: draw(_mostly(valid_limits[name], _anything)) for name in names}
+
     @seed(SEED)
     @_settings(cases)
-    @given(limits=st.dictionaries(st.sampled_from(_limit_fields), _anything, max_size=3),
-           fields=st.dictionaries(st.sampled_from(_policy_fields), _anything, max_size=2))
+    @given(limits=limit_changes(),
+           fields=st.dictionaries(st.sampled_from(_policy_fields), _anything, max_size=1))
     def prop(limits: dict[str, Any], fields: dict[str, Any]) -> None:
         def build() -> Any:
             policy = Policy(**fields).with_limits(**limits)
