@@ -21,7 +21,7 @@ import stat
 import time
 from typing import Any, NoReturn
 
-from nsbox import _libc, _netns
+from nsbox import _libc, _netns, _wire
 
 # The staging tmpfs is mounted over /tmp (privately, in the new mount namespace) and becomes the
 # root; the host's root stays reachable under /oldroot until the final pivot, and the sandbox's
@@ -302,7 +302,7 @@ def await_command(ctx: Context) -> dict[str, Any]:
     ctx.step = "wait for command"
     sock = socket.socket(fileno=0)
     sock.send(b"ready")
-    msg, fds, _flags, _addr = socket.recv_fds(sock, 4 * 1024 * 1024, 3)
+    msg, fds = _wire.receive(sock, 3)  # a command of any size (nsbox/_wire.py)
     if not msg or len(fds) != 3:
         raise OSError(0, "the pool closed before this sandbox got a command")
     sock.detach()

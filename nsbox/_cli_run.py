@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -142,14 +143,52 @@ def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ..
 # --- end profiles ---------------------------------------------------------------------------------
 
 
+class Stopped(BaseException):
+    """SIGTERM arrived (as KeyboardInterrupt does for SIGINT): unwinds the run like it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: Any) -> None:
+    raise Stopped(signum)
+
+
 def execute(options: dict[str, Any]) -> int:
     """Run the command of ``nsbox run`` as the options say; returns the exit code. Raises
-    OptionError for a usage error (no command)."""
-    o = options
-    check(o)
+    OptionError for a usage error (no command).
+
+    Ctrl-C (SIGINT) or SIGTERM ends the sandbox: the exception unwinds the run, which closes
+    its launch socket (the helper kills the sandbox at that end-of-file), then the helper
+    itself is ended and reaped; one line is printed and the exit code is 128 + the signal."""
+    check(options)
     from nsbox import launcher
 
     launcher.use_forked_helper()  # one launch: a second interpreter would cost more
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        return _execute(options)
+    except KeyboardInterrupt:
+        return _stopped(signal.SIGINT)
+    except Stopped as stop:
+        return _stopped(stop.signum)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stopped(signum: int) -> int:
+    from nsbox import launcher
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    launcher._helper.stop()  # every sandbox is dead once the helper is reaped
+    echo(f"nsbox: stopped by {signal.Signals(signum).name}: the sandbox was killed", err=True)
+    return 128 + signum
+
+
+def _execute(options: dict[str, Any]) -> int:
+    o = options
     env_set = parse_env(o["env"])
     overrides: dict[str, Any] = {
         "limits.wall_time": o["wall_time"], "limits.output": o["output_limit"],
@@ -199,7 +238,11 @@ def execute(options: dict[str, Any]) -> int:
                 passthrough=not as_json, audit=o["audit"],
             )
         # --- end sessions ---
-    except NsboxError as error:
+    except (NsboxError, OSError) as raised:
+        # An OSError is the host refusing something the options name (a path this user may
+        # not resolve, say): a message, not a traceback.
+        error = raised if isinstance(raised, NsboxError) else NsboxError(
+            f"{raised.strerror or raised}" + (f": {raised.filename}" if raised.filename else ""))
         if as_json:
             echo(json.dumps({"status": Status.XX.value, "error": str(error)}))
         return fail_code(error)

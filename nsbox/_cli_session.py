@@ -432,8 +432,25 @@ def run_and_collect(command: list[str], policy: Policy, *, patterns: tuple[str, 
                     audit: str | None
                     ) -> tuple[Result, list[dict[str, Any]], list[tuple[str, str]]]:
     """Run one command in a session of its own and copy out what matches ``patterns``."""
+    _check_destination(dest)
     with Session(policy, audit=audit, idle_timeout=None) as s:
         result = s.run(command, stdin=stdin, cwd=cwd, passthrough=passthrough)
         skipped: list[tuple[str, str]] = []
         copied = s.copy_out(dest, patterns, skipped=skipped)
     return result, [f.to_dict() for f in copied], skipped
+
+
+def _check_destination(dest: str) -> None:
+    """Before the run: the directory for --collect can be made and its filesystem has room (a
+    full disk would otherwise fail only after the command ran)."""
+    try:
+        os.makedirs(dest, exist_ok=True)
+        fs = os.statvfs(dest)
+    except OSError as exc:
+        raise errors.FileTransferError(
+            dest, f"cannot use it for --collect: {exc.strerror}") from None
+    free = fs.f_bfree if os.geteuid() == 0 else fs.f_bavail  # root may use the reserved blocks
+    if free == 0 or not os.access(dest, os.W_OK):
+        raise errors.FileTransferError(dest, "cannot use it for --collect: "
+                                + ("no space left on its filesystem" if free == 0
+                                   else "not writable"))

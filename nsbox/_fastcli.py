@@ -148,6 +148,14 @@ def parse_run(args: list[str]) -> dict[str, Any]:
 
 
 def main() -> None:
+    try:
+        _main()
+    except KeyboardInterrupt:  # Ctrl-C before or after a run (during one: _cli_run.execute)
+        sys.stderr.write("nsbox: interrupted\n")
+        sys.exit(130)
+
+
+def _main() -> None:
     args = sys.argv[1:]
     if args[:1] == ["run"]:
         try:
@@ -161,6 +169,7 @@ def main() -> None:
             from nsbox import _cli_run, launcher
 
             launcher._helper.adopt(*helper)
+            launcher._helper.reap_at_exit()
             try:
                 _cli_run.check(params)
                 code = _cli_run.execute(params)

@@ -4,14 +4,17 @@ The host process starts it once (``python3 -I -S``) and keeps a control socket t
 from here instead of from the host process is what makes launches fast (a small process has few
 page tables to copy) and safe (the host may have threads; this process never does).
 
-Protocol (SOCK_SEQPACKET, one JSON object per message):
+Protocol (SOCK_SEQPACKET, one JSON object per message; one too large for a datagram travels in
+a memfd, nsbox/_wire.py):
 
   host -> helper, control socket:  {"plan": {...}}  with SCM_RIGHTS
                                    [launch socket, stdin, stdout, stderr]
   host -> helper, control socket:  {"pool": {"plan": {...}, "size": N}} with SCM_RIGHTS
                                    [pool socket]: a warm pool (nsbox/_helper_pool.py);
                                    commands then come over the pool socket
-  helper -> host, launch socket:   {"event": "pid", "pid": N}         the sandbox's pid 1
+  helper -> host, launch socket:   {"event": "pid", "pid": N}         the sandbox's pid 1,
+                                   + SCM_RIGHTS [pidfd]               its pidfd: the host's
+                                                                      own guard of the deadline
                                    {"event": "proxy"} + SCM_RIGHTS    network allow mode:
                                    [listener]                         the proxy's socket
                                    {"event": "exit", ...}             the outcome; then close
@@ -47,6 +50,8 @@ the helper exits. Each sandbox gets PR_SET_PDEATHSIG, so it also dies with the h
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import json
 import os
@@ -58,7 +63,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import _child, _helper_pool, _libc, _netns, _spawner, cgroups, identity
+from nsbox import _child, _helper_pool, _libc, _netns, _spawner, _wire, cgroups, identity
 from nsbox import limits as _limits
 from nsbox._seccomp_notify import DeniedSyscalls
 from nsbox.errors import HostError
@@ -67,8 +72,8 @@ NAMESPACES = (
     _libc.CLONE_NEWUSER | _libc.CLONE_NEWNS | _libc.CLONE_NEWPID | _libc.CLONE_NEWNET
     | _libc.CLONE_NEWIPC | _libc.CLONE_NEWUTS | _libc.CLONE_NEWCGROUP
 )
-MAX_MESSAGE = 4 * 1024 * 1024
 MAX_FDS = 8
+MAX_WAIT = 3600.0  # seconds: the longest single wait of the event loop
 
 
 class StepFailed(Exception):
@@ -102,6 +107,12 @@ class Launch:
         self.trace: list[tuple[str, int]] | None = None  # NSBOX_TRACE: helper-side steps
         self.mnt_ns = -1  # held until the report is out (hold_namespace)
         self.spawner: _spawner.Spawner | None = None  # the clone's spawner (nsbox/_spawner.py)
+        self.reaped = False
+        self.cloned_into_cgroup = False  # clone3 with CLONE_INTO_CGROUP: nothing to attach
+        self.internal_error: dict[str, Any] | None = None  # Launch.fail
+        # The one owner of what the launch opened (pipes, descriptors, cgroup, spawner, the
+        # child itself until reaped): closed at the reap, or when the launch fails before.
+        self.cleanup = contextlib.ExitStack()
 
     def send(self, message: dict[str, Any]) -> None:
         if self.sock is None:
@@ -120,10 +131,39 @@ class Launch:
             pass
 
     def kill(self, reason: str) -> None:
-        if self.pid and self.kill_reason is None:
+        if self.pid and self.kill_reason is None and not self.reaped:
             self.kill_reason = reason
             # SIGKILL to the pid namespace's init kills every process in it (pid_namespaces(7)).
-            os.kill(self.pid, signal.SIGKILL)
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def fail(self, step: str, exc: BaseException) -> None:
+        """A helper-side failure of this launch after its clone: the sandbox is killed and its
+        report carries this error (the first one) instead of an exit status."""
+        if self.internal_error is None:
+            self.internal_error = failure_info(step, exc)
+        self.kill("setup failed")
+
+
+def failure_info(step: str, exc: BaseException) -> dict[str, Any]:
+    """``{step, errno, message}`` for any exception, as the launch's SetupError."""
+    if isinstance(exc, StepFailed):
+        return {"step": exc.step, "errno": exc.errno, "message": exc.message}
+    if isinstance(exc, OSError):
+        return {"step": step, "errno": exc.errno or 0, "message": exc.strerror or str(exc)}
+    text = f"{type(exc).__name__}: {exc}"
+    return {"step": step, "errno": 0,
+            "message": "the launch helper could not carry out this launch: " + text[:300]}
+
+
+def failure_report(exc: BaseException) -> dict[str, Any]:
+    """The exit report of a launch that failed before its sandbox existed."""
+    if isinstance(exc, HostError):
+        return {"event": "exit", "host_error": {
+            "feature": exc.feature, "message": str(exc.args[0]), "hint": exc.hint}}
+    return {"event": "exit", "setup_error": failure_info("helper", exc)}
 
 
 class Helper:
@@ -155,6 +195,8 @@ class Helper:
                 pass
 
     # --- event loop ----------------------------------------------------------------------
+    # The helper serves every launch of its host process: an exception from one launch's
+    # callback must end that launch only, never the loop (and with it every other run).
 
     def loop(self) -> None:
         while True:
@@ -163,16 +205,51 @@ class Helper:
                 # (a reap closes the launch's other fds); its number may even be reused.
                 if self.selector.get_map().get(key.fd) is not key:
                     continue
-                key.data(key.fileobj)
+                try:
+                    key.data(key.fileobj)
+                except Exception as exc:
+                    self.callback_failed(key, exc)
             self.run_timers()
-            now = time.monotonic()
-            for launch in list(self.launches):
+            self.check_limits()
+
+    def check_limits(self) -> None:
+        now = time.monotonic()
+        for launch in list(self.launches):
+            try:
                 if launch.deadline is not None and now >= launch.deadline:
                     launch.timed_out = True
                     launch.kill("timeout")
                     launch.deadline = None
                 if launch.limits is not None and launch.limits.poll():
                     launch.kill("cpu time")
+            except Exception as exc:
+                launch.fail("supervise", exc)
+
+    def callback_failed(self, key: selectors.SelectorKey, exc: Exception) -> None:
+        """The launch that owns ``key``'s descriptor fails with ``exc``; a descriptor nobody
+        owns is no longer watched (it would be reported ready again at once)."""
+        if key.fileobj is self.control:
+            return  # on_control reports its own failures to the launch concerned
+        launch = self.owner_of(key.fd)
+        if launch is not None and key.fd == launch.pidfd:
+            self.finish(launch, {"event": "exit", "setup_error": failure_info("reap", exc)})
+            return
+        try:
+            self.selector.unregister(key.fileobj)
+        except (KeyError, ValueError):
+            pass
+        if launch is not None:
+            launch.fail("supervise", exc)
+
+    def owner_of(self, fd: int) -> Launch | None:
+        for launch in self.launches:
+            socks = (launch.sock, launch.notify_sock, launch.net_sock)
+            fds = {launch.pidfd, launch.err_fd, *(s.fileno() for s in socks if s is not None)}
+            if launch.denied is not None:
+                fds.add(launch.denied.listener)
+            if fd in fds:
+                return launch
+        return None
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
         self.timers.append((time.monotonic() + delay, callback))
@@ -182,7 +259,10 @@ class Helper:
         due = [timer for timer in self.timers if timer[0] <= now]
         self.timers = [timer for timer in self.timers if timer[0] > now]
         for _when, callback in due:
-            callback()
+            try:
+                callback()
+            except Exception:
+                pass  # a spare not made now (a pool's, a spawner): made at the next launch
 
     def next_timeout(self) -> float | None:
         now = time.monotonic()
@@ -193,39 +273,60 @@ class Helper:
         deadlines += [when for when, _callback in self.timers]
         if not deadlines:
             return None
-        return max(0.0, min(deadlines) - now)
+        # epoll_wait(2) takes whole milliseconds in an int: a wait of more than 24.8 days
+        # overflows. A long deadline is reached through several shorter waits.
+        return min(max(0.0, min(deadlines) - now), MAX_WAIT)
 
     def on_control(self, sock: socket.socket) -> None:
-        msg, fds = _netns.receive_fds(sock, MAX_MESSAGE, MAX_FDS)
+        try:
+            msg, fds = _wire.receive(sock, MAX_FDS)
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.ENOTCONN):
+                self.shutdown()
+            # Otherwise the request is lost (e.g. its memfd did not arrive under EMFILE): its
+            # launch socket is gone with it, and the caller sees end-of-file.
+            return
         if not msg:
+            for fd in fds:
+                os.close(fd)
             self.shutdown()
         self.received_ns = time.monotonic_ns()
-        request = json.loads(msg)
-        if "pool" in request:
-            _helper_pool.HelperPool(self, socket.socket(fileno=fds[0]), **request["pool"])
-            return
-        launch_sock = socket.socket(fileno=fds[0])
-        launch = Launch(launch_sock)
+        launch: Launch | None = None
         try:
-            self.start(launch, request["plan"], list(fds[1:4]))
-        except StepFailed as exc:
-            launch.send({"event": "exit", "setup_error": {
-                "step": exc.step, "errno": exc.errno, "message": exc.message}})
-            launch_sock.close()
-        except HostError as exc:  # e.g. cgroup limits required but not available
-            launch.send({"event": "exit", "host_error": {
-                "feature": exc.feature, "message": str(exc.args[0]), "hint": exc.hint}})
-            launch_sock.close()
+            request = json.loads(msg)
+            if "pool" in request:
+                pool_sock = socket.socket(fileno=fds.pop(0))
+                try:
+                    _helper_pool.HelperPool(self, pool_sock, **request["pool"])
+                except BaseException:
+                    pool_sock.close()
+                    raise
+                return
+            launch = Launch(socket.socket(fileno=fds.pop(0)))
+            if len(fds) != 3:
+                raise StepFailed("helper", 0, f"expected 3 standard streams, got {len(fds)}")
+            self.start(launch, request["plan"], fds)
+        except Exception as exc:
+            if launch is not None and launch.sock is not None:
+                launch.send(failure_report(exc))
+                launch.sock.close()
         finally:
-            for fd in fds[1:]:
+            for fd in fds:
                 os.close(fd)
 
     def shutdown(self) -> None:
         for launch in self.launches:
             launch.kill("launcher gone")
         for launch in list(self.launches):
-            os.waitpid(launch.pid, 0)
-            self.close_limits(launch)
+            try:
+                os.waitpid(launch.pid, 0)
+            except ChildProcessError:
+                pass
+            launch.reaped = True
+            try:
+                launch.cleanup.close()
+            except Exception:
+                pass
         if self.spawners is not None:
             self.spawners.close()
         sys.exit(0)
@@ -233,6 +334,27 @@ class Helper:
     # --- one launch ----------------------------------------------------------------------
 
     def start(self, launch: Launch, plan: dict[str, Any], stdio: list[int]) -> None:
+        """Clone the sandbox of ``plan`` with ``stdio`` (the caller keeps and closes those) and
+        release it. What the launch opens belongs to ``launch.cleanup``. A failure before the
+        sandbox exists raises (StepFailed, HostError, anything) with all of it released; one
+        after becomes the launch's report (Launch.fail)."""
+        try:
+            pid = self.clone_sandbox(launch, plan, stdio)
+        except BaseException:
+            try:
+                launch.cleanup.close()
+            except Exception:
+                pass
+            raise
+        try:
+            self.release(launch, plan, pid)
+        except Exception as exc:
+            launch.fail("release", exc)
+
+    def clone_sandbox(self, launch: Launch, plan: dict[str, Any], stdio: list[int]) -> int:
+        """The run's cgroup, the child's pipes and sockets, the clone; then the child is
+        watched. Returns its pid; raises StepFailed for a step that failed."""
+        keep = launch.cleanup
         if plan.get("trace"):
             launch.trace = [("helper: receive plan", self.received_ns),
                             ("helper: create cgroup", time.monotonic_ns())]
@@ -242,54 +364,92 @@ class Helper:
             import nsbox._sessioninit  # noqa: F401
         # The run's cgroup, with its limits written, exists before the child does; the child
         # applies the rlimits, including the fallbacks for what the cgroup cannot limit here.
-        limits = launch.limits = _limits.RunLimits(
-            plan["cgroup"], plan["rlimits"], create=functools.partial(self.make_cgroup, launch))
-        spawner, launch.spawner = launch.spawner, None
-        # On cgroup v2 the child is cloned into its cgroup; elsewhere it is born in a spawner's
-        # cgroup, or moved into the run's cgroup after the clone (attach, below).
-        cgroup_fd = limits.cgroup.clone_fd() if limits.cgroup and spawner is None else None
+        try:
+            limits = launch.limits = _limits.RunLimits(
+                plan["cgroup"], plan["rlimits"], create=functools.partial(self.make_cgroup, launch))
+        except BaseException:
+            self.end_spawner(launch)  # one make_cgroup took
+            raise
+        keep.callback(self.close_limits, launch)
+        keep.callback(self.end_spawner, launch)  # until it has left (release)
         plan["rlimits"] = limits.rlimits
         plan["degraded"] = limits.degraded  # a session's init reports them with each command
+        with contextlib.ExitStack() as child_ends:  # closed here once the child has them
+            step = "create cgroup"
+            try:
+                # On cgroup v2 the child is cloned into its cgroup; elsewhere it is born in a
+                # spawner's cgroup, or moved into the run's cgroup after the clone (attach).
+                cgroup_fd = None
+                if limits.cgroup and launch.spawner is None:
+                    cgroup_fd = limits.cgroup.clone_fd()  # None: attach after the clone
+                    if cgroup_fd is not None:
+                        child_ends.callback(os.close, cgroup_fd)
+                if launch.trace is not None:
+                    launch.trace.append(("helper: open bind sources", time.monotonic_ns()))
+                source_fds = self.open_sources(plan)
+                for fd in source_fds.values():
+                    child_ends.callback(os.close, fd)
+                step = "create pipes"
+                sync_r, launch.sync_fd = os.pipe2(os.O_CLOEXEC)
+                child_ends.callback(os.close, sync_r)
+                keep.callback(self.drop_fd, launch, "sync_fd")
+                launch.err_fd, err_w = os.pipe2(os.O_CLOEXEC)
+                child_ends.callback(os.close, err_w)
+                keep.callback(self.drop_fd, launch, "err_fd")
+                notify_fd, net_fd = self.child_sockets(launch, plan, child_ends)
+            except OSError as exc:
+                raise StepFailed(step, exc.errno or 0, exc.strerror or str(exc)) from None
+            launch.started = time.monotonic()
+            if launch.trace is not None:
+                launch.trace.append(("helper: clone", time.monotonic_ns()))
+            fds = _spawner.ChildFds(stdio, sync_r, err_w, source_fds, notify_fd, net_fd)
+            pid = self.clone(launch, plan, fds, cgroup_fd)
+            launch.cloned_into_cgroup = cgroup_fd is not None and launch.spawner is None
+            keep.callback(self.end_child, launch)
         if launch.trace is not None:
-            launch.trace.append(("helper: open bind sources", time.monotonic_ns()))
+            launch.trace.append(("helper: write id maps", time.monotonic_ns()))
         try:
-            source_fds = self.open_sources(plan)
-        except BaseException:
-            self.close_limits(launch)
-            if spawner is not None:
-                spawner.end(kill=True)
-            if cgroup_fd is not None:
-                os.close(cgroup_fd)
-            raise
-        sync_r, sync_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        notify_child: socket.socket | None = None
+            self.watch(launch)
+        except OSError as exc:  # e.g. EMFILE for the pidfd
+            raise StepFailed("watch the sandbox", exc.errno or 0, str(exc)) from None
+        return pid
+
+    def child_sockets(self, launch: Launch, plan: dict[str, Any],
+                      child_ends: contextlib.ExitStack) -> tuple[int, int | None]:
+        """Learning mode's and network allow mode's socket pairs: the child's ends' fds."""
+        notify_fd, net_fd = -1, None
         launch.notify_table = plan.get("seccomp_notify")
         if launch.notify_table:
             launch.notify_sock, notify_child = socket.socketpair(socket.AF_UNIX,
                                                                  socket.SOCK_SEQPACKET)
-        net_child: socket.socket | None = None
+            launch.cleanup.callback(self.close_notify, launch)
+            child_ends.callback(notify_child.close)
+            notify_fd = notify_child.fileno()
         if plan["net"].get("mode") == "allow":
             launch.net_sock, net_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        launch.started = time.monotonic()
-        if launch.trace is not None:
-            launch.trace.append(("helper: clone", time.monotonic_ns()))
-        notify_fd = notify_child.fileno() if notify_child else -1
-        net_fd = net_child.fileno() if net_child else None
+            launch.cleanup.callback(self.close_net, launch)
+            # The child's end, closed here after the clone: EOF once the child sent or died.
+            child_ends.callback(net_child.close)
+            net_fd = net_child.fileno()
+        return notify_fd, net_fd
+
+    def clone(self, launch: Launch, plan: dict[str, Any], fds: _spawner.ChildFds,
+              cgroup_fd: int | None) -> int:
+        """Clone the child (through the launch's spawner, or here); in the child, go on as the
+        sandbox. Raises StepFailed("create namespaces")."""
         try:
-            if spawner is not None:
+            if launch.spawner is not None:
                 try:
-                    pid = spawner.clone()
+                    pid = launch.spawner.clone()
                 except OSError:
                     # It died before it cloned (killed from outside, say): clone here and
                     # attach instead; its cgroup, with the run's limits, stays the run's.
-                    dead, spawner = spawner, None  # ended here, whatever happens next
+                    dead, launch.spawner = launch.spawner, None  # ended here, whatever happens
                     dead.leave(kill=True)
-            if spawner is not None:
+            if launch.spawner is not None:
                 try:
                     # The child waits for its plan first, then for the id maps like any other.
-                    spawner.send_plan(plan, _spawner.ChildFds(stdio, sync_r, err_w, source_fds,
-                                                              notify_fd, net_fd))
+                    launch.spawner.send_plan(plan, fds)
                 except OSError:
                     os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
@@ -299,37 +459,24 @@ class Helper:
             else:
                 pid = _libc.raw_clone(NAMESPACES | signal.SIGCHLD)
         except OSError as exc:
-            if spawner is not None:
-                spawner.end(kill=True)
-            if cgroup_fd is not None:
-                os.close(cgroup_fd)
-            for fd in (sync_r, sync_w, err_r, err_w, *source_fds.values()):
-                os.close(fd)
-            self.close_notify(launch)
-            for sock in (notify_child, net_child, launch.net_sock):
-                if sock is not None:
-                    sock.close()
-            self.close_limits(launch)
             raise StepFailed("create namespaces", exc.errno or 0, str(exc)) from None
         if pid == 0:
-            self.become_child(plan, stdio, sync_r, err_w, source_fds, (sync_w, err_r),
-                              notify_fd, net_fd)
-        if cgroup_fd is not None:
-            os.close(cgroup_fd)
-        if launch.trace is not None:
-            launch.trace.append(("helper: write id maps", time.monotonic_ns()))
-        for fd in (sync_r, err_w, *source_fds.values()):
-            os.close(fd)
-        if notify_child is not None:
-            notify_child.close()
-        if net_child is not None:
-            net_child.close()  # the child's end: EOF here once the child has sent or died
-        launch.pid, launch.sync_fd, launch.err_fd = pid, sync_w, err_r
-        launch.pidfd = os.pidfd_open(pid)
-        launch.mnt_ns = hold_namespace(pid)
-        self.launches.add(launch)
+            self.become_child(plan, fds.stdio, fds.sync_r, fds.err_w, fds.sources,
+                              (launch.sync_fd, launch.err_fd), fds.notify, fds.net)
+        launch.pid = pid
+        return pid
+
+    def watch(self, launch: Launch) -> None:
+        """Watch the child's exit, its error pipe and the launch's sockets."""
+        launch.pidfd = os.pidfd_open(launch.pid)
+        launch.cleanup.callback(self.drop_fd, launch, "pidfd")
+        launch.mnt_ns = hold_namespace(launch.pid)
+        # Closed after the report has gone out: the sandbox's mounts are torn down then.
+        launch.cleanup.callback(self.drop_fd, launch, "mnt_ns")
         self.selector.register(launch.pidfd, selectors.EVENT_READ, lambda _f: self.reap(launch))
-        self.selector.register(err_r, selectors.EVENT_READ, lambda _f: self.read_error(launch))
+        self.selector.register(launch.err_fd, selectors.EVENT_READ,
+                               lambda _f: self.read_error(launch))
+        launch.cleanup.callback(self.unwatch_requests, launch)
         if launch.sock is not None:
             self.watch_requests(launch)
         if launch.notify_sock is not None:
@@ -338,31 +485,68 @@ class Helper:
         if launch.net_sock is not None:
             self.selector.register(launch.net_sock, selectors.EVENT_READ,
                                    lambda _f: self.pass_proxy_listener(launch))
+        self.launches.add(launch)
+
+    def unwatch_requests(self, launch: Launch) -> None:
+        if launch.sock is not None:
+            try:
+                self.selector.unregister(launch.sock)
+            except (KeyError, ValueError):
+                pass
+
+    def release(self, launch: Launch, plan: dict[str, Any], pid: int) -> None:
+        """Write the id maps, settle the cgroup, let the child go on; tell the caller."""
         step = "write id maps"
         try:
             self.write_id_maps(pid, plan)
             step = "attach to cgroup"
-            if launch.trace is not None and (spawner is not None or cgroup_fd is None):
+            spawner, launch.spawner = launch.spawner, None  # ended here, whatever happens next
+            if launch.trace is not None and (spawner is not None or not launch.cloned_into_cgroup):
                 launch.trace.append(("helper: spawner exits" if spawner else
                                      "helper: attach to cgroup", time.monotonic_ns()))
             if spawner is not None:
-                done, spawner = spawner, None  # ended here, whatever happens next
-                done.leave()  # it exits once it has cloned
-            elif cgroup_fd is None:
-                limits.attach(pid)  # before the child runs anything of its own
+                spawner.leave()  # it exits once it has cloned
+            elif launch.limits is not None and not launch.cloned_into_cgroup:
+                launch.limits.attach(pid)  # before the child runs anything of its own
         except OSError as exc:
-            if spawner is not None:
-                spawner.end(kill=True)
-            launch.err_data = json.dumps({"step": step, "errno": exc.errno or 0,
-                                          "message": str(exc)}).encode()
-            launch.kill("setup failed")
+            launch.fail(step, exc)
             return
-        os.write(sync_w, b"1")
+        os.write(launch.sync_fd, b"1")
         if launch.trace is not None:
             launch.trace.append(("helper: released, supervise", time.monotonic_ns()))
         if plan["wall_time"] is not None:
-            launch.deadline = launch.started + plan["wall_time"]
-        launch.send({"event": "pid", "pid": pid})
+            launch.deadline = launch.started + float(plan["wall_time"])
+        # With the pid, a descriptor for it: the host process kills the sandbox by it should
+        # this helper not get to run at the deadline (nsbox/launcher.py, the second guard).
+        launch.send_fd({"event": "pid", "pid": pid}, launch.pidfd)
+
+    def drop_fd(self, launch: Launch, name: str) -> None:
+        """Close the launch's descriptor ``name`` (once), watched or not."""
+        fd = getattr(launch, name)
+        if fd < 0:
+            return
+        setattr(launch, name, -1)
+        try:
+            self.selector.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+        os.close(fd)
+
+    def end_spawner(self, launch: Launch) -> None:
+        spawner, launch.spawner = launch.spawner, None
+        if spawner is not None:
+            spawner.end(kill=True)
+
+    def end_child(self, launch: Launch) -> None:
+        """A child that was never reaped (its launch failed on the way) is killed and
+        waited for here."""
+        if launch.pid and not launch.reaped:
+            launch.reaped = True
+            try:
+                os.kill(launch.pid, signal.SIGKILL)
+                os.waitpid(launch.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
     def make_cgroup(self, launch: Launch, request: cgroups.Request) -> cgroups.RunCgroup:
         """The run's cgroup: a ready spawner's, made ahead (then ``launch.spawner`` is set),
@@ -559,9 +743,7 @@ class Helper:
         if data:
             launch.err_data += data
             return
-        self.selector.unregister(launch.err_fd)
-        os.close(launch.err_fd)
-        launch.err_fd = -1
+        self.drop_fd(launch, "err_fd")
 
     def watch_requests(self, launch: Launch) -> None:
         assert launch.sock is not None
@@ -627,24 +809,39 @@ class Helper:
 
     # --- network allow mode: the proxy listener -----------------------------------------------
 
+    def close_net(self, launch: Launch) -> None:
+        if launch.net_sock is not None:
+            try:
+                self.selector.unregister(launch.net_sock)
+            except (KeyError, ValueError):
+                pass
+            launch.net_sock.close()
+            launch.net_sock = None
+
     def pass_proxy_listener(self, launch: Launch) -> None:
         """Hand the proxy listener from the sandbox child on to the host process. The child
         sends it before exec; end-of-file means it failed before (its error pipe says why)."""
         if launch.net_sock is None:
             return
-        self.selector.unregister(launch.net_sock)
         try:
             fd = _netns.receive_listener(launch.net_sock)
         except OSError:
             fd = None
-        launch.net_sock.close()
-        launch.net_sock = None
+        self.close_net(launch)
         if fd is not None:
             launch.send_fd({"event": "proxy"}, fd)
             os.close(fd)
 
     def reap(self, launch: Launch) -> None:
+        try:
+            report = self.exit_report(launch)
+        except Exception as exc:
+            report = {"event": "exit", "setup_error": failure_info("reap", exc)}
+        self.finish(launch, report)
+
+    def exit_report(self, launch: Launch) -> dict[str, Any]:
         _pid, status, rusage = os.wait4(launch.pid, 0)
+        launch.reaped = True
         reaped_ns = time.monotonic_ns()
         self.pass_proxy_listener(launch)  # if it is still here: the host gets it before the exit
         if launch.notify_sock is not None:  # sent before exec, not read yet
@@ -655,14 +852,13 @@ class Helper:
         self.close_notify(launch)
         wall = time.monotonic() - launch.started
         if launch.err_fd >= 0:
-            self.selector.unregister(launch.err_fd)
             os.set_blocking(launch.err_fd, False)
             try:
                 while chunk := os.read(launch.err_fd, 65536):
                     launch.err_data += chunk
             except BlockingIOError:
                 pass
-            os.close(launch.err_fd)
+            self.drop_fd(launch, "err_fd")
         child_trace, setup_error, reported = _child.read_report(launch.err_data)
         status = _child.command_status(status, reported)
         limits = self.close_limits(launch, remove=False)
@@ -675,31 +871,32 @@ class Helper:
             "maxrss_kib": rusage.ru_maxrss,
             "timed_out": launch.timed_out,
             "kill_reason": launch.kill_reason,
-            "setup_error": setup_error,
+            "setup_error": launch.internal_error or setup_error,  # the helper's is the cause
             "seccomp_denied": denied,
             "limits": limits,
         }
         if launch.trace is not None:
             report["trace"] = [*launch.trace, *child_trace, ("helper: reaped", reaped_ns)]
-        self.restore_pins(launch.pid)  # before the caller hears of the end
-        launch.send(report)
-        self.remove_cgroup(launch)
-        if self.spawners is not None:
-            self.spawners.refill_later()
-        if launch.mnt_ns >= 0:
-            os.close(launch.mnt_ns)  # the sandbox's mounts are torn down here, after the report
-        if launch.pool is not None:  # a pooled sandbox: the pool prepares what follows
-            launch.pool.ended(launch, setup_error)
-        self.selector.unregister(launch.pidfd)
-        os.close(launch.pidfd)
-        os.close(launch.sync_fd)
-        if launch.sock is not None:
-            try:
-                self.selector.unregister(launch.sock)
-            except (KeyError, ValueError):
-                pass
-            launch.sock.close()
+        return report
+
+    def finish(self, launch: Launch, report: dict[str, Any]) -> None:
+        """Send the launch's report, then release everything it held."""
+        self.restore_pins(launch.pid)  # the bound directories' modes, before the caller hears
         self.launches.discard(launch)
+        launch.send(report)
+        try:
+            self.remove_cgroup(launch)
+            if self.spawners is not None:
+                self.spawners.refill_later()
+            if launch.pool is not None:  # a pooled sandbox: the pool prepares what follows
+                launch.pool.ended(launch, report.get("setup_error"))
+        finally:
+            try:
+                launch.cleanup.close()  # the sandbox's mounts are torn down here (mnt_ns)
+            finally:
+                if launch.sock is not None:
+                    self.unwatch_requests(launch)
+                    launch.sock.close()
 
 
 def hold_namespace(pid: int) -> int:

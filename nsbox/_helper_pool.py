@@ -22,7 +22,6 @@ command (and to the Pool's constructor), and nothing more is prepared.
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import selectors
@@ -31,12 +30,12 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from nsbox import _wire
 from nsbox.errors import HostError
 
 if TYPE_CHECKING:
     from nsbox._helper import Helper, Launch
 
-MAX_MESSAGE = 4 * 1024 * 1024
 REFILL_DELAY = 0.002  # seconds
 
 
@@ -67,7 +66,7 @@ class HelperPool:
             self.prepare()
 
     def prepare(self) -> None:
-        from nsbox._helper import Launch, StepFailed
+        from nsbox._helper import Launch, failure_info
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         launch = Launch(None)
@@ -76,13 +75,13 @@ class HelperPool:
             # A copy: the launch keeps its own plan (the helper sets its rlimits in it).
             self.helper.start(launch, dict(self.plan),
                               [theirs.fileno(), self.devnull, self.devnull])
-        except StepFailed as exc:
-            ours.close()
-            self.fail({"step": exc.step, "errno": exc.errno, "message": exc.message})
-            return
         except HostError as exc:  # e.g. no unprivileged identity (nsbox/identity.py)
             ours.close()
             self.fail({"step": exc.feature, "errno": 0, "message": str(exc)})
+            return
+        except Exception as exc:  # StepFailed, or anything else: the pool fails, not the helper
+            ours.close()
+            self.fail(failure_info("prepare", exc))
             return
         finally:
             theirs.close()
@@ -154,28 +153,26 @@ class HelperPool:
     # --- commands -------------------------------------------------------------------------
 
     def on_message(self) -> None:
-        fds = array.array("i")
         try:
-            msg, ancdata, _flags, _addr = self.sock.recvmsg(
-                MAX_MESSAGE, socket.CMSG_SPACE(4 * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
-        except OSError:
-            msg, ancdata = b"", []
-        for level, kind, data in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+            msg, fds = _wire.receive(self.sock, 4)
+        except (OSError, ValueError):
+            msg, fds = b"", []
         if not msg:
             for fd in fds:
                 os.close(fd)
             self.close()
             return
         received = time.monotonic_ns()
-        request = json.loads(msg)
-        if request.get("wait_ready") and len(fds) == 1:
-            self.ready_waiters.append(socket.socket(fileno=fds[0]))
-            self.answer_ready_waiters()
-            return
-        command = request["command"]
-        if len(fds) != 4:
+        try:
+            request = json.loads(msg)
+            if request.get("wait_ready") and len(fds) == 1:
+                self.ready_waiters.append(socket.socket(fileno=fds.pop()))
+                self.answer_ready_waiters()
+                return
+            command = request["command"]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            command = None
+        if command is None or len(fds) != 4:
             for fd in fds:
                 os.close(fd)
             return
@@ -208,7 +205,7 @@ class HelperPool:
         else:
             launch.trace = None
         try:
-            socket.send_fds(sock, [json.dumps(command).encode()], fds[1:4])
+            _wire.send(sock, command, fds[1:4])
         except OSError:
             launch.kill("pool: sandbox gone before its command")
             self.drop_command_sock(launch)
@@ -217,11 +214,15 @@ class HelperPool:
         for fd in fds[1:4]:
             os.close(fd)
         launch.sock = socket.socket(fileno=fds[0])
-        self.helper.watch_requests(launch)
         launch.started = time.monotonic()
-        if command.get("wall_time") is not None:
-            launch.deadline = launch.started + command["wall_time"]
-        launch.send({"event": "pid", "pid": launch.pid})
+        try:
+            self.helper.watch_requests(launch)
+            if command.get("wall_time") is not None:
+                launch.deadline = launch.started + float(command["wall_time"])
+        except Exception as exc:  # this command fails, not the pool
+            launch.fail("dispatch", exc)
+            return True
+        launch.send_fd({"event": "pid", "pid": launch.pid}, launch.pidfd)  # see Helper.release
         return True
 
     def refuse(self, fds: list[int]) -> None:

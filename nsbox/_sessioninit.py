@@ -51,11 +51,10 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from nsbox import _child, _libc
+from nsbox import _child, _libc, _wire
 
 CAP_SETPCAP = 8
 CAP_SYS_ADMIN = 21
-MAX_MESSAGE = 4 * 1024 * 1024
 WORKSPACE = "/workspace"
 _CHUNK = 65536
 _MAX_DEPTH = 64
@@ -153,7 +152,8 @@ class Init:
         times = [job.deadline for job in self.jobs.values() if job.deadline is not None]
         if not self.jobs and self.idle_timeout is not None:
             times.append(self.last_active + self.idle_timeout)
-        return max(0.0, min(times) - now) if times else None
+        # epoll_wait(2) takes an int of milliseconds: a far deadline is reached in steps.
+        return min(max(0.0, min(times) - now), 3600.0) if times else None
 
     def on_wake(self, _fd: int) -> None:
         try:
@@ -163,14 +163,10 @@ class Init:
             pass
 
     def on_control(self, sock: socket.socket) -> None:
-        fds: list[int] = []
-        msg, ancdata, _flags, _addr = sock.recvmsg(
-            MAX_MESSAGE, socket.CMSG_SPACE(8 * 4), socket.MSG_CMSG_CLOEXEC)
-        for level, kind, data in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(data) - len(data) % 4
-                fds += [int.from_bytes(data[i:i + 4], sys.byteorder, signed=True)
-                        for i in range(0, usable, 4)]
+        try:
+            msg, fds = _wire.receive(sock, 8)  # a command of any size (nsbox/_wire.py)
+        except ValueError:
+            return  # its memfd did not arrive: the request fails alone (its socket is gone)
         if not msg:
             sys.exit(0)  # the host closed the session: everything inside dies with pid 1
         self.last_active = time.monotonic()
@@ -206,7 +202,7 @@ class Init:
         if pid == 0:
             self.become_command(request, stdio, err_r, err_w)
         os.close(err_w)
-        job = Job(sock, pid, err_r, None if wall is None else time.monotonic() + wall)
+        job = Job(sock, pid, err_r, None if wall is None else time.monotonic() + float(wall))
         self.jobs[pid] = job
         self.selector.register(sock, selectors.EVENT_READ, lambda _s: self.on_request(job))
         job.send({"event": "pid", "pid": pid})

@@ -38,7 +38,7 @@ import signal
 import socket
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from nsbox import _libc, _netns, cgroups
+from nsbox import _libc, _wire, cgroups
 from nsbox.cgroups import _names
 
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ READY = 2
 # the report. A spawner costs about 2 ms of CPU (its fork, its pages, its exit); measured with
 # and without them, launches back to back reached the same throughput (docs/performance.md).
 REFILL_DELAY = 0.002
-MAX_MESSAGE = 4 * 1024 * 1024
 MAX_FDS = 253  # SCM_MAX_FD
 
 
@@ -112,8 +111,7 @@ class Spawner:
     def send_plan(self, plan: dict[str, Any], fds: ChildFds) -> None:
         """The plan and the descriptors, to the sandbox child the spawner cloned."""
         layout, fd_list = fds.pack()
-        message = json.dumps({"plan": plan, "layout": layout}).encode()
-        socket.send_fds(self.sock, [message], fd_list)
+        _wire.send(self.sock, {"plan": plan, "layout": layout}, fd_list)  # any size
 
     def end(self, kill: bool = False) -> None:
         """Wait for the spawner's exit (it exits by itself once it has cloned or failed)."""
@@ -271,7 +269,7 @@ def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoR
 def become_sandbox(helper: Helper, sock: socket.socket) -> NoReturn:
     """In the sandbox child: receive the plan and the descriptors, then go on as any child."""
     try:
-        message, fds = _netns.receive_fds(sock, MAX_MESSAGE, MAX_FDS)
+        message, fds = _wire.receive(sock, MAX_FDS)
         sock.close()
         if message:
             request = json.loads(message)

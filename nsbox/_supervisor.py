@@ -259,6 +259,18 @@ def main() -> int:
         fd = os.open(record_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(record, f)
+    except OSError as exc:  # a full or read-only runtime directory: say so, leave nothing
+        session.close()
+        for path in (sock_path, record_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        error = NsboxError(f"cannot create the session's socket and record in {directory}: "
+                           f"{exc.strerror or exc}")
+        error.hint = "free space there, or set XDG_RUNTIME_DIR to a writable private directory"
+        print("error " + json.dumps(error_reply(error)), flush=True)
+        return 1
     finally:
         os.umask(old_umask)
     print("ok " + session.id, flush=True)

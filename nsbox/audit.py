@@ -18,6 +18,7 @@ import datetime
 import hashlib
 import json
 import os
+import stat
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -134,6 +135,12 @@ class AuditLog:
             self._fd = os.open(path, flags, 0o600)
         except OSError as exc:
             raise NsboxError(f"cannot open the audit file {path}: {exc.strerror}") from None
+        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+            # Checked before the run: a device such as /dev/full would fail only after it.
+            os.close(self._fd)
+            error = NsboxError(f"the audit file {path} is not a regular file")
+            error.hint = "give the path of a file (it is created if missing)"
+            raise error
 
     def write(self, record: dict[str, Any], secrets: Iterable[str] = ()) -> None:
         record = dict(record)
@@ -143,7 +150,11 @@ class AuditLog:
         with self._lock:
             if self._fd < 0:
                 raise NsboxError(f"the audit file {self.path} is closed")
-            os.write(self._fd, line.encode())
+            try:
+                os.write(self._fd, line.encode())
+            except OSError as exc:  # ENOSPC, EDQUOT, EIO
+                raise NsboxError(f"cannot write the audit record to {self.path}: "
+                                 f"{exc.strerror}") from None
 
     def close(self) -> None:
         with self._lock:

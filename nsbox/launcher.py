@@ -8,11 +8,13 @@ its own socket to the helper and its own pipes; only sending the request takes a
 
 from __future__ import annotations
 
-import array
+import atexit
+import contextlib
 import errno
 import json
 import os
 import selectors
+import signal
 import socket
 import sys
 import threading
@@ -20,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import _netns, cgroups, limits
+from nsbox import _netns, _wire, cgroups, inputs, limits
 from nsbox import plan as planmod
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
 from nsbox.network import RunNetwork
@@ -38,6 +40,7 @@ class _HelperClient:
         self._sock: socket.socket | None = None
         self._pid = 0
         self.fork = False  # use_forked_helper()
+        self._reap_registered = False
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
@@ -93,19 +96,55 @@ class _HelperClient:
         self.send_request({"plan": wire_plan}, fds)
 
     def send_request(self, request: dict[str, Any], fds: list[int]) -> None:
-        message = json.dumps(request).encode()
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         with self._lock:
             if self._sock is None or not self._alive():
                 if self._sock is not None:
                     self._sock.close()
-                self._sock = self._start()
+                    self._sock = None
+                try:
+                    self._sock = self._start()
+                except OSError as exc:  # socketpair: EMFILE
+                    raise _out_of_descriptors("cannot start the launch helper", exc) from None
             try:
-                self._sock.sendmsg([message], rights)
+                _wire.send(self._sock, request, fds)  # a plan of any size (nsbox/_wire.py)
             except OSError as exc:
+                if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                    # This request could not be sent (EMFILE for its memfd, ENOBUFS): the
+                    # helper and the runs it serves for other threads go on.
+                    raise _out_of_descriptors("cannot send the launch request", exc) from None
                 self._sock.close()
                 self._sock = None
                 raise LaunchError(f"the launch helper is gone: {exc}") from None
+
+    def reap_at_exit(self) -> None:
+        """The command line waits for its helper before it exits: left to init, each call
+        would leave a zombie under a pid 1 that does not reap."""
+        if not self._reap_registered:
+            self._reap_registered = True
+            atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """End the helper and reap it (the command line, before it exits): every sandbox it
+        still runs is killed first (end-of-file on its control socket)."""
+        with self._lock:
+            sock, pid = self._sock, self._pid
+            self._sock, self._pid = None, 0
+        if sock is not None:
+            sock.close()
+        if pid:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _out_of_descriptors(what: str, exc: OSError) -> LaunchError:
+    """A LaunchError for a failed open or send; with a hint when descriptors ran out."""
+    error = LaunchError(f"{what}: {exc.strerror or exc}")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        error.hint = ("this process has too many open descriptors (ulimit -n): close some, "
+                      "raise the limit, or run fewer sandboxes at once")
+    return error
 
 
 _helper = _HelperClient()
@@ -116,6 +155,9 @@ def use_forked_helper() -> None:
     20 ms sooner). Only for a small process that stays single-threaded until then, such as the
     command line: a clone of a big process costs every launch more."""
     _helper.fork = True
+    _helper.reap_at_exit()
+
+
 
 
 @dataclass
@@ -129,19 +171,29 @@ class _Stream:
 
 
 def _stdin_fd(stdin: bytes | int | None) -> tuple[int, bool]:
-    """A descriptor for the sandbox's stdin, and whether we opened it."""
+    """A descriptor for the sandbox's stdin, and whether we opened it. ``stdin`` was checked
+    at the door (nsbox/inputs.py)."""
     if isinstance(stdin, int):
         return stdin, False
     if stdin is None:
         return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), True
     fd = os.memfd_create("nsbox-stdin", os.MFD_CLOEXEC)
-    os.write(fd, stdin)
-    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        view = memoryview(stdin)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd, True
 
 
 def choose_policy(policy: Policy | None, profile: str | None) -> Policy:
     """The policy given, or the one the profile names, or the default; never both."""
+    inputs.policy(policy)
+    if profile is not None:
+        profile = inputs.path(profile, "profile")
     if profile is None:
         return policy or Policy()
     if policy is not None:
@@ -155,7 +207,7 @@ def run(
     argv: list[str],
     policy: Policy | None = None,
     *,
-    stdin: bytes | int | None = None,
+    stdin: bytes | str | int | None = None,
     timeout: float | None = None,
     output_limit: int | None = None,
     env: dict[str, str] | None = None,
@@ -170,27 +222,45 @@ def run(
     The sandbox is ``policy``, or the profile ``profile`` names (a shipped profile or a TOML
     file), or the default policy.
 
-    ``stdin`` is bytes to feed, a descriptor to pass, or None for /dev/null. With
+    ``stdin`` is bytes (or str) to feed, a descriptor to pass, or None for /dev/null. With
     ``passthrough`` the output goes to this process's stdout/stderr as it arrives (still
     capped) instead of into the Result. Raises SetupError when the sandbox cannot be built
     (CommandNotFound when the command does not exist inside it). ``audit`` names a file that
-    gets one JSON line for the run (nsbox/audit.py).
+    gets one JSON line for the run (nsbox/audit.py). A bad argument raises PolicyError naming
+    it (nsbox/inputs.py), before anything starts.
     """
     trace = _trace_start()
+    cmd = inputs.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
+                         env_=env, cwd=cwd, passthrough=passthrough)
+    workspace = inputs.optional_path(workspace, "workspace")
+    audit = inputs.optional_path(audit, "audit")
     policy = choose_policy(policy, profile)
     if audit is not None:
         from nsbox.session import run_audited  # a session lists the files before teardown
 
-        return run_audited(argv, policy, audit=audit, stdin=stdin, timeout=timeout,
-                           output_limit=output_limit, env=env, workspace=workspace, cwd=cwd,
-                           passthrough=passthrough)
+        return run_audited(cmd.argv, policy, audit=audit, stdin=cmd.stdin, timeout=cmd.timeout,
+                           output_limit=cmd.output_limit, env=cmd.env, workspace=workspace,
+                           cwd=cmd.cwd, passthrough=passthrough)
     if workspace is not None:
         policy = policy.replace(workspace=workspace)
-    plan = planmod.build(policy, list(argv), env=env, cwd=cwd, wall_time=timeout)
+    plan = build_plan(policy, cmd.argv, env=cmd.env, cwd=cmd.cwd, wall_time=cmd.timeout)
     wire = plan.to_wire()
     wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
-    cap = output_limit if output_limit is not None else policy.limits.output
-    return _launch(wire, stdin, cap, passthrough, RunNetwork(policy.network), trace=trace)
+    cap = cmd.output_limit if cmd.output_limit is not None else policy.limits.output
+    return _launch(wire, cmd.stdin, cap, passthrough, RunNetwork(policy.network), trace=trace)
+
+
+def build_plan(policy: Policy, argv: list[str], **kwargs: Any) -> planmod.Plan:
+    """``plan.build``, with a failure of the host (a path it may not resolve, no descriptor
+    left for the seccomp program's memfd) as a SetupError that names it."""
+    try:
+        return planmod.build(policy, argv, **kwargs)
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        error = SetupError("prepare", exc.errno or 0, f"{exc.strerror or exc}{where}")
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            error.hint = _out_of_descriptors("", exc).hint
+        raise error from None
 
 
 # --- NSBOX_TRACE=1: where the time of a launch goes (docs/performance.md) ----------------------
@@ -225,35 +295,31 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     if trace is not None:
         wire["trace"] = True
         trace.append(("host: send to helper", time.monotonic_ns()))
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    in_fd, close_in = _stdin_fd(stdin)
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        submit(wire, [theirs.fileno(), in_fd, out_w, err_w])
+        out_r, err_r, ours = _submit_with_streams(submit, wire, stdin)
     except BaseException:
-        for fd in (out_r, err_r):
-            os.close(fd)
-        ours.close()
+        net.close()
         raise
-    finally:
-        theirs.close()
-        for fd in (out_w, err_w):
-            os.close(fd)
-        if close_in:
-            os.close(in_fd)
     streams = [_Stream(out_r, 1 if passthrough else None),
                _Stream(err_r, 2 if passthrough else None)]
     if trace is not None:
         trace.append(("host: wait for the report", time.monotonic_ns()))
     with ours:
         try:
-            report, pid = _supervise(ours, streams, cap, net)
+            report, pid = _supervise(ours, streams, cap, net, wall_time=wire.get("wall_time"))
         finally:
             net.close()  # the proxy ends with the run, whatever happened
     if trace is not None:
         trace.append(("host: report received, build result", time.monotonic_ns()))
-    result = _result(report, pid, streams, cap, time.monotonic() - started)
+    try:
+        result = _result(report, pid, streams, cap, time.monotonic() - started)
+    except SetupError as exc:
+        if exc.step != "working directory":
+            raise
+        # The child's chdir reports the errno alone: name the directory (--cwd).
+        raise SetupError(exc.step, exc.errno, f"{inputs.quote(wire.get('cwd'))}: {exc.message}",
+                         hint="the working directory must exist inside the sandbox, e.g. "
+                         "/workspace, /tmp or a bind's target") from None
     net_report = net.report()
     if net_report is not None:
         result.extra["network"] = net_report
@@ -263,27 +329,81 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     return result
 
 
-def _supervise(sock: socket.socket, streams: list[_Stream],
-               cap: int, net: RunNetwork) -> tuple[dict[str, Any], int]:
-    selector = selectors.DefaultSelector()
+def _submit_with_streams(submit: Any, wire: dict[str, Any], stdin: bytes | int | None
+                         ) -> tuple[int, int, socket.socket]:
+    """Open the run's pipes and launch socket and submit the request with the helper's ends
+    (closed here once sent). Returns our ends; on any failure nothing stays open."""
+    with contextlib.ExitStack() as ours, contextlib.ExitStack() as theirs:
+        try:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            ours.callback(os.close, out_r)
+            theirs.callback(os.close, out_w)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            ours.callback(os.close, err_r)
+            theirs.callback(os.close, err_w)
+            in_fd, close_in = _stdin_fd(stdin)
+            if close_in:
+                theirs.callback(os.close, in_fd)
+            sock, their_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            ours.callback(sock.close)
+            theirs.callback(their_sock.close)
+        except OSError as exc:
+            raise _out_of_descriptors("cannot open the run's pipes", exc) from None
+        submit(wire, [their_sock.fileno(), in_fd, out_w, err_w])
+        ours.pop_all()  # the caller owns them now
+    return out_r, err_r, sock
+
+
+# After the deadline the helper kills the sandbox; should the helper not get to run then
+# (stopped, starved of CPU), this process kills it this much later, by the pidfd the helper
+# sent with the pid (pidfd_send_signal(2): no pid-reuse race).
+HOST_GRACE = 0.3
+
+
+def _supervise(sock: socket.socket, streams: list[_Stream], cap: int, net: RunNetwork,
+               wall_time: float | None = None) -> tuple[dict[str, Any], int]:
+    try:
+        selector = selectors.DefaultSelector()
+    except OSError as exc:  # epoll_create1: EMFILE
+        for each in streams:
+            os.close(each.fd)
+        raise _out_of_descriptors("cannot watch the run", exc) from None
     for each in streams:
         selector.register(each.fd, selectors.EVENT_READ, each)
     selector.register(sock, selectors.EVENT_READ, None)
     report: dict[str, Any] | None = None
     pid = 0
+    pidfd = -1
+    host_deadline: float | None = None
+    host_killed = False
     kept = 0
     drain_until: float | None = None
     try:
         while selector.get_map():
-            timeout = None if drain_until is None else max(0.0, drain_until - time.monotonic())
+            until = drain_until if drain_until is not None else host_deadline
+            # At most an hour per wait: epoll_wait(2) takes an int of milliseconds.
+            timeout = None if until is None else min(max(0.0, until - time.monotonic()), 3600.0)
             events = selector.select(timeout)
             if not events and drain_until is not None:
                 break  # the sandbox is gone; whoever still holds a pipe is not ours to wait for
+            if host_deadline is not None and report is None and time.monotonic() >= host_deadline:
+                host_killed = _kill_by_pidfd(pidfd)
+                host_deadline = None
             for key, _mask in events:
                 if key.data is None:
-                    data, fds = _netns.receive_fds(sock, 65536, 1)
+                    try:
+                        data, fds = _netns.receive_fds(sock, 65536, 1)
+                    except ConnectionResetError:
+                        # The peer closed with our "kill" unread. The kernel reports that
+                        # before the messages still queued (the report among them): read on.
+                        continue
                     if not data:
                         selector.unregister(sock)
+                        if report is None and pid == 0:
+                            # It never started the sandbox: the request was lost on the way
+                            # in (the helper out of descriptors), or the helper died.
+                            raise LaunchError("the launch helper could not take the request "
+                                              "(out of descriptors, or it died)")
                         if report is None:
                             raise LaunchError("the launch helper died during the run")
                         continue
@@ -291,12 +411,17 @@ def _supervise(sock: socket.socket, streams: list[_Stream],
                     if message["event"] == "proxy":
                         net.serve(fds)
                         continue
+                    if message["event"] == "pid" and fds and pidfd < 0:
+                        pidfd = fds.pop()
+                        if isinstance(wall_time, (int, float)):
+                            host_deadline = time.monotonic() + wall_time + HOST_GRACE
                     for fd in fds:
                         os.close(fd)
                     if message["event"] == "pid":
                         pid = message["pid"]
                     elif message["event"] == "exit":
                         report = message
+                        host_deadline = None
                         drain_until = time.monotonic() + 2.0
                     continue
                 stream: _Stream = key.data
@@ -322,9 +447,28 @@ def _supervise(sock: socket.socket, streams: list[_Stream],
         selector.close()
         for stream in streams:
             os.close(stream.fd)
+        if pidfd >= 0:
+            os.close(pidfd)
     if report is None:
         raise LaunchError("the launch helper ended the run without a report")
+    status = report.get("wait_status")
+    if host_killed and isinstance(status, int) and os.WIFSIGNALED(status) and (
+            os.WTERMSIG(status) == signal.SIGKILL):
+        report["timed_out"] = True  # the SIGKILL was this process's, at the deadline
     return report, pid
+
+
+def _kill_by_pidfd(pidfd: int) -> bool:
+    """SIGKILL to the sandbox's pid 1 (its whole pid namespace dies with it)."""
+    if pidfd < 0:
+        return False
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        return False  # it has ended already
+    except OSError:
+        return False  # not ours to signal: the helper's own deadline stays the guard
+    return True
 
 
 def _send_kill(sock: socket.socket, reason: str) -> None:
@@ -366,6 +510,9 @@ def _setup_error(info: dict[str, Any]) -> SetupError:
         return CommandNotFound(step, err, message, hint=(
             "the sandbox sees only /usr and the profile's binds; use an absolute path, or "
             "bind the program's directory with --ro-bind"))
+    if err in (errno.EMFILE, errno.ENFILE):
+        hint = ("the launch helper ran out of descriptors (it has this process's ulimit -n): "
+                "run fewer sandboxes at once, or raise the limit")
     if step.startswith("bind ") and err in (errno.ENOENT, errno.EACCES):
         hint = "check that the bind source exists and that you can read it"
     if step.startswith("bind ") and "mount_setattr" in message:
@@ -404,7 +551,9 @@ def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
         result.extra["seccomp_denied"] = report["seccomp_denied"]
     if report["timed_out"]:
         result.status = Status.TO
-    elif report["kill_reason"] == "output":
+    elif report["kill_reason"] == "output" or out.truncated or err.truncated:
+        # Also when the command ended before the kill for its output arrived: what it wrote
+        # was cut all the same.
         result.status = Status.OL
     elif result.signal is not None:
         result.status = Status.SG

@@ -160,6 +160,7 @@ class RunLimits:
                 supported, reason = frozenset(), str(exc)
         missing = wanted - supported
         if missing and spec.get("require"):
+            self.close()  # the cgroup made for the controllers that are there
             raise HostError(
                 f"cgroup limits are required, but {', '.join(sorted(missing))} cannot be "
                 f"limited here: {reason}",

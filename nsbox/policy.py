@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from nsbox import identity
+from nsbox import identity, inputs
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -45,6 +45,9 @@ class Tmpfs:
     size: int = 16 * MiB
     mode: int = 0o755
     kind: Literal["tmpfs"] = "tmpfs"
+
+    def __post_init__(self) -> None:
+        inputs.check_tmpfs(self)  # size 0 would be a tmpfs without a limit (tmpfs(5))
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,9 @@ class Limits:
     workspace_size: int = 256 * MiB
     shm_size: int = 16 * MiB
     require_cgroup: bool = False  # fail instead of falling back to rlimits
+
+    def __post_init__(self) -> None:
+        inputs.check_limits(self)  # types and ranges: NaN, 2^64 or "5" never weaken a limit
 
 
 # --- network -----------------------------------------------------------------------------------
@@ -203,6 +209,7 @@ class Policy:
     def __post_init__(self) -> None:
         from nsbox import rules  # a cycle otherwise: rules needs the mount classes
 
+        inputs.check_policy(self)  # types and ranges first: the rules read the values
         identity.check_host_ids(self.host_uid, self.host_gid)  # never host root, at every door
         rules.check_policy(self)
 

@@ -13,20 +13,21 @@ process. nsbox/_helper_pool.py documents the helper's side.
 
 from __future__ import annotations
 
-import array
+import errno
 import json
 import os
 import socket
 import threading
 from typing import Any
 
-from nsbox import launcher
+from nsbox import _wire, inputs, launcher
 from nsbox import plan as planmod
 from nsbox.errors import LaunchError, PolicyError
 from nsbox.policy import Policy
 from nsbox.result import Result
 
 # What a command brings; everything else of the plan is fixed when the pool is made.
+MAX_SIZE = 1024  # sandboxes prepared at once: each holds processes, mounts and memory
 COMMAND_KEYS = ("argv", "env", "cwd", "rlimits", "seccomp_bpf", "seccomp_notify", "wall_time")
 
 
@@ -39,9 +40,9 @@ class Pool:
 
     def __init__(self, policy: Policy | None = None, size: int = 2, *,
                  workspace: str | None = None) -> None:
-        if size < 1:
-            raise ValueError("a pool needs at least one sandbox (size >= 1)")
-        policy = policy or Policy()
+        inputs.whole(size, "size", 1, MAX_SIZE, "a number of sandboxes")
+        workspace = inputs.optional_path(workspace, "workspace")
+        policy = inputs.policy(policy) or Policy()
         if workspace is not None:
             policy = policy.replace(workspace=workspace)
         if policy.network.mode == "allow":
@@ -50,7 +51,7 @@ class Pool:
         self.policy = policy
         self.size = size
         # Checked and resolved once: a bad policy fails here, not at the first command.
-        wire = planmod.build(policy, ["true"]).to_wire()
+        wire = launcher.build_plan(policy, ["true"]).to_wire()
         wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
         # What a command needs from the policy (rlimits, the seccomp program) is the same for
         # every command: taken once, here; only argv, env, cwd and the deadline are per command.
@@ -115,9 +116,11 @@ class Pool:
     ) -> Result:
         """Run ``argv`` in one of the prepared sandboxes; see ``nsbox.run``."""
         trace = launcher._trace_start()
-        command = self._command(argv, env, cwd, timeout)
-        cap = output_limit if output_limit is not None else self.policy.limits.output
-        return launcher._launch(command, stdin, cap, passthrough, submit=self._submit,
+        cmd = inputs.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
+                             env_=env, cwd=cwd, passthrough=passthrough)
+        command = self._command(cmd.argv, cmd.env, cmd.cwd, cmd.timeout)
+        cap = cmd.output_limit if cmd.output_limit is not None else self.policy.limits.output
+        return launcher._launch(command, cmd.stdin, cap, passthrough, submit=self._submit,
                                 trace=trace)
 
     def _command(self, argv: list[str], env: dict[str, str] | None, cwd: str | None,
@@ -138,12 +141,13 @@ class Pool:
         self._send({"command": command}, fds)
 
     def _send(self, request: dict[str, Any], fds: list[int]) -> None:
-        message = json.dumps(request).encode()
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         with self._lock:
             if self._sock is None:
                 raise LaunchError("the pool is closed")
             try:
-                self._sock.sendmsg([message], rights)
+                _wire.send(self._sock, request, fds)  # any size (nsbox/_wire.py)
             except OSError as exc:
-                raise LaunchError(f"the pool's launch helper is gone: {exc}") from None
+                if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                    raise LaunchError(f"the pool's launch helper is gone: {exc}") from None
+                raise launcher._out_of_descriptors("cannot send the command to the pool",
+                                                   exc) from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -155,13 +156,52 @@ class _Source:
 
     def read_text(self) -> str:
         if self.base_dir is not None:
-            with open(self.path, encoding="utf-8") as f:
-                return f.read()
+            return _read_file(self.path, self.display)
         # The package's loader reads from a directory and from a zip archive alike, and costs
         # no import (importlib.resources takes ~5 ms, on every `nsbox run`).
         assert __spec__ is not None and __spec__.loader is not None
         data: bytes = __spec__.loader.get_data(self.path)  # type: ignore[attr-defined]
         return data.decode("utf-8")
+
+
+MAX_PROFILE = 1024 * 1024  # bytes; the shipped profiles are about 2 KB
+MAX_DEPTH = 32  # nested tables and arrays; the schema's deepest is 4
+
+
+def _read_file(path: str, display: str) -> str:
+    """A profile file's text; a FIFO (it would block), a device (/dev/zero would never end) or
+    a file over MAX_PROFILE is refused before anything is read."""
+    # O_NONBLOCK: opening a FIFO without a writer would block (fifo(7)).
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PolicyError("a profile must be a regular file, not a FIFO, device, socket or "
+                              "directory", file=display)
+        if st.st_size > MAX_PROFILE:
+            raise PolicyError(f"the profile is too large ({st.st_size} bytes; at most "
+                              f"{MAX_PROFILE})", file=display)
+        data = os.read(fd, MAX_PROFILE + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_PROFILE:
+        raise PolicyError(f"the profile is too large (at most {MAX_PROFILE} bytes)", file=display)
+    return data.decode("utf-8")
+
+
+def _check_depth(data: Any, display: str) -> None:
+    """Refuse values nested deeper than MAX_DEPTH (walked without recursion)."""
+    stack: list[tuple[Any, int, str]] = [(data, 0, "")]
+    while stack:
+        value, depth, key = stack.pop()
+        if depth > MAX_DEPTH:
+            raise PolicyError(f"nested more than {MAX_DEPTH} levels deep", key=key or None,
+                              file=display)
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1, f"{key}.{k}" if key else str(k)[:100])
+                         for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1, key) for v in value)
 
 
 def _shipped(name: str) -> _Source:
@@ -221,6 +261,10 @@ def _read(source: _Source) -> tuple[dict[str, Any], schema.Origin]:
         match = re.search(r"line (\d+)", str(exc))
         raise PolicyError(f"not valid TOML: {exc}", file=source.display,
                           line=int(match.group(1)) if match else None) from None
+    except RecursionError:
+        raise PolicyError(f"nested more than {MAX_DEPTH} levels deep",
+                          file=source.display) from None
+    _check_depth(data, source.display)
     return data, schema.Origin(source.display, _tomltext.KeyLines(text).line, source.base_dir)
 
 

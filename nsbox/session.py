@@ -19,13 +19,13 @@ every process, mount and tmpfs of the sandbox.
 
 from __future__ import annotations
 
-import array
 import errno
 import hashlib
 import json
 import os
 import secrets
 import selectors
+import signal
 import socket
 import stat
 import threading
@@ -34,8 +34,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import _netns, launcher
+from nsbox import _netns, _wire, launcher
 from nsbox import audit as auditmod
+from nsbox import inputs as doors
 from nsbox import plan as planmod
 from nsbox.errors import (
     FileTransferError,
@@ -124,13 +125,27 @@ class Session:
         audit: str | None = None,
         copy_limits: CopyLimits | None = None,
     ) -> None:
+        self._closed = True  # until started: nothing for close() or __del__ to end
+        workspace = doors.optional_path(workspace, "workspace")
+        audit = doors.optional_path(audit, "audit")
+        env = doors.env(env)
+        timeout = doors.optional_seconds(timeout, "timeout")
+        output_limit = doors.output_limit(output_limit)
+        idle_timeout = doors.optional_seconds(idle_timeout, "idle_timeout")
+        if copy_limits is not None and not isinstance(copy_limits, CopyLimits):
+            raise PolicyError(f"expected a nsbox.CopyLimits, got {doors.quote(copy_limits)}",
+                              key="copy_limits")
+        if isinstance(inputs, str) or not isinstance(inputs, (list, tuple)):
+            raise PolicyError(f"expected a list of HOST_PATH[:NAME], got {doors.quote(inputs)}",
+                              key="inputs", hint=f"did you mean [{doors.quote(inputs)}]?"
+                              if isinstance(inputs, str) else None)
+        for spec in inputs:
+            doors.text(spec, "inputs")
         policy = launcher.choose_policy(policy, profile)
         if workspace is not None:
             policy = policy.replace(workspace=workspace)
         if inputs:
             policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
-        if idle_timeout is not None and idle_timeout <= 0:
-            raise PolicyError("must be more than 0 seconds", key="idle_timeout")
         if policy.seccomp.log_denied:
             # The learning-mode listener is handed over once per launch, not per command.
             raise PolicyError("seccomp learning mode is not available in a session",
@@ -142,6 +157,7 @@ class Session:
         self.idle_timeout = idle_timeout
         self.copy_limits = copy_limits or CopyLimits()
         self.pid = 0  # host pid of the session's init
+        self._pidfd = -1  # and a descriptor for it (sent with the pid)
         self.commands = 0
         self._env = dict(env or {})
         self._lock = threading.RLock()  # run() records files with the lock held
@@ -159,6 +175,8 @@ class Session:
             self._ctl, self._launch = self._start()
         except BaseException:
             self._closed = True
+            if self._pidfd >= 0:
+                os.close(self._pidfd)
             if self._audit is not None:
                 self._audit.close()
             raise
@@ -166,7 +184,7 @@ class Session:
     # --- lifetime ----------------------------------------------------------------------------
 
     def _start(self) -> tuple[socket.socket, socket.socket]:
-        plan = planmod.build(self.policy, ["nsbox-session-init"], env=self._env)
+        plan = launcher.build_plan(self.policy, ["nsbox-session-init"], env=self._env)
         wire = plan.to_wire()
         wire.update(host_uid=self.policy.host_uid, host_gid=self.policy.host_gid,
                     wall_time=None, session={"idle_timeout": self.idle_timeout})
@@ -187,10 +205,13 @@ class Session:
             os.close(null)
         try:
             self._wait_ready(ctl, launch, wire["net"].get("mode") == "allow")
-        except BaseException:
+        except BaseException as exc:
             ctl.close()
             launch.close()
             self._net.close()
+            if isinstance(exc, OSError):  # ECONNRESET: the init died while starting
+                raise LaunchError(f"the session's sandbox ended while starting: "
+                                  f"{exc.strerror or exc}") from None
             raise
         return ctl, launch
 
@@ -229,6 +250,8 @@ class Session:
         if message is not None and message.get("event") == "proxy":
             self._net.serve(fds)
             return message
+        if message is not None and message.get("event") == "pid" and fds and self._pidfd < 0:
+            self._pidfd = fds.pop()  # the init's: _kill_overdue needs no helper
         for fd in fds:
             os.close(fd)
         if message is not None and message.get("event") == "pid":
@@ -278,6 +301,9 @@ class Session:
         self._ctl.close()
         self._launch.close()
         self._net.close()
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
         if self._audit is not None:
             self._audit.close()
 
@@ -313,13 +339,17 @@ class Session:
         A timeout (status TO) or output limit (OL) ends this command and everything it started,
         never the session. ``stdin`` is bytes (or text) to feed, a descriptor, or None.
         """
-        if isinstance(stdin, str):
-            stdin = stdin.encode()
-        timeout = timeout if timeout is not None else self.timeout
-        cap = output_limit if output_limit is not None else self.output_limit
-        command_env = {**self._env, **(env or {})}
-        plan = planmod.build(self.policy, list(argv), env=command_env, cwd=cwd,
-                             wall_time=timeout, check_sources=False)
+        # A bad value fails this command alone, before it reaches the session's sandbox.
+        cmd = doors.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
+                            env_=env, cwd=cwd, passthrough=passthrough)
+        data = cmd.stdin
+        timeout = cmd.timeout if cmd.timeout is not None else self.timeout
+        cap = cmd.output_limit if cmd.output_limit is not None else self.output_limit
+        command_env = {**self._env, **(cmd.env or {})}
+        # The session's binds were checked when it started (nsbox/rules.py); what its own
+        # commands left in its workspace since does not stop the next one.
+        plan = launcher.build_plan(self.policy, cmd.argv, env=command_env, cwd=cmd.cwd,
+                                   wall_time=timeout, check_sources=False)
         wire = plan.to_wire()
         command = {key: wire[key] for key in ("argv", "env", "cwd", "rlimits", "seccomp_bpf",
                                               "wall_time")}
@@ -329,7 +359,7 @@ class Session:
             error: NsboxError | None = None
             heads = (b"", b"")
             try:
-                result = self._command({"cmd": "run", "command": command}, stdin, cap, sinks,
+                result = self._command({"cmd": "run", "command": command}, data, cap, sinks,
                                        timeout)
                 heads = self._heads
                 return result
@@ -339,32 +369,14 @@ class Session:
             finally:
                 self.commands += 1
                 if self._audit is not None:
-                    self._record(argv, command_env, stdin, timeout, cap, result, error, heads)
+                    self._record(cmd.argv, command_env, data, timeout, cap, result, error,
+                                 heads)
 
     def _command(self, request: dict[str, Any], stdin: bytes | int | None, cap: int,
                  sinks: tuple[int | None, int | None], timeout: float | None) -> Result:
         self._check_open()
         started = time.monotonic()
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        in_fd, close_in = launcher._stdin_fd(stdin)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            rights = array.array("i", [theirs.fileno(), in_fd, out_w, err_w])
-            self._ctl.sendmsg([json.dumps(request).encode()],
-                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
-        except OSError:
-            ours.close()
-            for fd in (out_r, err_r):
-                os.close(fd)
-            self._ended_reason = "the session's sandbox has ended (idle timeout or killed)"
-            raise SessionClosed(self._ended_reason) from None
-        finally:
-            theirs.close()
-            for fd in (out_w, err_w):
-                os.close(fd)
-            if close_in:
-                os.close(in_fd)
+        out_r, err_r, ours = launcher._submit_with_streams(self._send_command, request, stdin)
         head = auditmod.HEAD if self._audit else 0
         streams = [launcher._Stream(out_r, sinks[0], head_limit=head),
                    launcher._Stream(err_r, sinks[1], head_limit=head)]
@@ -377,7 +389,7 @@ class Session:
         try:
             with ours:
                 report, pid = launcher._supervise(ours, streams, cap, self._net)
-        except (LaunchError, ValueError, KeyError):
+        except (LaunchError, ValueError, KeyError, OSError):  # ECONNRESET: the init died
             if self._overdue:
                 self._ended_reason = ("the session was killed: a command outlived its deadline "
                                       "and the sandbox's init did not stop it")
@@ -401,6 +413,16 @@ class Session:
         if sinks[1] is not None:
             result.stderr = b""
         return result
+
+    def _send_command(self, request: dict[str, Any], fds: list[int]) -> None:
+        try:
+            _wire.send(self._ctl, request, fds)  # any size (nsbox/_wire.py)
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                # Not sent (EMFILE for its memfd, say): this command fails, the session lives.
+                raise launcher._out_of_descriptors("cannot send the command", exc) from None
+            self._ended_reason = "the session's sandbox has ended (idle timeout or killed)"
+            raise SessionClosed(self._ended_reason) from None
 
     def _network_report(self, result: Result) -> None:
         """The session's proxy log, cut to the attempts made since the previous command."""
@@ -426,6 +448,13 @@ class Session:
             self._launch.shutdown(socket.SHUT_WR)  # the helper kills the init
         except OSError:
             pass
+        # And this process does, should the helper not get to run (stopped, starved): by the
+        # pidfd, so never another process that reused the pid (pidfd_send_signal(2)).
+        if self._pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except OSError:
+                pass
 
     def _check_open(self) -> None:
         if self._closed:
@@ -443,6 +472,9 @@ class Session:
                                    FILE_OP_TIMEOUT)
         if result.status is Status.OK:
             return result.stdout
+        if result.status is Status.OL and op["kind"] == "get":
+            raise FileTransferError(str(op.get("path", "")),
+                                    f"too large: more than {op.get('max_size')} bytes")
         if result.exit_code == 1:
             try:
                 info = json.loads(result.stderr)
@@ -455,8 +487,14 @@ class Session:
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write ``data`` to ``path`` in the sandbox (relative paths are under /workspace),
         creating parent directories; never through a symlink or into a FIFO."""
+        path = doors.path(path, "path")
+        doors.whole(mode, "mode", 0, 0o7777, "a mode (an int, e.g. 0o644)")
         if isinstance(data, str):
             data = data.encode()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise PolicyError(f"expected bytes or str, got {type(data).__name__} "
+                              f"{doors.quote(data)}", key="data")
+        data = bytes(data)
         self._file_op({"kind": "put", "path": path, "mode": mode}, data)
         if self._audit is not None:
             described = auditmod.describe_data(data)
@@ -469,8 +507,13 @@ class Session:
     def read_file(self, path: str, *, max_size: int | None = None) -> bytes:
         """The content of the regular file ``path`` in the sandbox. Refuses symlinks, FIFOs,
         devices, hard links and files over ``max_size`` (default: the per-file copy limit)."""
+        path = doors.path(path, "path")
+        if max_size is not None:
+            doors.size(max_size, "max_size", low=0)
         limit = max_size if max_size is not None else self.copy_limits.max_file_size
-        data = self._file_op({"kind": "get", "path": path, "max_size": limit}, cap=limit + 1)
+        # Room for the sandbox's error report on stderr (a refusal is no partial file).
+        data = self._file_op({"kind": "get", "path": path, "max_size": limit},
+                             cap=limit + 65536)
         if len(data) > limit:
             raise FileTransferError(path, f"too large: more than {limit} bytes")
         return data
@@ -594,8 +637,12 @@ def _write_below(dest_fd: int, path: str, data: bytes, mode: int) -> None:
                 raise FileTransferError(path, "the destination is not a regular file")
             os.ftruncate(out, 0)
             view = memoryview(data)
-            while view:
-                view = view[os.write(out, view):]
+            try:
+                while view:
+                    view = view[os.write(out, view):]
+            except OSError:
+                os.unlink(name, dir_fd=fd)  # no truncated copy is left behind (ENOSPC)
+                raise
         finally:
             os.close(out)
     finally:

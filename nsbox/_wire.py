@@ -1,0 +1,84 @@
+"""JSON messages of any size over a SOCK_SEQPACKET socket, with descriptors.
+
+A datagram cannot be larger than the socket's send buffer (about 208 KB by default,
+net.core.wmem_default; socket(7)), and a plan can be: an environment of a few 100 KB variables,
+100,000 arguments, a large File mount. Such a message is written to a memfd instead, and the
+datagram carries only its length, with the memfd as the last descriptor. The receiver reads it
+back; the sender is always nsbox itself (host -> helper -> spawner), never a sandbox.
+
+Plain os and socket calls only: the helper imports this before it clones.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+from typing import Any
+
+INLINE_MAX = 64 * 1024  # bytes sent in the datagram itself
+MAX_MESSAGE = 256 * 1024 * 1024  # larger is refused: the launch fails with a LaunchError
+_TAG = b'{"memfd": '
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()
+         ) -> None:
+    """Send ``message`` and ``fds``; raises OSError like sendmsg (EPIPE: the peer is gone)."""
+    data = json.dumps(message).encode()
+    if len(data) <= INLINE_MAX:
+        _sendmsg(sock, data, list(fds))
+        return
+    if len(data) > MAX_MESSAGE:
+        raise OSError(0, f"the message is too large ({len(data)} bytes, at most {MAX_MESSAGE})")
+    fd = os.memfd_create("nsbox-message", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        _sendmsg(sock, _TAG + str(len(data)).encode() + b"}", [*fds, fd])
+    finally:
+        os.close(fd)
+
+
+def _sendmsg(sock: socket.socket, data: bytes, fds: list[int]) -> None:
+    ancdata = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([data], ancdata)
+
+
+def receive(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
+    """One message (its JSON bytes, b"" at end-of-file) and the descriptors sent with it, all
+    close-on-exec. A message that came in a memfd is read back here."""
+    fds = array.array("i")
+    msg, ancdata, _flags, _addr = sock.recvmsg(
+        INLINE_MAX, socket.CMSG_SPACE((maxfds + 1) * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    received = list(fds)
+    if not msg.startswith(_TAG) or not received:
+        return msg, received
+    fd = received.pop()
+    try:
+        size = int(json.loads(msg)["memfd"])
+        if not 0 <= size <= MAX_MESSAGE:
+            raise ValueError(f"a message of {size} bytes")
+        return _read_exactly(fd, size), received
+    except BaseException:
+        for other in received:
+            os.close(other)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    chunks = []
+    offset = 0
+    while offset < size:
+        chunk = os.pread(fd, min(size - offset, 1 << 20), offset)
+        if not chunk:
+            raise ValueError("the message's memfd is shorter than announced")
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
