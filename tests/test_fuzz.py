@@ -2,7 +2,8 @@
 profile and any `nsbox run` argument list end in a result or a documented nsbox error; never
 another exception, a hang (hypothesis' per-case deadline) or a dead helper or session.
 
-Seeded, a few hundred cases each; the ``slow`` variants run ten times as many.
+Seeded, a few hundred cases each; the ``slow`` variants run ten times as many, and only when
+NSBOX_SLOW_FUZZ=1 is set (minutes each: too long for every CI run).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from nsbox.policy import Limits, Policy
 from nsbox.result import Status
 
 SEED = 20261201
+slow_fuzz = pytest.mark.skipif(os.environ.get("NSBOX_SLOW_FUZZ") != "1",
+                               reason="the long fuzz runs need NSBOX_SLOW_FUZZ=1")
 CASES = 200
 SLOW_CASES = 2000
 
@@ -106,6 +109,8 @@ def _check_run(argv: Any, kwargs: dict[str, Any]) -> None:
     if isinstance(outcome, nsbox.Result):
         # Whatever else was asked, the command was one of the harmless ones and ran as such.
         allowed = {Status.OK, Status.RE}
+        if kwargs.get("timeout") is not None:
+            allowed.add(Status.TO)  # a drawn timeout of a few ms can end even `true`
         if kwargs.get("output_limit") is not None:
             allowed.add(Status.OL)  # "hi\n" is over a cap of 0, 1 or 2 bytes
         assert outcome.status in allowed, outcome
@@ -133,6 +138,7 @@ def test_run_arguments():
 
 
 @pytest.mark.slow
+@slow_fuzz
 def test_run_arguments_slow():
     _run_property(SLOW_CASES)
 
@@ -192,6 +198,7 @@ def test_policy_values():
 
 
 @pytest.mark.slow
+@slow_fuzz
 def test_policy_values_slow():
     _policy_property(SLOW_CASES)
 
@@ -219,6 +226,7 @@ def test_session_command_arguments():
 
 
 @pytest.mark.slow
+@slow_fuzz
 def test_session_command_arguments_slow():
     _session_property(SLOW_CASES)
 
@@ -325,6 +333,7 @@ def test_profile_mutations(tmp_path: Path):
 
 
 @pytest.mark.slow
+@slow_fuzz
 def test_profile_mutations_slow(tmp_path: Path):
     _profile_property(SLOW_CASES, tmp_path)
 
@@ -417,6 +426,7 @@ def test_cli_argument_lists(cli_worker: Any):
 
 
 @pytest.mark.slow
+@slow_fuzz
 def test_cli_argument_lists_slow(cli_worker: Any):
     _cli_property(SLOW_CASES, cli_worker)
 
