@@ -95,11 +95,12 @@ def flag(value: Any, key: str) -> bool:
     return value
 
 
-def text(value: Any, key: str, *, empty: bool = True) -> str:
-    """A str without NUL (the kernel cuts C strings there)."""
+def text(value: Any, key: str, *, empty: bool = True, nul: bool = True) -> str:
+    """A str without NUL (the kernel cuts C strings there). ``nul=False`` checks the type
+    alone, for the fields whose content the rule book judges (nsbox/rules.py)."""
     if not isinstance(value, str):
         raise PolicyError(f"expected a string, got {_type(value)} {quote(value)}", key=key)
-    if "\0" in value:
+    if nul and "\0" in value:
         raise PolicyError(f"{quote(value)} contains a NUL character", key=key)
     if not empty and not value:
         raise PolicyError("must not be empty", key=key)
@@ -266,15 +267,19 @@ def check_policy(value: Any) -> None:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise PolicyError(f"expected a (name, value) pair, got {quote(pair)}",
                               key=f"env[{i}]")
-        env({pair[0]: pair[1]}, "env")
+        # Types here; names and values (NUL, '=') are the rule book's "env-text".
+        text(pair[0], f"env[{i}] name", empty=False, nul=False)
+        text(pair[1], f"env[{quote(pair[0])}]", nul=False)
     if isinstance(value.env_passthrough, str) or not isinstance(value.env_passthrough,
                                                                  (tuple, list)):
         raise PolicyError(f"expected a tuple of names, got {quote(value.env_passthrough)}",
                           key="env_passthrough")
     for name in value.env_passthrough:
         text(name, "env_passthrough", empty=False)
-    for name in ("name", "description", "path", "lang", "user", "hostname"):
+    for name in ("name", "description"):
         text(getattr(value, name), name)
+    for name in ("path", "lang", "user", "hostname"):  # their content: the rule book's
+        text(getattr(value, name), name, nul=False)
     for name in ("uid", "gid", "host_uid", "host_gid"):
         whole(getattr(value, name), name, 0, 2**32 - 2)
     optional_path(value.workspace, "workspace")
