@@ -231,6 +231,12 @@ fig.savefig("plot.png")
 
 def test_csv_analysis_on_an_input_file_returns_result_and_plot(
         caller_server: Server, unprivileged_tmp: Path):
+    # The analysis runs the host's /usr/bin/python3 inside the sandbox: it needs the host's
+    # matplotlib (Debian's python3-matplotlib), not the test environment's.
+    has_matplotlib = subprocess.run([PYTHON, "-c", "import matplotlib"],
+                                    capture_output=True).returncode == 0
+    require(has_matplotlib, f"{PYTHON} cannot import matplotlib: apt-get install "
+            "python3-matplotlib")
     rows = [("north", 12), ("south", 7), ("north", 30), ("east", 5), ("south", 1)]
     data = io.StringIO()
     writer = csv.writer(data)
