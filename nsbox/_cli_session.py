@@ -97,6 +97,20 @@ def _records() -> list[dict[str, Any]]:
     return found
 
 
+def _supervisor_env() -> dict[str, str] | None:
+    """The supervisor's environment: this one, plus the one-file CLI's archive on the path.
+
+    ``python -m nsbox._supervisor`` finds the package on the interpreter's own path; when nsbox
+    runs from nsbox.pyz, the package lives inside that file, which the new interpreter would
+    not look into.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(_cli_run.__file__)))
+    if not os.path.isfile(root):
+        return None  # an installed or checked-out package: found as usual
+    paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def _alive(record: dict[str, Any]) -> bool:
     try:
         with open(f"/proc/{int(record['pid'])}/cmdline", "rb") as f:
@@ -231,7 +245,8 @@ def start(profile: str, settings: tuple[str, ...], wall_time: float | None,
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "nsbox._supervisor"], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/",
+        env=_supervisor_env())
     assert proc.stdin is not None and proc.stdout is not None
     # A pickle through a private pipe: the Policy arrives whole, and --env values never show
     # in the supervisor's command line (which every user can read).
