@@ -681,3 +681,12 @@ def test_nothing_outlives_the_connection(server: Server, unprivileged_tmp: Path,
     assert {c for c in _own_cgroups() - cgroups_before
             if any(tag in os.path.basename(c) for tag in ours)} == set()
     assert {m for m in _mounts() - mounts_before if "nsbox" in m or marker in m} == set()
+
+
+def test_path_errors_quote_the_path_as_the_agent_gave_it():
+    from nsbox.mcp_server import ToolInputError, workspace_name
+
+    with pytest.raises(ToolInputError, match=r"^'/workspace/\.\./tmp/x' uses '\.\.'"):
+        workspace_name("/workspace/../tmp/x")
+    with pytest.raises(ToolInputError, match=r"^'/workspace/' names the workspace itself"):
+        workspace_name("/workspace/")
