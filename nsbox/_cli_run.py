@@ -63,6 +63,17 @@ def exit_code(result: Result) -> int:
     return result.exit_code or 0
 
 
+def degraded_line(result: Result) -> str:
+    """What this host could only approximate, in one line (the Result has it as data).
+
+    A memory limit approximated by RLIMIT_AS that fires is a failed allocation inside the
+    program, which ends as the program decides (Python: MemoryError, exit 1): the run is RE,
+    not ML, and this line is what tells the two apart.
+    """
+    return ("nsbox: limits approximated on this host: " + "; ".join(result.degraded)
+            + " (`nsbox doctor` says how to get them enforced; --quiet hides this line)")
+
+
 def refused_connections(result: Result) -> list[str]:
     """One line per connection the proxy refused: a client prints only "403" for a refused
     CONNECT, so the reason (not listed, a private address...) reaches the user here."""
@@ -214,6 +225,8 @@ def execute(options: dict[str, Any]) -> int:
         return exit_code(result)
     for line in refused_connections(result):
         echo(line, err=True)
+    if result.degraded and not o.get("quiet"):
+        echo(degraded_line(result), err=True)
     if "seccomp_denied" in result.extra:
         denied = ", ".join(result.extra["seccomp_denied"]) or "nothing"
         echo(f"nsbox: seccomp denied: {denied}", err=True)

@@ -270,10 +270,13 @@ def start(profile: str, settings: tuple[str, ...], wall_time: float | None,
 @click.option("-e", "--env", multiple=True, metavar="KEY=VAL")
 @click.option("--cwd", metavar="DIR", help="Working directory inside (default /workspace).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Do not say on stderr which limits this host could only approximate.")
 @click.argument("session_id", metavar="ID")
 @click.argument("command", nargs=-1, required=True)
 def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...],
-          cwd: str | None, as_json: bool, session_id: str, command: tuple[str, ...]) -> None:
+          cwd: str | None, as_json: bool, quiet: bool, session_id: str,
+          command: tuple[str, ...]) -> None:
     """Run COMMAND in session ID; the output streams through, the exit code is as for run.
 
     \b
@@ -304,7 +307,10 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
             os.lseek(fd, 0, os.SEEK_SET)
             out[name] = os.read(fd, 1 << 30).decode("utf-8", "replace")
         click.echo(json.dumps(out))
-    elif result.status in (Status.TO, Status.OL):
+        sys.exit(_cli_run.exit_code(result))
+    if result.degraded and not quiet:
+        click.echo(_cli_run.degraded_line(result), err=True)
+    if result.status in (Status.TO, Status.OL):
         click.echo(f"nsbox: {result.status.value}: "
                    + ("wall-clock limit reached" if result.status is Status.TO
                       else "output limit reached"), err=True)
