@@ -64,6 +64,31 @@ def exit_code(result: Result) -> int:
     return result.exit_code or 0
 
 
+def degraded_line(result: Result) -> str:
+    """What this host could only approximate, in one line (the Result has it as data).
+
+    A memory limit approximated by RLIMIT_AS that fires is a failed allocation inside the
+    program, which ends as the program decides (Python: MemoryError, exit 1): the run is RE,
+    not ML, and this line is what tells the two apart.
+    """
+    return ("nsbox: limits approximated on this host: " + "; ".join(result.degraded)
+            + " (`nsbox doctor` says how to get them enforced; --quiet hides this line)")
+
+
+def refused_connections(result: Result) -> list[str]:
+    """One line per connection the proxy refused: a client prints only "403" for a refused
+    CONNECT, so the reason (not listed, a private address...) reaches the user here."""
+    attempts = result.extra.get("network", {}).get("attempts", [])
+    lines = []
+    for attempt in attempts:
+        if attempt.get("allowed"):
+            continue
+        where = f"{attempt.get('host')}:{attempt.get('port')}" if attempt.get("host") else "?"
+        lines.append(f"nsbox: network: refused {attempt.get('method') or 'request'} {where}: "
+                     f"{attempt.get('reason')}")
+    return lines
+
+
 def bind_override(spec: str, writable: bool) -> dict[str, Any]:
     source, _, target = spec.partition(":")
     if not source:
@@ -249,13 +274,21 @@ def _execute(options: dict[str, Any]) -> int:
     if as_json:
         echo(json.dumps({**result.to_dict(with_output=True),
                          **({"files": collected} if o["collect"] else {})}))
-    elif "seccomp_denied" in result.extra:
+        return exit_code(result)
+    for line in refused_connections(result):
+        echo(line, err=True)
+    if result.degraded and not o.get("quiet"):
+        echo(degraded_line(result), err=True)
+    if "seccomp_denied" in result.extra:
         denied = ", ".join(result.extra["seccomp_denied"]) or "nothing"
         echo(f"nsbox: seccomp denied: {denied}", err=True)
     elif result.status in (Status.TO, Status.OL, Status.ML):
-        reason = {"memory": "memory limit reached (OOM kill)",
-                  "cpu_time": "CPU-time limit reached"}.get(result.extra.get("limit", ""))
+        reason = {"memory": "memory limit reached (OOM kill); raise it with --memory",
+                  "cpu_time": "CPU-time limit reached; raise it with --cpu-time"}.get(
+                      result.extra.get("limit", ""))
         echo(f"nsbox: {result.status.value}: "
-             + (reason or ("wall-clock limit reached" if result.status is Status.TO
-                           else "output limit reached")), err=True)
+             + (reason or ("wall-clock limit reached; raise it with --time"
+                           if result.status is Status.TO
+                           else "output limit reached; raise it with --output-limit")),
+             err=True)
     return exit_code(result)

@@ -97,6 +97,20 @@ def _records() -> list[dict[str, Any]]:
     return found
 
 
+def _supervisor_env() -> dict[str, str] | None:
+    """The supervisor's environment: this one, plus the one-file CLI's archive on the path.
+
+    ``python -m nsbox._supervisor`` finds the package on the interpreter's own path; when nsbox
+    runs from nsbox.pyz, the package lives inside that file, which the new interpreter would
+    not look into.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(_cli_run.__file__)))
+    if not os.path.isfile(root):
+        return None  # an installed or checked-out package: found as usual
+    paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def _alive(record: dict[str, Any]) -> bool:
     try:
         with open(f"/proc/{int(record['pid'])}/cmdline", "rb") as f:
@@ -235,7 +249,8 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "nsbox._supervisor"], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/",
+        env=_supervisor_env())
     assert proc.stdin is not None and proc.stdout is not None
     # A pickle through a private pipe: the Policy arrives whole, and --env values never show
     # in the supervisor's command line (which every user can read).
@@ -261,10 +276,13 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
 @click.option("-e", "--env", multiple=True, metavar="KEY=VAL")
 @click.option("--cwd", metavar="DIR", help="Working directory inside (default /workspace).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Do not say on stderr which limits this host could only approximate.")
 @click.argument("session_id", metavar="ID")
 @click.argument("command", nargs=-1, required=True)
 def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...],
-          cwd: str | None, as_json: bool, session_id: str, command: tuple[str, ...]) -> None:
+          cwd: str | None, as_json: bool, quiet: bool, session_id: str,
+          command: tuple[str, ...]) -> None:
     """Run COMMAND in session ID; the output streams through, the exit code is as for run.
 
     Options go before ID; every argument after ID is the command's own (a "--" between ID
@@ -303,7 +321,10 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
             os.lseek(fd, 0, os.SEEK_SET)
             out[name] = os.read(fd, 1 << 30).decode("utf-8", "replace")
         click.echo(json.dumps(out))
-    elif result.status in (Status.TO, Status.OL):
+        sys.exit(_cli_run.exit_code(result))
+    if result.degraded and not quiet:
+        click.echo(_cli_run.degraded_line(result), err=True)
+    if result.status in (Status.TO, Status.OL):
         click.echo(f"nsbox: {result.status.value}: "
                    + ("wall-clock limit reached" if result.status is Status.TO
                       else "output limit reached"), err=True)

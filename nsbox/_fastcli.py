@@ -44,6 +44,7 @@ RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("--pass-env",), "pass_env", MULTIPLE),
     (("--cwd",), "cwd", VALUE),
     (("--json",), "as_json", FLAG),
+    (("-q", "--quiet"), "quiet", FLAG),
     (("--seccomp-log",), "seccomp_log", FLAG),
     (("--net",), "net_mode", VALUE),
     (("--allow-host",), "allow_host", MULTIPLE),

@@ -134,6 +134,8 @@ def main() -> None:
 @click.option("--seccomp-log", is_flag=True,
               help="Learning mode: report the syscalls the seccomp filter denied (still "
               "denied).")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Do not say on stderr which limits this host could only approximate.")
 # --- network (docs/network.md) ---
 @click.option("--net", "net_mode", type=click.Choice(["none", "loopback", "allow"]),
               help="none (default): no network; loopback: lo only; allow: lo plus a proxy to "
@@ -168,7 +170,7 @@ def main() -> None:
 def run(wall_time: float | None, output_limit: int | None, workspace: str | None,
         ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
         pass_env: tuple[str, ...], cwd: str | None, as_json: bool, seccomp_log: bool,
-        net_mode: str | None, allow_host: tuple[str, ...], profile: str,
+        quiet: bool, net_mode: str | None, allow_host: tuple[str, ...], profile: str,
         settings: tuple[str, ...], print_profile: bool, allow_rules: tuple[str, ...],
         inputs: tuple[str, ...],
         collect: tuple[str, ...], collect_dir: str, audit: str | None,

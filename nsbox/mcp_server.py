@@ -115,6 +115,7 @@ def workspace_name(path: str) -> str:
     """
     if not path or "\0" in path:
         raise ToolInputError("the path is empty or contains a NUL byte")
+    given = path  # errors quote the path as the agent wrote it
     if path.startswith("/"):
         if path != WORKSPACE and not path.startswith(WORKSPACE + "/"):
             raise ToolInputError(f"{path!r} is outside the workspace; paths are relative to "
@@ -122,9 +123,9 @@ def workspace_name(path: str) -> str:
         path = path[len(WORKSPACE):]
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if ".." in parts:
-        raise ToolInputError(f"{path!r} uses '..'; give a path inside {WORKSPACE}")
+        raise ToolInputError(f"{given!r} uses '..'; give a path inside {WORKSPACE}")
     if not parts:
-        raise ToolInputError(f"{path!r} names the workspace itself, not a file in it")
+        raise ToolInputError(f"{given!r} names the workspace itself, not a file in it")
     return "/".join(parts)
 
 

@@ -87,6 +87,8 @@ DEFAULT_MOUNTS: tuple[Mount, ...] = (
     Bind("/lib32", "/lib32", optional=True),
     Bind("/etc/ld.so.cache", "/etc/ld.so.cache", optional=True),
     Bind("/etc/alternatives", "/etc/alternatives", optional=True),
+    # The host's time zone, so that local times inside match the host's.
+    Bind("/etc/localtime", "/etc/localtime", optional=True),
 )
 
 
@@ -95,16 +97,20 @@ DEFAULT_MOUNTS: tuple[Mount, ...] = (
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-run limits. ``None`` means "no limit of this kind"."""
+    """Per-run limits. ``None`` means "no limit of this kind".
+
+    The defaults are the shipped ``default`` profile's (nsbox/profiles/default.toml): the API
+    and the command line start from the same sandbox.
+    """
 
     wall_time: float | None = 60.0  # seconds
     output: int = 1 * MiB  # bytes of stdout + stderr kept
     memory: int | None = 512 * MiB
-    pids: int | None = 256
+    pids: int | None = 128
     cpus: float | None = None  # share of cores, e.g. 0.5
-    cpu_time: float | None = None  # seconds of CPU
+    cpu_time: float | None = 60.0  # seconds of CPU
     open_files: int = 1024
-    file_size: int | None = None  # bytes; RLIMIT_FSIZE
+    file_size: int | None = 256 * MiB  # bytes; RLIMIT_FSIZE
     tmp_size: int = 64 * MiB
     workspace_size: int = 256 * MiB
     shm_size: int = 16 * MiB

@@ -66,7 +66,9 @@ def test_copy_out_of_a_hostile_workspace(as_user: UserRunner, unprivileged_tmp: 
     give_workspace(ws, as_user)
     ws_arg = repr(str(ws)) if workspace == "host" else "None"
     out = as_user.script(f"""
-with nsbox.Session(workspace={ws_arg}, timeout=20) as s:
+# No file-size limit: the 1T sparse file must come into existence, to be refused on copy-out.
+policy = nsbox.Policy().with_limits(file_size=None)
+with nsbox.Session(policy, workspace={ws_arg}, timeout=20) as s:
     planted = s.run(["sh", "-c", {plant(secret, fifo)!r}])
     skipped = []
     copied = s.copy_out({str(dest)!r}, skipped=skipped)

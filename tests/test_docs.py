@@ -36,8 +36,13 @@ def test_doc_example_runs(name: str, lang: str, code: str, tag: str | None, tmp_
         pytest.skip(".ci/run runs this block itself")
     if tag and tag.startswith("no-test"):
         pytest.skip(tag)
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-               PYTHONPATH=str(REPO))
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHONPATH=str(REPO))
+    # Blocks run as if in a checkout set up by the Quick start: its `. .venv/bin/activate` puts
+    # this environment's nsbox on PATH.
+    activate = tmp_path / ".venv" / "bin" / "activate"
+    activate.parent.mkdir(parents=True)
+    activate.write_text(f'PATH="{bin_dir}:$PATH"\nexport PATH\n')
     argv = [sys.executable, "-c", code] if lang == "python" else ["bash", "-euo", "pipefail",
                                                                   "-c", code]
     proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,

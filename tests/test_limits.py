@@ -613,3 +613,32 @@ def test_unprivileged_user_with_a_delegated_v2_cgroup_gets_real_limits(public_tr
                 assert _wait(lambda p=path: cgroups._fs.procs(p) == [])
                 os.rmdir(path)
         os.rmdir(delegated)
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_cli_says_which_limits_were_approximated(public_tree: Path, quiet: bool) -> None:
+    # A user without a writable cgroup: without this line, a MemoryError from RLIMIT_AS looks
+    # like the program's own bug.
+    require(os.geteuid() == 0, "needs root to drop to an unprivileged uid without a cgroup")
+    info = json.loads(subprocess.run(
+        ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
+         "--clear-groups", "--", PYTHON, "-I", "-c",
+         "import json, sys; sys.path.insert(0, sys.argv[1]); from nsbox import cgroups; "
+         "print(json.dumps(cgroups.describe_host()))", str(public_tree)],
+        capture_output=True, text=True, check=True, cwd="/").stdout)
+    require(not info["writable"], f"uid {UNPRIVILEGED_UID} can write cgroups here: {info}")
+    proc = subprocess.run(
+        ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
+         "--clear-groups", "--", PYTHON, "-I", "-c",
+         "import sys; sys.path.insert(0, sys.argv.pop(1)); from nsbox._fastcli import main; "
+         "main()", str(public_tree), "run", *(["--quiet"] if quiet else []),
+         "--memory", "64M", "--", "python3", "-c", "b = bytearray(256 << 20)"],
+        capture_output=True, text=True, cwd="/", timeout=60)
+    assert proc.returncode == 1 and "MemoryError" in proc.stderr
+    notices = [line for line in proc.stderr.splitlines()
+               if line.startswith("nsbox: limits approximated on this host: ")]
+    if quiet:
+        assert notices == []
+    else:
+        (notice,) = notices
+        assert "memory: RLIMIT_AS per process only" in notice and "nsbox doctor" in notice

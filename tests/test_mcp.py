@@ -231,6 +231,12 @@ fig.savefig("plot.png")
 
 def test_csv_analysis_on_an_input_file_returns_result_and_plot(
         caller_server: Server, unprivileged_tmp: Path):
+    # The analysis runs the host's /usr/bin/python3 inside the sandbox: it needs the host's
+    # matplotlib (Debian's python3-matplotlib), not the test environment's.
+    has_matplotlib = subprocess.run([PYTHON, "-c", "import matplotlib"],
+                                    capture_output=True).returncode == 0
+    require(has_matplotlib, f"{PYTHON} cannot import matplotlib: apt-get install "
+            "python3-matplotlib")
     rows = [("north", 12), ("south", 7), ("north", 30), ("east", 5), ("south", 1)]
     data = io.StringIO()
     writer = csv.writer(data)
@@ -675,3 +681,12 @@ def test_nothing_outlives_the_connection(server: Server, unprivileged_tmp: Path,
     assert {c for c in _own_cgroups() - cgroups_before
             if any(tag in os.path.basename(c) for tag in ours)} == set()
     assert {m for m in _mounts() - mounts_before if "nsbox" in m or marker in m} == set()
+
+
+def test_path_errors_quote_the_path_as_the_agent_gave_it():
+    from nsbox.mcp_server import ToolInputError, workspace_name
+
+    with pytest.raises(ToolInputError, match=r"^'/workspace/\.\./tmp/x' uses '\.\.'"):
+        workspace_name("/workspace/../tmp/x")
+    with pytest.raises(ToolInputError, match=r"^'/workspace/' names the workspace itself"):
+        workspace_name("/workspace/")

@@ -371,3 +371,14 @@ def test_cli_allow_host_reaches_the_listed_server() -> None:
     assert other.requests == []
     (attempt,) = json.loads(refused.stdout)["extra"]["network"]["attempts"]
     assert attempt["allowed"] is False and attempt["port"] == other.port
+
+
+def test_cli_says_why_the_proxy_refused_a_connection() -> None:
+    # curl prints only "CONNECT tunnel failed, response 403": the reason must reach the user.
+    require(CURL, "curl is not installed (Debian package curl)")
+    with HTTPServer() as server, HTTPServer() as other:
+        refused = nsbox_cli("--allow-host", f"127.0.0.1:{server.port}", "--", CURL or "curl",
+                            "-s", "-p", f"http://127.0.0.1:{other.port}/")
+    assert other.requests == []
+    assert (f"nsbox: network: refused CONNECT 127.0.0.1:{other.port}: 127.0.0.1:{other.port} "
+            "is not in the allow-list") in refused.stderr, refused.stderr

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO
+from conftest import PYTHON, REPO, require
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,38 @@ def test_pyz_alone_sandboxes_a_command_with_a_clean_environment(pyz: Path, tmp_p
     assert '"status": "OK"' in proc.stdout
     assert '"stdout": "1000\\nbin\\ndev\\netc' in proc.stdout
     assert sorted(p.name for p in alone.iterdir()) == ["nsbox.pyz"]
+
+
+def test_pyz_builds_with_the_plain_system_python(tmp_path: Path):
+    # The system interpreter has no click (and pip may refuse to add it, PEP 668): the build
+    # takes the dependencies from the checkout's virtual environment of the Quick start.
+    require((REPO / ".venv").is_dir(), "no .venv in the checkout (README, Quick start)")
+    out = tmp_path / "nsbox.pyz"
+    proc = subprocess.run([PYTHON, "-I", str(REPO / "tools" / "build_pyz.py"), "--output",
+                           str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    run = subprocess.run([PYTHON, "-I", str(out), "run", "--", "echo", "built"],
+                         capture_output=True, text=True, timeout=60)
+    assert (run.returncode, run.stdout) == (0, "built\n"), run.stderr
+
+
+def test_pyz_runs_sessions(pyz: Path, tmp_path: Path):
+    env = {"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": str(tmp_path)}
+    tmp_path.chmod(0o700)
+
+    def nsbox(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PYTHON, "-I", str(pyz), *args], capture_output=True, text=True,
+                              env=env, timeout=60)
+
+    start = nsbox("session", "start", "--time", "20")
+    assert start.returncode == 0, start.stderr
+    session = start.stdout.strip()
+    try:
+        run = nsbox("session", "exec", session, "--", "sh", "-c", "echo in-session")
+        assert (run.returncode, run.stdout) == (0, "in-session\n"), run.stderr
+    finally:
+        stop = nsbox("session", "stop", session)
+    assert stop.returncode == 0, stop.stderr
 
 
 def test_version_names_the_commit(pyz: Path):

@@ -519,3 +519,11 @@ def test_every_policy_field_is_a_schema_key() -> None:
         return found
 
     assert fields(Policy, ()) - reachable == set()
+
+
+def test_the_default_profile_is_the_default_policy() -> None:
+    # nsbox.run, Session and Pool use Policy() when given no policy; the command line uses the
+    # `default` profile: both doors must start from the same sandbox.
+    profile = load_profile("default")
+    assert profile.description  # the profile's own text; the policy carries none
+    assert profile.replace(description="") == Policy()

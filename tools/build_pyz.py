@@ -11,9 +11,12 @@ sorted, timestamps and permissions fixed, so the same inputs give the same bytes
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
+import py_compile
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -21,7 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 DEPENDENCIES = ("click", "pyseccomp", "cgroupspy")
 OPTIONAL_DEPENDENCIES = ("tomli",)  # tomllib's backport, needed on Python 3.10 only
-MAIN = "from nsbox.cli import main\nmain()\n"
+# The same entry as the installed `nsbox` script: `run` without click, the rest through click.
+MAIN = "from nsbox._fastcli import main\nmain()\n"
 
 
 def commit() -> str:
@@ -33,12 +37,26 @@ def commit() -> str:
     return out.stdout.strip()
 
 
+def find_spec(name: str) -> importlib.machinery.ModuleSpec | None:
+    """The module in this interpreter's environment, else in the checkout's virtual
+    environment (the README's `.venv`), so that a plain system python3 can build too."""
+    spec = importlib.util.find_spec(name)
+    if spec is not None:
+        return spec
+    for site in sorted(REPO.glob(".venv/lib/python3*/site-packages")):
+        spec = importlib.machinery.PathFinder.find_spec(name, [str(site)])
+        if spec is not None:
+            return spec
+    return None
+
+
 def module_files(name: str) -> list[tuple[Path, str]]:
     """(file on disk, name inside the archive) for an importable module or package."""
-    spec = importlib.util.find_spec(name)
+    spec = find_spec(name)
     if spec is None or spec.origin is None:
-        raise SystemExit(f"build_pyz: {name} is not installed in {sys.executable}; "
-                         f"install it with: {sys.executable} -m pip install {name}")
+        raise SystemExit(f"build_pyz: {name} is found neither in {sys.executable}'s environment "
+                         f"nor in {REPO / '.venv'}; set that up first (README, Quick start), "
+                         "then run this again")
     origin = Path(spec.origin)
     if origin.name != "__init__.py":
         return [(origin, origin.name)]
@@ -55,6 +73,27 @@ def add(archive: zipfile.ZipFile, arcname: str, data: bytes) -> None:
     archive.writestr(info, data, compresslevel=9)
 
 
+def compiled(entries: dict[str, bytes]) -> dict[str, bytes]:
+    """Bytecode beside every module, for the interpreter that builds the archive.
+
+    zipimport cannot write a cache, so without these every run compiles each module it imports
+    again (about 100 ms for `nsbox run`). The bytecode is hash-based and unchecked: the same
+    bytes on every build. An interpreter of another version finds the magic number wrong and
+    compiles the source, as before.
+    """
+    out: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for arcname, data in entries.items():
+            if not arcname.endswith(".py"):
+                continue
+            source, cfile = Path(tmp, "m.py"), Path(tmp, "m.pyc")
+            source.write_bytes(data)
+            py_compile.compile(str(source), str(cfile), dfile=arcname, doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+            out[arcname + "c"] = cfile.read_bytes()
+    return out
+
+
 def build(output: Path) -> Path:
     entries: dict[str, bytes] = {"__main__.py": MAIN.encode()}
     for path in (REPO / "nsbox").rglob("*"):
@@ -65,9 +104,10 @@ def build(output: Path) -> Path:
         for path, arcname in module_files(name):
             entries[arcname] = path.read_bytes()
     for name in OPTIONAL_DEPENDENCIES:
-        if importlib.util.find_spec(name) is not None:
+        if find_spec(name) is not None:
             for path, arcname in module_files(name):
                 entries[arcname] = path.read_bytes()
+    entries.update(compiled(entries))
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_suffix(".tmp")
     with open(tmp, "wb") as f:
