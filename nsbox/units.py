@@ -23,6 +23,8 @@ def parse_size(text: str | int) -> int:
         value = text
     else:
         match = _SIZE.match(text)
+        if not match and _SIZE.match(text.strip().removeprefix("-")):
+            raise ValueError(f"{_cut(text)} is negative: a size is 0 or more")
         if not match:
             raise ValueError(f"{_cut(text)} is not a size (use e.g. 4096, 64K, 256M, 1.5G)")
         number = float(match.group(1)) * _SIZE_FACTORS[match.group(2).lower()]
@@ -50,6 +52,8 @@ def parse_duration(text: str | float | int) -> float:
         value = float(text)
     else:
         match = _DURATION.match(text)
+        if not match and _DURATION.match(text.strip().removeprefix("-")):
+            raise ValueError(f"{_cut(text)} is negative: a duration is more than 0")
         if not match:
             raise ValueError(f"{_cut(text)} is not a duration (use e.g. 10, 10s, 500ms, 2m)")
         value = float(match.group(1)) * _TIME_FACTORS[(match.group(2) or "s").lower()]

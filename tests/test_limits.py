@@ -50,7 +50,7 @@ def test_parse_size(text: str, value: int) -> None:
 
 
 @pytest.mark.parametrize(("text", "problem"), [("0", "more than zero"), ("lots", "not a size"),
-                                               ("-5M", "not a size"), ("12X", "not a size"),
+                                               ("-5M", "is negative"), ("12X", "not a size"),
                                                ("", "not a size")])
 def test_parse_size_rejects_bad_input_naming_the_option(text: str, problem: str) -> None:
     with pytest.raises(PolicyError) as info:
@@ -642,3 +642,14 @@ def test_cli_says_which_limits_were_approximated(public_tree: Path, quiet: bool)
     else:
         (notice,) = notices
         assert "memory: RLIMIT_AS per process only" in notice and "nsbox doctor" in notice
+
+
+@pytest.mark.parametrize(("option", "value", "said"), [
+    ("--time", "-1", "'-1' is negative: a duration is more than 0"),
+    ("--memory", "-64M", "'-64M' is negative: a size is 0 or more"),
+])
+def test_cli_says_a_negative_value_is_negative(option: str, value: str, said: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "nsbox", "run", option, value, "--", "true"],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert proc.returncode == 2
+    assert said in proc.stderr
