@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import _netns, _wire, launcher
+from nsbox import _netns, _wire, launcher, rules
 from nsbox import audit as auditmod
 from nsbox import inputs as doors
 from nsbox import plan as planmod
@@ -92,6 +92,10 @@ def input_mount(spec: str) -> Bind:
         raise PolicyError(f"{spec!r}: the name under {INPUT_DIR} must be one path component",
                           key="input")
     if not os.path.exists(source):
+        # A refused path is refused by its rule, whether or not it exists on this host; one
+        # that exists meets the rules (with the policy's allow_rules) in Policy and the plan.
+        rules.check_spelling(rules.resolve(os.path.abspath(source), "input"), False, (),
+                             "input")
         raise PolicyError(f"{spec!r}: {source} does not exist", key="input",
                           hint="check the path of the input")
     return Bind(os.path.abspath(source), f"{INPUT_DIR}/{name}", writable=False)

@@ -298,7 +298,9 @@ def test_collect_caps_size_and_count(cluster: LocalCluster):
     code = ("open('big', 'wb').truncate(10**12)\n"  # sparse: 1 TB that takes no disk
             "for i in range(4): open(f'f{i}', 'wb').write(b'y' * 60)\n"
             "for i in range(2): open(f'g{i}', 'wb').write(b'z')\n")
-    with nsray.Executors(copy_limits=caps, per_node=1) as executors:
+    # No file-size limit: the 1 TB sparse file must exist, to be refused when collected.
+    policy = nsbox.Policy().with_limits(file_size=None)
+    with nsray.Executors(policy, copy_limits=caps, per_node=1) as executors:
         result = ray.get(executors.submit(code=code, collect=["*"]))
     assert result["status"] == "OK", result["stderr"]
     assert [(f["path"], f["size"]) for f in result["files"]] == [
