@@ -146,8 +146,9 @@ def test_pooled_sandboxes_die_with_a_killed_host(public_tree: Path):
     helper = int(host.stdout.readline())
     assert wait_until(lambda: processes_with(marker) != [])
 
-    # The running command and two prepared sandboxes.
-    assert len(helper_children(helper)) == 3
+    # The running command and two prepared sandboxes (the pool prepares the second one after
+    # the command took the first: it may still be on its way).
+    assert wait_until(lambda: len(helper_children(helper)) == 3)
     host.send_signal(signal.SIGKILL)
     host.wait()
     host.stdout.close()
