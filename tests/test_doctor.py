@@ -217,7 +217,24 @@ def test_pure_v2_without_delegation(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, writable=False))))["cgroups"]
     assert check.status == "warn"
     assert "not writable by uid 1000: memory, pids, cpu" in check.detail
-    assert "systemd-run --user --scope -p Delegate=yes" in (check.remedy or "")
+    # No systemd user manager on this fake host: root must delegate the cgroup, named in full.
+    remedy = check.remedy or ""
+    assert remedy.startswith("no systemd user manager runs here (systemd-run --user --scope")
+    (procs,) = tmp_path.rglob("cgroup.procs")
+    base = "/" + str(procs.parent.relative_to(tmp_path / "host"))
+    assert f"mkdir {base}/nsbox && chown 1000 {base}/nsbox" in remedy
+
+
+def test_pure_v2_with_a_systemd_user_manager(tmp_path: Path) -> None:
+    root = fake_host(tmp_path, writable=False)
+    socket = root / "run/user/1000/systemd/private"
+    socket.parent.mkdir(parents=True)
+    socket.write_text("")
+    check = by_name(run_doctor(facts(root)))["cgroups"]
+    assert check.status == "warn"
+    assert check.remedy == ("a systemd user manager runs here: 'systemd-run --user --scope -p "
+                            "Delegate=yes nsbox ...' gives nsbox a delegated cgroup with memory, "
+                            "pids and cpu")
 
 
 def test_pure_v2_delegation_needs_subtree_control(tmp_path: Path) -> None:

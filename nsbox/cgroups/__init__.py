@@ -200,6 +200,13 @@ def describe_host(layout: Layout | None = None) -> dict[str, Any]:
         ),
     }
     info.update(backend.describe())
+    blocking = info.get("blocking_processes")
+    if blocking:
+        # What a run then gets (nsbox.limits.RunLimits): creating its cgroup fails with this
+        # reason, and every limit falls back to an rlimit.
+        info["supports"], info["missing"] = [], sorted(ALL_FEATURES)
+        info["reason"] = backend.blocking_reason(blocking)  # type: ignore[attr-defined]
+    info["read_only"] = "read-only" in backend.reason or "read-only" in info["reason"]
     return info
 
 
