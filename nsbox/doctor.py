@@ -157,7 +157,8 @@ def check_userns(facts: HostFacts, policy: Policy) -> list[Check]:
         return [Check(name, "fail", "the kernel has no user namespaces (CONFIG_USER_NS)",
                       affects, "use a kernel built with CONFIG_USER_NS=y")]
     if maximum == 0:
-        return [Check(name, "fail", "user.max_user_namespaces is 0", affects,
+        return [Check(name, "fail", "user namespaces are disabled (user.max_user_namespaces "
+                      "is 0)", affects,
                       "sysctl -w user.max_user_namespaces=15000 (and set it in "
                       "/etc/sysctl.d/ to keep it)")]
     root = facts.uid == 0

@@ -112,7 +112,7 @@ def test_user_namespaces_disabled(tmp_path: Path) -> None:
     check = by_name(report)["user namespaces"]
     assert not report.ok
     assert check.status == "fail"
-    assert check.detail == "user.max_user_namespaces is 0"
+    assert check.detail == "user namespaces are disabled (user.max_user_namespaces is 0)"
     assert (check.remedy or "").startswith(
         "sysctl -w user.max_user_namespaces=15000")
     assert any("privilege confinement" in a for a in check.affects)
