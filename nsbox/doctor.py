@@ -349,11 +349,15 @@ def _live_cgroup_remedy(info: dict[str, Any]) -> str:
         return (f"the processes {info['blocking_processes'][:5]} share nsbox's cgroup "
                 f"{cgroup}: start nsbox in a cgroup of its own ('{delegate_command()}', or a "
                 "service with Delegate=yes), or move those processes out of it")
+    from nsbox.cgroups._host import read_layout
+
+    v1_dirs = sorted({h.own_dir for c, h in read_layout().v1.items() if c in _CONTROLLER.values()})
     return _cgroup_remedy(info["layout"], cgroup, os.geteuid(),
-                          bool(info.get("systemd_user_manager")))
+                          bool(info.get("systemd_user_manager")), v1_dirs)
 
 
-def _cgroup_remedy(layout: str, v2_path: str | None, uid: int, systemd_user: bool) -> str:
+def _cgroup_remedy(layout: str, v2_path: str | None, uid: int, systemd_user: bool,
+                   v1_dirs: list[str] | None = None) -> str:
     from nsbox.cgroups._v2 import delegate_command
 
     if layout == "none":
@@ -371,9 +375,10 @@ def _cgroup_remedy(layout: str, v2_path: str | None, uid: int, systemd_user: boo
                 f"{base}/nsbox/cgroup.threads', with +memory +pids +cpu in "
                 f"{base}/cgroup.subtree_control, then start nsbox from a shell moved into "
                 f"{base}/nsbox")
-    return ("run as root, or have root create cgroups owned by this user in the memory, pids "
-            "and cpu hierarchies (e.g. cgcreate -a USER -t USER -g memory,pids,cpu:nsbox) and "
-            "start nsbox inside them")
+    where = ", ".join(v1_dirs) if v1_dirs else "the memory, pids and cpu hierarchies"
+    return (f"run as root, or have root create a cgroup owned by uid {uid} in each of {where} "
+            f"('mkdir DIR/nsbox && chown {uid} DIR/nsbox DIR/nsbox/tasks DIR/nsbox/cgroup.procs'"
+            ") and start nsbox from a shell moved into them")
 
 
 def _cgroup_fallback(policy: Policy, detail: str, missing: list[str], remedy: str) -> Check:
@@ -415,8 +420,9 @@ def _simulated_cgroups(facts: HostFacts, policy: Policy) -> Check:
     layout = "v2" if info.v2_path and not info.v1 else info.layout
     # A systemd user manager listens on this socket (systemd-run(1) --user connects to it).
     systemd_user = facts.exists(f"/run/user/{facts.uid}/systemd/private")
+    v1_dirs = sorted({d for c, (d, _w) in info.v1.items() if c in _CONTROLLER.values()})
     return _cgroup_fallback(policy, detail, missing,
-                            _cgroup_remedy(layout, info.v2_path, facts.uid, systemd_user))
+                            _cgroup_remedy(layout, info.v2_path, facts.uid, systemd_user, v1_dirs))
 
 
 # Per failed probe step: the guarantees lost and what to do.

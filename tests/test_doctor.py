@@ -191,7 +191,11 @@ def test_cgroup_v1_only_not_writable(tmp_path: Path) -> None:
         "v1 layout; controllers: cpu, cpuacct, memory, pids; not writable by uid 1000: "
         "memory, pids, cpu; instead: memory: RLIMIT_AS per process")
     assert check.detail.endswith("; cpus: not limited")
-    assert "cgcreate" in (check.remedy or "")
+    # The remedy names the cgroup directories of this process that root must delegate.
+    remedy = check.remedy or ""
+    assert remedy.startswith("run as root, or have root create a cgroup owned by uid 1000 in "
+                             "each of /sys/fs/cgroup/")
+    assert "'mkdir DIR/nsbox && chown 1000 DIR/nsbox DIR/nsbox/tasks" in remedy
     strict = load_profile("default", {"limits.require_cgroup": True})
     assert not run_doctor(facts(fake_host(tmp_path / "b", cgroups="v1", writable=False)),
                           strict).ok
