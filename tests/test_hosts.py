@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from conftest import require
 
-from nsbox.cgroups import describe_host
+from nsbox.cgroups import describe_host, get_backend
+from nsbox.cgroups._v2 import V2Backend
 
 # Runs doctor, then one run per limit, and prints what each reported as one JSON object.
 ROW = r"""
@@ -159,7 +160,12 @@ def test_v2_cgroup_shared_with_other_processes(public_tree: Path) -> None:
     info = describe_host()
     require(info["layout"] == "v2" and os.geteuid() == 0,
             "needs a pure cgroup v2 host as root (the VM)")
-    base = Path(info["cgroup"]) / "nsbox-test-svc"
+    # The controllers enabled in this process's base, as a first run would (moving this process
+    # into a leaf when its cgroup is not the root), so the test cgroup below it has them.
+    backend = get_backend()
+    assert isinstance(backend, V2Backend), backend.reason
+    backend.prepare()
+    base = Path(backend.base) / "nsbox-test-svc"
     base.mkdir()
     other = subprocess.Popen(["sleep", "300"])
     try:

@@ -16,7 +16,10 @@ exempt). So, on the first run, when B does not have the controllers enabled yet:
   it cannot limit anything; the caller falls back to rlimits or, when cgroups are required,
   fails with that reason.
 
-Leaves are only ever removed when empty, never killed: they hold the launcher.
+Leaves are only ever removed when empty, never killed: they hold the launcher. So a leaf outlives
+its launch: rmdir(2) of a cgroup with live processes fails (EBUSY), and the launcher cannot leave
+it for B (no internal processes once the controllers are enabled). The next helper with the same
+base removes it (``reclaim``), or the cgroup's manager when the scope ends (docs/hosts.md).
 """
 
 from __future__ import annotations
