@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nsbox import identity
-from nsbox.errors import HostError, NsboxError
+from nsbox.errors import CommandNotFound, HostError, NsboxError
 from nsbox.hostfacts import HostFacts, kernel_release
 from nsbox.policy import Policy
 from nsbox.result import Result
@@ -538,6 +538,10 @@ def check_launch(policy: Policy, predicted: dict[str, str]) -> Check:
         outcome = run(["true"], trial)
     except NsboxError as exc:
         outcome = exc
+    if isinstance(outcome, CommandNotFound):
+        # Every step but the exec worked; the profile's sandbox just has no `true`.
+        return Check("live launch", "info", "the sandbox was built, but has no 'true' to run: "
+                     f"{outcome.message}")
     verdicts = verdicts_of_run(outcome, trial)
     facts: dict[str, Any] = {"verdicts": verdicts}
     if isinstance(outcome, Exception):

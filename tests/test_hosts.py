@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import require
 
-from nsbox.cgroups import describe_host, get_backend
+from nsbox.cgroups import _fs, describe_host, get_backend
 from nsbox.cgroups._v2 import V2Backend
 
 # Runs doctor, then one run per limit, and prints what each reported as one JSON object.
@@ -153,6 +153,20 @@ def test_without_cap_sys_admin(public_tree: Path) -> None:
     assert guarantees["namespaces"] in ("enforced", "refused")
 
 
+def test_root_of_a_user_namespace_that_maps_only_itself(public_tree: Path) -> None:
+    """`unshare -Ur`: uid 0 that maps only to the caller's uid has no unprivileged id for the
+    sandbox (nsbox/identity.py): doctor and every run refuse, each with a hint."""
+    require(bool(UNSHARE), "needs unshare(1)")
+    assert UNSHARE
+    data = run_row([UNSHARE, "-Ur"], public_tree)
+    guarantees = check_row(data)
+    assert set(guarantees.values()) == {"refused"}, guarantees
+    checks = {c["name"]: c for c in data["doctor"]["checks"]}
+    assert checks["identity"]["status"] == "fail" and checks["identity"]["remedy"]
+    assert checks["live launch"]["status"] == "fail" and checks["live launch"]["remedy"]
+    assert {run["error"] for run in data["runs"].values()} == {"HostError"}
+
+
 @pytest.mark.cgroup2
 def test_v2_cgroup_shared_with_other_processes(public_tree: Path) -> None:
     """A service-like cgroup that also holds a process that is not nsbox's: doctor says every
@@ -182,6 +196,12 @@ def test_v2_cgroup_shared_with_other_processes(public_tree: Path) -> None:
     finally:
         other.kill()
         other.wait()
+
+        # An exited process leaves its cgroup a moment after it was reaped.
+        def empty() -> bool:
+            return "populated 0" in (base / "cgroup.events").read_text()
+
+        assert _fs.wait_until(empty), (base / "cgroup.procs").read_text()
         for leaf in base.iterdir():
             if leaf.is_dir():
                 leaf.rmdir()
