@@ -455,6 +455,11 @@ def check_probe(facts: HostFacts, policy: Policy) -> list[Check]:
         return [Check("live probe", "ok", "namespaces, tmpfs root, /proc, pivot_root and a "
                       "seccomp filter all worked in a child process")]
     affects, remedy = _PROBE_ADVICE.get(str(failed), ([FILESYSTEM], "see the checks above"))
+    if str(failed) in ("user namespace", "mount, pid, net, ipc, uts and cgroup namespaces"):
+        from nsbox.launcher import namespace_hint
+
+        # The cause a run would name for the same errno (disabled, or a seccomp filter).
+        remedy = namespace_hint(int(str(outcome.get("errno") or 0))) or remedy
     return [Check("live probe", "fail", f"{failed} failed: {outcome.get('error')}", affects,
                   remedy)]
 
@@ -526,6 +531,22 @@ def _trial_policy(policy: Policy) -> Policy:
     return dataclasses.replace(policy, limits=limits)
 
 
+# A launch step without a hint of its own (nsbox/launcher.py gives the known ones), by the probe
+# step that does the same work.
+_LAUNCH_STEPS = {
+    "create namespaces": "mount, pid, net, ipc, uts and cgroup namespaces",
+    "make mounts private": "private mounts", "mount tmpfs root": "tmpfs root",
+    "proc /proc": "mount /proc", "pivot_root": "pivot_root", "seccomp": "seccomp filter",
+}
+
+
+def _launch_advice(step: str) -> str:
+    probe_step = _LAUNCH_STEPS.get(step)
+    if probe_step is not None:
+        return _PROBE_ADVICE[probe_step][1]
+    return "see the checks above; the step names what the kernel refused"
+
+
 def check_launch(policy: Policy, predicted: dict[str, str]) -> Check:
     """A real launch through the production path (nsbox.run of ``true`` with the profile and
     every limit set): it fails at the step a run would fail at, with that run's hint, and its
@@ -549,7 +570,7 @@ def check_launch(policy: Policy, predicted: dict[str, str]) -> Check:
         message = getattr(outcome, "message", str(outcome.args[0] if outcome.args else outcome))
         facts["step"] = step
         return Check("live launch", "fail", f"nsbox.run(['true']) failed at {step}: {message}",
-                     [FILESYSTEM, PROCESSES], outcome.hint or "see the checks above", facts)
+                     [FILESYSTEM, PROCESSES], outcome.hint or _launch_advice(str(step)), facts)
     facts["degraded"] = list(outcome.degraded)
     wrong = [f"{k}: predicted {predicted.get(k)}, the run got {v}" for k, v in verdicts.items()
              if predicted.get(k) != v]

@@ -514,7 +514,7 @@ def _read_proc(name: str) -> str:
         return ""
 
 
-def _namespace_hint(err: int) -> str | None:
+def namespace_hint(err: int) -> str | None:
     """Why unshare(2) failed, from what the host says now: disabled user namespaces, or a
     seccomp filter around this process (a container's) that refuses unshare."""
     if err == errno.ENOSPC and _read_proc("/proc/sys/user/max_user_namespaces").strip() == "0":
@@ -533,7 +533,7 @@ def _setup_error(info: dict[str, Any]) -> SetupError:
     step, err, message = info["step"], int(info.get("errno") or 0), info["message"]
     hint = _HINTS.get((step, err))
     if step == "create namespaces":
-        hint = _namespace_hint(err) or hint
+        hint = namespace_hint(err) or hint
     if step == "proc /proc" and err == errno.EPERM:
         # proc(5), fs/namespace.c mount_too_revealing: a new proc is refused in a user
         # namespace while parts of the current /proc are covered (a container's masked paths).

@@ -69,6 +69,47 @@ done
 exec "$@"
 """
 
+# Root of a new user namespace that maps host ids 0-65535 and allows no nested one: user
+# namespaces disabled for everything started in it, the host's own setting untouched (the
+# limit is per user namespace, user_namespaces(7)). argv: the package tree, then the command.
+USERNS_DISABLED = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from nsbox import _libc
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    _libc.unshare(_libc.CLONE_NEWUSER)
+    os.read(read, 1)  # the maps are written
+    with open("/proc/sys/user/max_user_namespaces", "w") as f:
+        f.write("0")
+    os.execv(sys.argv[2], sys.argv[2:])
+for _ in range(100):  # until the child is in its own user namespace
+    if os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user"):
+        break
+    time.sleep(0.01)
+for name in ("uid_map", "gid_map"):
+    with open(f"/proc/{pid}/{name}", "w") as f:
+        f.write("0 0 65536")
+os.write(write, b"x")
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+# A seccomp filter around nsbox that refuses new user namespaces, as a container's default
+# profile does: unshare and clone with CLONE_NEWUSER get EPERM, clone3 ENOSYS (its flags cannot
+# be inspected). argv: the package tree (for pyseccomp), then the command.
+SECCOMP_NO_USERNS = r"""
+import errno, os, sys
+sys.path.insert(0, sys.argv[1])
+import pyseccomp as sc
+f = sc.SyscallFilter(sc.ALLOW)
+f.add_rule(sc.ERRNO(errno.EPERM), "unshare")
+f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, 0x10000000, 0x10000000))
+f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+f.load()
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
 
 def run_row(prefix: list[str], tree: Path) -> dict[str, Any]:
     done = subprocess.run([*prefix, "/usr/bin/python3", "-I", "-c", ROW, str(tree)],
@@ -165,6 +206,38 @@ def test_root_of_a_user_namespace_that_maps_only_itself(public_tree: Path) -> No
     assert checks["identity"]["status"] == "fail" and checks["identity"]["remedy"]
     assert checks["live launch"]["status"] == "fail" and checks["live launch"]["remedy"]
     assert {run["error"] for run in data["runs"].values()} == {"HostError"}
+
+
+def test_user_namespaces_disabled(public_tree: Path, tmp_path: Path) -> None:
+    require(os.geteuid() == 0, "needs root to map a range of ids into a user namespace")
+    script = tmp_path / "userns.py"
+    script.write_text(USERNS_DISABLED)
+    data = run_row(["/usr/bin/python3", "-I", str(script), str(public_tree)], public_tree)
+    guarantees = check_row(data)
+    assert set(guarantees.values()) == {"refused"}, guarantees
+    checks = {c["name"]: c for c in data["doctor"]["checks"]}
+    assert checks["user namespaces"]["detail"] == (
+        "user namespaces are disabled (user.max_user_namespaces is 0)")
+    assert checks["live launch"]["facts"]["step"] == "create namespaces"
+    for run in [checks["live launch"]["remedy"], *(r["hint"] for r in data["runs"].values())]:
+        assert run.startswith("user namespaces are disabled (user.max_user_namespaces is 0): "
+                              "sysctl -w user.max_user_namespaces=15000"), run
+
+
+def test_seccomp_refusing_namespaces(public_tree: Path, tmp_path: Path) -> None:
+    require(os.geteuid() == 0, "the hint names the filter only for root, who may unshare")
+    script = tmp_path / "seccomp.py"
+    script.write_text(SECCOMP_NO_USERNS)
+    data = run_row(["/usr/bin/python3", "-I", str(script), str(public_tree)], public_tree)
+    guarantees = check_row(data)
+    assert set(guarantees.values()) == {"refused"}, guarantees
+    checks = {c["name"]: c for c in data["doctor"]["checks"]}
+    assert checks["live launch"]["facts"]["step"] == "create namespaces"
+    hints = [checks["live probe"]["remedy"], checks["live launch"]["remedy"],
+             *(r["hint"] for r in data["runs"].values())]
+    for hint in hints:
+        assert hint.endswith("refuses unshare(2): run the container with --security-opt "
+                             "seccomp=unconfined"), hint
 
 
 @pytest.mark.cgroup2
