@@ -240,6 +240,26 @@ def test_seccomp_refusing_namespaces(public_tree: Path, tmp_path: Path) -> None:
                              "seccomp=unconfined"), hint
 
 
+def test_masked_proc(public_tree: Path) -> None:
+    """Parts of /proc covered, as a container masks them, in a private mount namespace only."""
+    require(os.geteuid() == 0 and bool(UNSHARE), "needs root and unshare for a mount namespace")
+    assert UNSHARE
+    masked = [p for p in ("/proc/keys", "/proc/timer_list", "/proc/kcore") if os.path.isfile(p)]
+    require(bool(masked), "this /proc has none of the files a container masks")
+    mask = ("mount --make-rprivate / && mount --bind /dev/null " + masked[0]
+            + ' && exec "$@"')
+    data = run_row([UNSHARE, "-m", "sh", "-c", mask, "sh"], public_tree)
+    guarantees = check_row(data)
+    assert set(guarantees.values()) == {"refused"}, guarantees
+    checks = {c["name"]: c for c in data["doctor"]["checks"]}
+    assert checks["/proc mounts"]["status"] == "fail"
+    assert checks["live launch"]["facts"]["step"] == "proc /proc"
+    for hint in [checks["live launch"]["remedy"], *(r["hint"] for r in data["runs"].values())]:
+        assert hint.startswith("the kernel refuses a new /proc while parts of this /proc are "
+                               "covered"), hint
+        assert hint.endswith("--security-opt systempaths=unconfined"), hint
+
+
 @pytest.mark.cgroup2
 def test_v2_cgroup_shared_with_other_processes(public_tree: Path) -> None:
     """A service-like cgroup that also holds a process that is not nsbox's: doctor says every
