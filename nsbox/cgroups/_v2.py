@@ -204,7 +204,9 @@ class V2Backend(Backend):
         enabled for the run cgroups (cgroup v2's no-internal-processes rule; the root cgroup
         is exempt). Empty when the controllers are enabled already."""
         if not os.path.exists(os.path.join(self.base, "cgroup.events")):
-            return []  # the root cgroup (it alone has no cgroup.events), also in a cgroupns
+            # The true root cgroup, exempt from the rule, alone has no cgroup.events; the root
+            # of a cgroup namespace has one, and is not exempt.
+            return []
         if set(self.controllers) <= self._enabled():
             return []
         return sorted(set(_fs.procs(self.base)) - ours)
