@@ -10,6 +10,7 @@ status from ``Report.ok``.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -19,9 +20,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nsbox import identity
-from nsbox.errors import HostError
+from nsbox.errors import CommandNotFound, HostError, NsboxError
 from nsbox.hostfacts import HostFacts, kernel_release
 from nsbox.policy import Policy
+from nsbox.result import Result
 
 # The guarantees of DESIGN.md's threat model, as a check names them.
 FILESYSTEM = "filesystem isolation (empty root, read-only binds)"
@@ -44,12 +46,16 @@ class Check:
     detail: str
     affects: list[str] = field(default_factory=list)
     remedy: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # what the check found, for --json
 
 
 @dataclass
 class Report:
     profile: str
     checks: list[Check]
+    # Per guarantee, what a run gets here (see GUARANTEES): the prediction, corrected by the
+    # live launch where that launch ran and saw otherwise.
+    guarantees: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -57,7 +63,7 @@ class Report:
         return all(check.status != "fail" for check in self.checks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"profile": self.profile, "ok": self.ok,
+        return {"profile": self.profile, "ok": self.ok, "guarantees": self.guarantees,
                 "checks": [asdict(check) for check in self.checks]}
 
     def format_table(self) -> str:
@@ -70,6 +76,9 @@ class Report:
                 lines.append(f"{pad}affects: {'; '.join(check.affects)}")
             if check.remedy and check.status != "ok":
                 lines.append(f"{pad}remedy: {check.remedy}")
+        if self.guarantees:
+            lines.append("\nA run here gets: " + ", ".join(
+                f"{name} {verdict}" for name, verdict in self.guarantees.items()) + ".")
         failed = [c.name for c in self.checks if c.status == "fail"]
         warned = sum(c.status == "warn" for c in self.checks)
         if failed:
@@ -92,7 +101,12 @@ def run_doctor(facts: HostFacts | None = None, policy: Policy | None = None) -> 
     checks: list[Check] = []
     for check in CHECKS:
         checks.extend(check(facts, policy))
-    return Report(policy.name, checks)
+    guarantees = predict(checks, policy)
+    if not facts.simulated:
+        live = check_launch(policy, guarantees)
+        checks.append(live)
+        guarantees.update(live.facts.get("verdicts", {}))
+    return Report(policy.name, checks, guarantees)
 
 
 # --- the checks --------------------------------------------------------------------------------
@@ -143,7 +157,8 @@ def check_userns(facts: HostFacts, policy: Policy) -> list[Check]:
         return [Check(name, "fail", "the kernel has no user namespaces (CONFIG_USER_NS)",
                       affects, "use a kernel built with CONFIG_USER_NS=y")]
     if maximum == 0:
-        return [Check(name, "fail", "user.max_user_namespaces is 0", affects,
+        return [Check(name, "fail", "user namespaces are disabled (user.max_user_namespaces "
+                      "is 0)", affects,
                       "sysctl -w user.max_user_namespaces=15000 (and set it in "
                       "/etc/sysctl.d/ to keep it)")]
     root = facts.uid == 0
@@ -298,8 +313,9 @@ _CONTROLLER = {"memory": "memory", "pids": "pids", "cpus": "cpu"}
 
 
 def check_cgroups(facts: HostFacts, policy: Policy) -> list[Check]:
-    """On the real host, nsbox.cgroups says what the runs would get (the backend it would pick);
-    on a simulated host the facts layer reads the fake tree for memory, pids and cpu."""
+    """On the real host, nsbox.cgroups says what the runs would get (the backend it would pick,
+    and whether other processes in its cgroup stop it from limiting); on a simulated host the
+    facts layer reads the fake tree for memory, pids and cpu."""
     if facts.simulated:
         return [_simulated_cgroups(facts, policy)]
     from nsbox.cgroups import describe_host
@@ -309,47 +325,74 @@ def check_cgroups(facts: HostFacts, policy: Policy) -> list[Check]:
     missing = list(info["missing"])
     if not missing:
         return [Check("cgroups", "ok", f"{layout} layout; backend {backend}: "
-                      + ", ".join(info["supports"]))]
+                      + ", ".join(info["supports"]), facts=info)]
     detail = f"{layout} layout; backend {backend}"
     if info["supports"]:
         detail += f": {', '.join(info['supports'])}"
     if info["reason"]:
         detail += f"; {info['reason']}"
+    check = _cgroup_fallback(policy, detail, missing, _live_cgroup_remedy(info))
+    check.facts = info
+    return [check]
+
+
+def _live_cgroup_remedy(info: dict[str, Any]) -> str:
+    """The one change that gives this host's runs cgroup limits, naming the cgroup."""
+    from nsbox.cgroups._v2 import delegate_command
+
+    cgroup = info.get("cgroup")
+    if info.get("read_only"):
+        return ("the cgroup filesystem is mounted read-only (a container's default): give the "
+                "container a writable one (docker/podman: --privileged, or inside it with "
+                "CAP_SYS_ADMIN: mount -o remount,rw /sys/fs/cgroup), or accept rlimits")
     if info.get("blocking_processes"):
-        remedy = (f"the processes {info['blocking_processes']} share nsbox's cgroup "
-                  f"{info.get('cgroup')}: start nsbox in a cgroup of its own (a service with "
-                  "Delegate=yes, or 'systemd-run --user --scope -p Delegate=yes')")
-    elif layout == "v2" and info.get("systemd_user_manager"):
-        remedy = "run nsbox under 'systemd-run --user --scope -p Delegate=yes'"
-    else:
-        remedy = _cgroup_remedy(layout, info.get("cgroup"))
-    return [_cgroup_fallback(policy, detail, missing, remedy)]
+        return (f"the processes {info['blocking_processes'][:5]} share nsbox's cgroup "
+                f"{cgroup}: start nsbox in a cgroup of its own ('{delegate_command()}', or a "
+                "service with Delegate=yes), or move those processes out of it")
+    from nsbox.cgroups._host import read_layout
+
+    v1_dirs = sorted({h.own_dir for c, h in read_layout().v1.items() if c in _CONTROLLER.values()})
+    return _cgroup_remedy(info["layout"], cgroup, os.geteuid(),
+                          bool(info.get("systemd_user_manager")), v1_dirs)
 
 
-def _cgroup_remedy(layout: str, v2_path: str | None) -> str:
+def _cgroup_remedy(layout: str, v2_path: str | None, uid: int, systemd_user: bool,
+                   v1_dirs: list[str] | None = None) -> str:
+    from nsbox.cgroups._v2 import delegate_command
+
     if layout == "none":
         return "mount cgroup2 on /sys/fs/cgroup (systemd does by default)"
+    if layout == "v2" and uid != 0 and systemd_user:
+        return (f"a systemd user manager runs here: '{delegate_command(uid)}' gives nsbox a "
+                "delegated cgroup with memory, pids and cpu")
     if layout == "v2":
-        return ("delegate a cgroup to this user: run nsbox under 'systemd-run --user --scope "
-                "-p Delegate=yes', or have root create and chown a cgroup below "
-                f"{v2_path or '/sys/fs/cgroup'} with +memory +pids +cpu in its parent's "
-                "cgroup.subtree_control")
-    return ("run as root, or have root create cgroups owned by this user in the memory, pids "
-            "and cpu hierarchies (e.g. cgcreate -a USER -t USER -g memory,pids,cpu:nsbox) and "
-            "start nsbox inside them")
+        base = v2_path or "/sys/fs/cgroup"
+        # cgroup-v2.rst, "Delegation": the delegatee owns the directory, its cgroup.procs,
+        # cgroup.subtree_control and cgroup.threads; the parent enables the controllers.
+        return (f"no systemd user manager runs here ({delegate_command(uid)} needs one): have "
+                f"root delegate a cgroup: 'mkdir {base}/nsbox && chown {uid} {base}/nsbox "
+                f"{base}/nsbox/cgroup.procs {base}/nsbox/cgroup.subtree_control "
+                f"{base}/nsbox/cgroup.threads', with +memory +pids +cpu in "
+                f"{base}/cgroup.subtree_control, then start nsbox from a shell moved into "
+                f"{base}/nsbox")
+    where = ", ".join(v1_dirs) if v1_dirs else "the memory, pids and cpu hierarchies"
+    return (f"run as root, or have root create a cgroup owned by uid {uid} in each of {where} "
+            f"('mkdir DIR/nsbox && chown {uid} DIR/nsbox DIR/nsbox/tasks DIR/nsbox/cgroup.procs'"
+            ") and start nsbox from a shell moved into them")
 
 
 def _cgroup_fallback(policy: Policy, detail: str, missing: list[str], remedy: str) -> Check:
     bad = "fail" if policy.limits.require_cgroup else "warn"
     detail += "; instead: " + "; ".join(_FALLBACK[f] for f in missing)
-    return Check("cgroups", bad, detail, [_AFFECTS[f] for f in missing], remedy)
+    return Check("cgroups", bad, detail, [_AFFECTS[f] for f in missing], remedy,
+                 facts={"missing": sorted(missing)})
 
 
 def _simulated_cgroups(facts: HostFacts, policy: Policy) -> Check:
     info = facts.cgroups()
     if info.layout == "none":
         return _cgroup_fallback(policy, "no cgroup hierarchy is mounted", list(_CONTROLLER),
-                                _cgroup_remedy("none", None))
+                                _cgroup_remedy("none", None, facts.uid, False))
     usable: dict[str, str] = {}
     found: set[str] = set()  # controllers the host has (named v1 hierarchies are not ones)
     if info.v2_path is not None:
@@ -367,7 +410,7 @@ def _simulated_cgroups(facts: HostFacts, policy: Policy) -> Check:
     missing = [f for f, c in _CONTROLLER.items() if c not in usable]
     if not missing:
         via = ", ".join(f"{c} ({usable[c]})" for c in _CONTROLLER.values())
-        return Check("cgroups", "ok", f"{detail}; writable here: {via}")
+        return Check("cgroups", "ok", f"{detail}; writable here: {via}", facts={"missing": []})
     unwritable = [_CONTROLLER[f] for f in missing if _CONTROLLER[f] in found]
     absent = [_CONTROLLER[f] for f in missing if _CONTROLLER[f] not in found]
     if unwritable:
@@ -375,7 +418,11 @@ def _simulated_cgroups(facts: HostFacts, policy: Policy) -> Check:
     if absent:
         detail += f"; not available: {', '.join(absent)}"
     layout = "v2" if info.v2_path and not info.v1 else info.layout
-    return _cgroup_fallback(policy, detail, missing, _cgroup_remedy(layout, info.v2_path))
+    # A systemd user manager listens on this socket (systemd-run(1) --user connects to it).
+    systemd_user = facts.exists(f"/run/user/{facts.uid}/systemd/private")
+    v1_dirs = sorted({d for c, (d, _w) in info.v1.items() if c in _CONTROLLER.values()})
+    return _cgroup_fallback(policy, detail, missing,
+                            _cgroup_remedy(layout, info.v2_path, facts.uid, systemd_user, v1_dirs))
 
 
 # Per failed probe step: the guarantees lost and what to do.
@@ -408,8 +455,131 @@ def check_probe(facts: HostFacts, policy: Policy) -> list[Check]:
         return [Check("live probe", "ok", "namespaces, tmpfs root, /proc, pivot_root and a "
                       "seccomp filter all worked in a child process")]
     affects, remedy = _PROBE_ADVICE.get(str(failed), ([FILESYSTEM], "see the checks above"))
+    if str(failed) in ("user namespace", "mount, pid, net, ipc, uts and cgroup namespaces"):
+        from nsbox.launcher import namespace_hint
+
+        # The cause a run would name for the same errno (disabled, or a seccomp filter).
+        remedy = namespace_hint(int(str(outcome.get("errno") or 0))) or remedy
     return [Check("live probe", "fail", f"{failed} failed: {outcome.get('error')}", affects,
                   remedy)]
+
+
+# --- the verdict per guarantee ------------------------------------------------------------------
+
+# What a run gets for each guarantee: "enforced" (namespaces, seccomp, identity), "cgroup",
+# "rlimit" or "none" (limits), "off" (the policy turned it off), "refused" (the run does not
+# start: the host cannot give what the policy requires).
+GUARANTEES = ("namespaces", "seccomp", "identity", "memory", "pids", "cpus", "cpu_time")
+LIMITS = ("memory", "pids", "cpus", "cpu_time")
+# The guarantee of each cgroup feature, and what replaces it without the cgroup (nsbox/limits.py).
+_LIMIT_OF = {"memory": "memory", "pids": "pids", "cpus": "cpus", "cpu_accounting": "cpu_time"}
+_WITHOUT_CGROUP = {"memory": "rlimit", "pids": "rlimit", "cpus": "none", "cpu_time": "rlimit"}
+# The checks whose failure stops every run; a failed cgroups check stops only runs with limits.
+_LAUNCH_CHECKS = ("python", "kernel", "user namespaces", "identity", "/proc mounts",
+                  "live probe")
+
+
+def predict(checks: list[Check], policy: Policy) -> dict[str, str]:
+    """What a run of ``policy`` gets here per guarantee, by the checks alone."""
+    failed = {c.name for c in checks if c.status == "fail"}
+    if failed & set(_LAUNCH_CHECKS):
+        return dict.fromkeys(GUARANTEES, "refused")
+    verdicts = {"namespaces": "enforced", "identity": "enforced"}
+    if not policy.seccomp.enabled:
+        verdicts["seccomp"] = "off"
+    else:
+        verdicts["seccomp"] = ("refused" if failed & {"seccomp", "libseccomp", "pyseccomp"}
+                               else "enforced")
+    cgroups = next((c for c in checks if c.name == "cgroups"), None)
+    missing = {_LIMIT_OF[f] for f in (cgroups.facts.get("missing", []) if cgroups else [])
+               if f in _LIMIT_OF}
+    for limit in LIMITS:
+        if cgroups is not None and cgroups.status == "fail":
+            verdicts[limit] = "refused"  # require_cgroup: a run with this limit does not start
+        else:
+            verdicts[limit] = _WITHOUT_CGROUP[limit] if limit in missing else "cgroup"
+    return verdicts
+
+
+def verdicts_of_run(outcome: Result | Exception, policy: Policy,
+                    limits: tuple[str, ...] = LIMITS) -> dict[str, str]:
+    """What one run reported per guarantee: its Result (``degraded`` names each limit that an
+    rlimit replaced, nsbox/limits.py) or the error it raised. ``limits``: those it asked for."""
+    if isinstance(outcome, HostError) and outcome.feature == "cgroup":
+        verdicts = {"namespaces": "enforced", "identity": "enforced",
+                    "seccomp": "enforced" if policy.seccomp.enabled else "off"}
+        return verdicts | dict.fromkeys(limits, "refused")
+    if isinstance(outcome, Exception):
+        return dict.fromkeys(("namespaces", "seccomp", "identity", *limits), "refused")
+    verdicts = {"namespaces": "enforced", "identity": "enforced",
+                "seccomp": "enforced" if policy.seccomp.enabled else "off"}
+    # Each entry of Result.degraded starts with the limit's name ("memory: RLIMIT_AS ...").
+    degraded = {entry.split(":", 1)[0] for entry in outcome.degraded}
+    for limit in limits:
+        verdicts[limit] = _WITHOUT_CGROUP[limit] if limit in degraded else "cgroup"
+    return verdicts
+
+
+def _trial_policy(policy: Policy) -> Policy:
+    """``policy`` with every limit set, so that one run shows how each is enforced."""
+    from nsbox.policy import MiB
+
+    limits = dataclasses.replace(
+        policy.limits, memory=policy.limits.memory or 256 * MiB, pids=policy.limits.pids or 64,
+        cpus=policy.limits.cpus or 1.0, cpu_time=policy.limits.cpu_time or 10.0,
+        wall_time=10.0)
+    return dataclasses.replace(policy, limits=limits)
+
+
+# A launch step without a hint of its own (nsbox/launcher.py gives the known ones), by the probe
+# step that does the same work.
+_LAUNCH_STEPS = {
+    "create namespaces": "mount, pid, net, ipc, uts and cgroup namespaces",
+    "make mounts private": "private mounts", "mount tmpfs root": "tmpfs root",
+    "proc /proc": "mount /proc", "pivot_root": "pivot_root", "seccomp": "seccomp filter",
+}
+
+
+def _launch_advice(step: str) -> str:
+    probe_step = _LAUNCH_STEPS.get(step)
+    if probe_step is not None:
+        return _PROBE_ADVICE[probe_step][1]
+    return "see the checks above; the step names what the kernel refused"
+
+
+def check_launch(policy: Policy, predicted: dict[str, str]) -> Check:
+    """A real launch through the production path (nsbox.run of ``true`` with the profile and
+    every limit set): it fails at the step a run would fail at, with that run's hint, and its
+    Result says which limits the cgroups enforce. Compared with the prediction."""
+    from nsbox.launcher import run
+
+    trial = _trial_policy(policy)
+    outcome: Result | Exception
+    try:
+        outcome = run(["true"], trial)
+    except NsboxError as exc:
+        outcome = exc
+    if isinstance(outcome, CommandNotFound):
+        # Every step but the exec worked; the profile's sandbox just has no `true`.
+        return Check("live launch", "info", "the sandbox was built, but has no 'true' to run: "
+                     f"{outcome.message}")
+    verdicts = verdicts_of_run(outcome, trial)
+    facts: dict[str, Any] = {"verdicts": verdicts}
+    if isinstance(outcome, Exception):
+        step = getattr(outcome, "step", getattr(outcome, "feature", "launch"))
+        message = getattr(outcome, "message", str(outcome.args[0] if outcome.args else outcome))
+        facts["step"] = step
+        return Check("live launch", "fail", f"nsbox.run(['true']) failed at {step}: {message}",
+                     [FILESYSTEM, PROCESSES], outcome.hint or _launch_advice(str(step)), facts)
+    facts["degraded"] = list(outcome.degraded)
+    wrong = [f"{k}: predicted {predicted.get(k)}, the run got {v}" for k, v in verdicts.items()
+             if predicted.get(k) != v]
+    if wrong:
+        return Check("live launch", "warn", "nsbox.run(['true']) disagrees with the checks "
+                     "above (" + "; ".join(wrong) + "): " + "; ".join(outcome.degraded),
+                     [], "the run's verdict is the true one; please report this host", facts)
+    return Check("live launch", "ok", f"nsbox.run(['true']) {outcome.status.name} with "
+                 + ", ".join(f"{k} {v}" for k, v in verdicts.items()), facts=facts)
 
 
 CHECKS: tuple[Callable[[HostFacts, Policy], list[Check]], ...] = (

@@ -493,6 +493,9 @@ _HINTS = {
     "user.max_user_namespaces, or AppArmor's apparmor_restrict_unprivileged_userns)",
     ("create namespaces", errno.ENOSPC): "the user namespace limit is reached "
     "(user.max_user_namespaces); `nsbox doctor` shows the setting",
+    ("create namespaces", errno.ENOSYS): "unshare(2) is refused with ENOSYS: a seccomp "
+    "filter around nsbox (a container's) blocks it; run the container with --security-opt "
+    "seccomp=unconfined",
     ("pivot_root", errno.EINVAL): "pivot_root is refused: nsbox may be running in a container "
     "or chroot whose root is not a mount point",
     ("exec", errno.EACCES): "the file is not executable inside the sandbox",
@@ -503,9 +506,44 @@ _HINTS = {
 }
 
 
+def _read_proc(name: str) -> str:
+    try:
+        with open(name) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def namespace_hint(err: int) -> str | None:
+    """Why unshare(2) failed, from what the host says now: disabled user namespaces, or a
+    seccomp filter around this process (a container's) that refuses unshare."""
+    if err == errno.ENOSPC and _read_proc("/proc/sys/user/max_user_namespaces").strip() == "0":
+        return ("user namespaces are disabled (user.max_user_namespaces is 0): sysctl -w "
+                "user.max_user_namespaces=15000 (and set it in /etc/sysctl.d/)")
+    if err in (errno.EPERM, errno.ENOSYS) and os.geteuid() == 0:
+        status = _read_proc("/proc/self/status")
+        if "\nSeccomp:\t2" in status:
+            return ("root may create namespaces, so the seccomp filter this process runs under "
+                    "(a container's) refuses unshare(2): run the container with "
+                    "--security-opt seccomp=unconfined")
+    return None
+
+
 def _setup_error(info: dict[str, Any]) -> SetupError:
     step, err, message = info["step"], int(info.get("errno") or 0), info["message"]
     hint = _HINTS.get((step, err))
+    if step == "create namespaces":
+        hint = namespace_hint(err) or hint
+    if step == "proc /proc" and err == errno.EPERM:
+        # proc(5), fs/namespace.c mount_too_revealing: a new proc is refused in a user
+        # namespace while parts of the current /proc are covered (a container's masked paths).
+        hint = ("the kernel refuses a new /proc while parts of this /proc are covered by "
+                "other mounts (a container's masked paths): run the container with "
+                "--security-opt systempaths=unconfined")
+    if step.startswith("bind ") and err == errno.EPERM and "open_tree" in message:
+        hint = ("opening the bind source needs CAP_SYS_ADMIN, which this process lacks (a "
+                "container's default capability set): give it --cap-add SYS_ADMIN, or run "
+                "nsbox as a regular user")
     if step == "exec" and err == errno.ENOENT:
         return CommandNotFound(step, err, message, hint=(
             "the sandbox sees only /usr and the profile's binds; use an absolute path, or "

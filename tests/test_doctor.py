@@ -112,7 +112,7 @@ def test_user_namespaces_disabled(tmp_path: Path) -> None:
     check = by_name(report)["user namespaces"]
     assert not report.ok
     assert check.status == "fail"
-    assert check.detail == "user.max_user_namespaces is 0"
+    assert check.detail == "user namespaces are disabled (user.max_user_namespaces is 0)"
     assert (check.remedy or "").startswith(
         "sysctl -w user.max_user_namespaces=15000")
     assert any("privilege confinement" in a for a in check.affects)
@@ -191,7 +191,11 @@ def test_cgroup_v1_only_not_writable(tmp_path: Path) -> None:
         "v1 layout; controllers: cpu, cpuacct, memory, pids; not writable by uid 1000: "
         "memory, pids, cpu; instead: memory: RLIMIT_AS per process")
     assert check.detail.endswith("; cpus: not limited")
-    assert "cgcreate" in (check.remedy or "")
+    # The remedy names the cgroup directories of this process that root must delegate.
+    remedy = check.remedy or ""
+    assert remedy.startswith("run as root, or have root create a cgroup owned by uid 1000 in "
+                             "each of /sys/fs/cgroup/")
+    assert "'mkdir DIR/nsbox && chown 1000 DIR/nsbox DIR/nsbox/tasks" in remedy
     strict = load_profile("default", {"limits.require_cgroup": True})
     assert not run_doctor(facts(fake_host(tmp_path / "b", cgroups="v1", writable=False)),
                           strict).ok
@@ -217,7 +221,24 @@ def test_pure_v2_without_delegation(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, writable=False))))["cgroups"]
     assert check.status == "warn"
     assert "not writable by uid 1000: memory, pids, cpu" in check.detail
-    assert "systemd-run --user --scope -p Delegate=yes" in (check.remedy or "")
+    # No systemd user manager on this fake host: root must delegate the cgroup, named in full.
+    remedy = check.remedy or ""
+    assert remedy.startswith("no systemd user manager runs here (systemd-run --user --scope")
+    (procs,) = tmp_path.rglob("cgroup.procs")
+    base = "/" + str(procs.parent.relative_to(tmp_path / "host"))
+    assert f"mkdir {base}/nsbox && chown 1000 {base}/nsbox" in remedy
+
+
+def test_pure_v2_with_a_systemd_user_manager(tmp_path: Path) -> None:
+    root = fake_host(tmp_path, writable=False)
+    socket = root / "run/user/1000/systemd/private"
+    socket.parent.mkdir(parents=True)
+    socket.write_text("")
+    check = by_name(run_doctor(facts(root)))["cgroups"]
+    assert check.status == "warn"
+    assert check.remedy == ("a systemd user manager runs here: 'systemd-run --user --scope -p "
+                            "Delegate=yes nsbox ...' gives nsbox a delegated cgroup with memory, "
+                            "pids and cpu")
 
 
 def test_pure_v2_delegation_needs_subtree_control(tmp_path: Path) -> None:

@@ -200,6 +200,19 @@ def describe_host(layout: Layout | None = None) -> dict[str, Any]:
         ),
     }
     info.update(backend.describe())
+    from nsbox.cgroups import _fs
+    from nsbox.cgroups._v2 import V2Backend
+
+    blocking = info.get("blocking_processes")
+    if blocking and isinstance(backend, V2Backend):
+        # What a run then gets (nsbox.limits.RunLimits): creating its cgroup fails with this
+        # reason, and every limit falls back to an rlimit.
+        info["supports"], info["missing"] = [], sorted(ALL_FEATURES)
+        info["reason"] = backend.blocking_reason(blocking)
+    # A container's cgroupfs is mounted read-only: then no delegation helps.
+    hierarchies = [h for h in (layout.unified, *layout.v1.values()) if h is not None]
+    info["read_only"] = bool(info["missing"]) and any(
+        _fs.read_only(h.own_dir) for h in hierarchies)
     return info
 
 

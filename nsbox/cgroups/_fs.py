@@ -53,6 +53,15 @@ def write(path: str, value: object) -> None:
         raise OSError(exc.errno, f"write {value!r} to {path}: {reason}") from None
 
 
+def read_only(path: str) -> bool:
+    """Whether ``path`` lies on a read-only mount (a container's cgroupfs; statvfs(3) ST_RDONLY):
+    then no uid may write it, whatever the modes say."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def procs(directory: str) -> list[int]:
     try:
         text = read(os.path.join(directory, "cgroup.procs"))

@@ -155,10 +155,18 @@ class V1Backend(Backend):
         )
         self.reason = ""
         if not self.supports():
-            self.reason = (
-                f"the v1 cgroups of this process ({', '.join(sorted(v1))}) are not writable by "
-                f"uid {os.geteuid()}"
-            )
+            read_only = sorted(n for n, h in v1.items() if _fs.read_only(h.own_dir))
+            if read_only:
+                # A container's cgroupfs: no uid may write it, whatever the modes say.
+                self.reason = (
+                    f"the v1 cgroups of this process ({', '.join(read_only)}) are on read-only "
+                    "mounts"
+                )
+            else:
+                self.reason = (
+                    f"the v1 cgroups of this process ({', '.join(sorted(v1))}) are not "
+                    f"writable by uid {os.geteuid()}"
+                )
         elif importlib.util.find_spec("cgroupspy") is None:
             # The launcher puts cgroupspy on the helper's path; an interpreter without it
             # cannot drive v1 here, and says so instead of limiting less in silence.

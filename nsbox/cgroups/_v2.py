@@ -16,7 +16,10 @@ exempt). So, on the first run, when B does not have the controllers enabled yet:
   it cannot limit anything; the caller falls back to rlimits or, when cgroups are required,
   fails with that reason.
 
-Leaves are only ever removed when empty, never killed: they hold the launcher.
+Leaves are only ever removed when empty, never killed: they hold the launcher. So a leaf outlives
+its launch: rmdir(2) of a cgroup with live processes fails (EBUSY), and the launcher cannot leave
+it for B (no internal processes once the controllers are enabled). The next helper with the same
+base removes it (``reclaim``), or the cgroup's manager when the scope ends (docs/hosts.md).
 """
 
 from __future__ import annotations
@@ -43,6 +46,15 @@ from nsbox.cgroups._host import V2_CONTROLLERS, Hierarchy
 
 CPU_PERIOD_US = 100_000
 _FEATURE = {"memory": MEMORY, "pids": PIDS, "cpu": CPUS}
+
+
+def delegate_command(uid: int | None = None) -> str:
+    """The command that starts a program in a cgroup of its own, delegated to ``uid`` (default
+    this process's; systemd-run(1), systemd.resource-control(5) Delegate=): a user asks its
+    own manager, root the system's."""
+    uid = os.geteuid() if uid is None else uid
+    user = "" if uid == 0 else " --user"
+    return f"systemd-run{user} --scope -p Delegate=yes nsbox ..."
 
 
 class V2Run(RunCgroup):
@@ -142,10 +154,15 @@ class V2Backend(Backend):
                 f"the cgroup2 hierarchy offers none of {', '.join(V2_CONTROLLERS)} "
                 f"in {self.base}"
             )
+        elif _fs.read_only(self.base):
+            # A container's cgroupfs is mounted read-only (Docker and podman do so unless
+            # privileged): no uid can write it, delegation does not help.
+            self.reason = f"the cgroup filesystem holding {self.base} is mounted read-only"
+            self.controllers = []
         elif not self._writable():
             self.reason = (
                 f"cgroup {self.base} is not writable by uid {os.geteuid()} (no delegation); "
-                "run under a delegated cgroup, e.g. `systemd-run --user --scope -p Delegate=yes`"
+                f"run under a delegated cgroup, e.g. `{delegate_command()}`"
             )
             self.controllers = []
 
@@ -182,17 +199,31 @@ class V2Backend(Backend):
                 _fs.write(control, change)
         self._prepared = True
 
+    def blocking(self, ours: set[int]) -> list[int]:
+        """The processes in the base, other than ``ours``, that stop the controllers from being
+        enabled for the run cgroups (cgroup v2's no-internal-processes rule; the root cgroup
+        is exempt). Empty when the controllers are enabled already."""
+        if not os.path.exists(os.path.join(self.base, "cgroup.events")):
+            # The true root cgroup, exempt from the rule, alone has no cgroup.events; the root
+            # of a cgroup namespace has one, and is not exempt.
+            return []
+        if set(self.controllers) <= self._enabled():
+            return []
+        return sorted(set(_fs.procs(self.base)) - ours)
+
+    def blocking_reason(self, others: list[int]) -> str:
+        return (
+            f"cgroup {self.base} also holds processes {others[:5]} that are not nsbox's, so "
+            "no controller can be enabled below it (cgroup v2's no-internal-processes rule); "
+            f"start nsbox in a cgroup of its own, e.g. `{delegate_command()}`"
+        )
+
     def _move_into_leaf(self) -> None:
         ours = {os.getpid(), os.getppid()}
         inside = set(_fs.procs(self.base))
         others = sorted(inside - ours)
         if others:
-            raise OSError(
-                errno.EBUSY,
-                f"cgroup {self.base} also holds processes {others[:5]} that are not nsbox's, so "
-                "no controller can be enabled below it (cgroup v2's no-internal-processes rule); "
-                "start nsbox in a cgroup of its own, e.g. `systemd-run --scope -p Delegate=yes`",
-            )
+            raise OSError(errno.EBUSY, self.blocking_reason(others))
         leaf = os.path.join(self.base, _names.leaf_name())
         os.makedirs(leaf, exist_ok=True)
         for pid in sorted(inside):
@@ -238,10 +269,9 @@ class V2Backend(Backend):
         others: list[int] = []
         try:
             enabled = sorted(self._enabled())
-            if not set(self.controllers) <= set(enabled):
-                # This process stands for the launcher; anything else here would stop the
-                # controllers from being enabled (see _move_into_leaf).
-                others = sorted(set(_fs.procs(self.base)) - {os.getpid()})
+            # This process stands for the launcher (its helper will be its child); anything
+            # else here would stop the controllers from being enabled (see _move_into_leaf).
+            others = self.blocking({os.getpid()}) if self.controllers else []
         except OSError:
             pass
         return {
