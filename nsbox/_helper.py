@@ -600,6 +600,8 @@ class Helper:
         fds: dict[int, int] = {}
         try:
             for index, op in enumerate(plan["mounts"]):
+                if op["op"] == "overlay" and self.identity.detached_binds:
+                    fds[index] = self.project_tree(op["source"], ids)
                 if op["op"] != "bind":
                     continue
                 if op["writable"]:
@@ -622,6 +624,17 @@ class Helper:
                 raise StepFailed(f"bind {op['target']}", exc.errno or 0, str(exc)) from None
             raise
         return fds
+
+    def project_tree(self, source: str, ids: identity.SandboxIds) -> int:
+        """The lower layer of a project workspace (read-only in the sandbox): idmapped so that
+        its owner appears as the sandbox's user where that is safe (never for an owner 0),
+        as it is otherwise (the sandbox can then only read the files of others)."""
+        st = os.stat(source)
+        if st.st_uid != 0 and st.st_gid != 0 and (st.st_uid, st.st_gid) != (ids.parent_uid,
+                                                                              ids.parent_gid):
+            return self.idmapped_tree(source, ids)
+        return _libc.open_tree_nofollow(
+            source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE)
 
     def idmapped_tree(self, source: str, ids: identity.SandboxIds) -> int:
         """A detached copy of ``source`` whose owner appears as the sandbox's host uid.

@@ -38,6 +38,7 @@ from nsbox import _netns, _wire, launcher
 from nsbox import audit as auditmod
 from nsbox import inputs as doors
 from nsbox import plan as planmod
+from nsbox import project as projectmod
 from nsbox.errors import (
     FileTransferError,
     LaunchError,
@@ -124,6 +125,7 @@ class Session:
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         audit: str | None = None,
         copy_limits: CopyLimits | None = None,
+        project: str | None = None,
     ) -> None:
         self._closed = True  # until started: nothing for close() or __del__ to end
         workspace = doors.optional_path(workspace, "workspace")
@@ -144,6 +146,8 @@ class Session:
         policy = launcher.choose_policy(policy, profile)
         if workspace is not None:
             policy = policy.replace(workspace=workspace)
+        if project is not None:
+            policy = policy.replace(project=projectmod.source(doors.path(project, "project")))
         if inputs:
             policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
         if policy.seccomp.log_denied:
@@ -171,6 +175,9 @@ class Session:
         self._known: dict[str, str] = {}  # path -> sha256 after the last run (for the audit)
         self._net = RunNetwork(policy.network)  # allow mode: the session's proxy
         self._net_seen = 0  # proxy log entries reported with earlier commands
+        # The project as the session found it: recorded before the sandbox starts.
+        self._project = (projectmod.Project(policy.project, policy.project_secrets)
+                         if policy.project is not None else None)
         try:
             self._ctl, self._launch = self._start()
         except BaseException:
@@ -569,6 +576,89 @@ class Session:
             os.close(dest_fd)
         return found
 
+    # --- project review ----------------------------------------------------------------------
+
+    @property
+    def masked(self) -> list[str]:
+        """The project's secrets covered with an empty read-only file in the sandbox."""
+        return list(self._project.masked) if self._project is not None else []
+
+    def _project_or_refuse(self) -> projectmod.Project:
+        if self._project is None:
+            raise PolicyError("this session has no project workspace", key="project",
+                              hint="start it with Session(project=DIR) or --project DIR")
+        return self._project
+
+    def changes(self, *, diff: bool = True) -> list[projectmod.Change]:
+        """What the sandbox changed in the project: added, modified, deleted files and
+        directories, mode changes, symlinks and what cannot be applied (hard links, FIFOs,
+        files over the copy limit), each text file with a unified diff (``diff``)."""
+        project = self._project_or_refuse()
+        data = self._file_op({"kind": "changes", "max_entries": projectmod.MAX_CHANGES,
+                              "max_size": self.copy_limits.max_file_size})
+        try:
+            listing = json.loads(data)["entries"]
+            found = project.changes(listing)
+        except (ValueError, KeyError, TypeError):
+            raise FileTransferError(projectmod.UPPER, "the sandbox sent a malformed listing"
+                                    ) from None
+        if not diff:
+            return found
+        return [project.with_diff(c, self._upper(c) if c.size is not None
+                                  and c.size <= projectmod.DIFF_MAX else None) for c in found]
+
+    def _upper(self, change: projectmod.Change) -> bytes | None:
+        if change.kind not in ("added", "modified") or change.is_dir or change.size is None:
+            return None
+        data = self.read_file(f"{projectmod.UPPER}/{change.path}", max_size=change.size)
+        if hashlib.sha256(data).hexdigest() != change.sha256:
+            raise FileTransferError(change.path, "changed while it was read")
+        return data
+
+    def apply(self, paths: Sequence[str] | None = None) -> projectmod.ApplyReport:
+        """Write the chosen changes (all, or those at or below ``paths``) into the project
+        directory, as this process, atomically per file. A change whose host file changed
+        since the session started is a conflict and is not written."""
+        project = self._project_or_refuse()
+        chosen = _choose(self.changes(diff=False), paths)
+        report = projectmod.ApplyReport()
+        with self._lock:
+            for change in projectmod.order(chosen):
+                if not change.applicable:
+                    report.refused.append((change.path, change.reason or change.kind))
+                elif change.conflict or project.conflict(change):
+                    report.conflicts.append(change.path)
+                else:
+                    try:
+                        self._apply_one(project, change)
+                    except (OSError, NsboxError) as exc:
+                        report.refused.append((change.path, getattr(exc, "strerror", None)
+                                               or str(exc)))
+                        continue
+                    report.applied.append(change.path)
+        return report
+
+    def _apply_one(self, project: projectmod.Project, change: projectmod.Change) -> None:
+        if change.kind == "deleted":
+            project.remove(change)
+        elif change.kind == "mode":
+            project.chmod(change)
+        elif change.is_dir:
+            project.make_dir(change)
+        else:
+            data = self._upper(change)
+            assert data is not None
+            project.write(change, data)
+
+    def discard(self, paths: Sequence[str] | None = None) -> list[str]:
+        """Drop the chosen changes from review: they are not listed or applied (unless the
+        sandbox changes them again). The sandbox keeps its own view until the session ends;
+        nothing reaches the host."""
+        project = self._project_or_refuse()
+        chosen = _choose(self.changes(diff=False), paths)
+        project.discard(chosen)
+        return [c.path for c in chosen]
+
     # --- audit -------------------------------------------------------------------------------
 
     def _record(self, argv: Sequence[str], env: dict[str, str], stdin: bytes | int | None,
@@ -605,6 +695,18 @@ def _message(data: bytes) -> dict[str, Any] | None:
     if not isinstance(message, dict):
         raise LaunchError("the session's sandbox sent a malformed message")
     return message
+
+
+def _choose(changes: list[projectmod.Change],
+            paths: Sequence[str] | None) -> list[projectmod.Change]:
+    if paths is None:
+        return changes
+    if isinstance(paths, str):
+        raise PolicyError(f"expected a list of paths, got {paths!r}", key="paths",
+                          hint=f"did you mean [{paths!r}]?")
+    wanted = [doors.text(p, "paths").strip("/") for p in paths]
+    return [c for c in changes
+            if any(c.path == w or c.path.startswith(w + "/") for w in wanted)]
 
 
 def _check_relative(path: str) -> None:
