@@ -1,0 +1,218 @@
+"""The project workspace: a host directory the sandbox changes copy-on-write; the host reviews
+the changes and applies the ones it chooses (nsbox/project.py).
+
+Each test runs as this process's user and as the unprivileged uid, as a host program would;
+the evidence (the project tree byte for byte, modes, file types) is read on the host."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import UNPRIVILEGED_UID
+from sessiontools import UserRunner, user_runner
+
+CANARY = "nsbox-canary-7f3a91"
+DEVELOPER_UID = 1000  # the owner of the project when the tests run as root
+
+
+@pytest.fixture(params=["caller", "unprivileged"])
+def as_user(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
+    return user_runner(request, public_tree)
+
+
+def _git(project: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(project), "-c", "user.name=dev", "-c",
+                    "user.email=dev@example.com", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def project(as_user: UserRunner) -> Iterator[Path]:
+    """A developer's project: a git repository with a .env holding a canary, a token in
+    .git/config, sources, a binary file and a file the host edits during the session."""
+    top = Path(tempfile.mkdtemp(prefix="nsbox-project-", dir="/tmp"))
+    top.chmod(0o755)
+    root = top / "app"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text("def main():\n    return 1\n")
+    (root / "README.md").write_text("# app\n")
+    (root / "notes.txt").write_text("host notes\n")
+    (root / "data.bin").write_bytes(bytes(range(256)))
+    (root / ".env").write_text(f"API_KEY={CANARY}\n")
+    (root / "id_rsa").write_text(f"-----BEGIN OPENSSH PRIVATE KEY-----\n{CANARY}\n")
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "start")
+    _git(root, "remote", "add", "origin", f"https://dev:{CANARY}@example.com/app.git")
+    owner = UNPRIVILEGED_UID if as_user.mode == "unprivileged" else (
+        DEVELOPER_UID if os.geteuid() == 0 else os.geteuid())
+    if os.geteuid() == 0:
+        for path in [top, *top.rglob("*")]:
+            os.lchown(path, owner, owner)
+    yield root
+    shutil.rmtree(top)
+
+
+def snapshot(root: Path) -> dict[str, Any]:
+    """Every entry below ``root``: type, permission bits and content (or link target)."""
+    found: dict[str, Any] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            rel = str(path.relative_to(root))
+            if stat.S_ISREG(st.st_mode):
+                found[rel] = ("file", stat.S_IMODE(st.st_mode), st.st_nlink, path.read_bytes())
+            elif stat.S_ISLNK(st.st_mode):
+                found[rel] = ("link", os.readlink(path))
+            else:
+                found[rel] = ("other" if not stat.S_ISDIR(st.st_mode) else "dir",
+                              stat.S_IMODE(st.st_mode))
+    return found
+
+
+# The host program: the agent works in a session, the host looks and applies.
+AGENT = """
+s = nsbox.Session(project={project!r}, timeout=60)
+def sh(cmd):
+    r = s.run(["sh", "-c", cmd])
+    return [r.status.value, r.exit_code, r.stdout.decode(), r.stderr.decode()]
+out = {{}}
+out["masked"] = s.masked
+out["secrets"] = sh("cat /workspace/.env /workspace/id_rsa /workspace/.git/config; "
+                    "grep -rs {canary!r} /workspace /.nsbox-project /tmp; echo end")
+out["write_secret"] = sh("echo stolen > /workspace/.env; rm -f /workspace/.env; echo $?")
+out["edit"] = sh("cd /workspace && printf 'def main():\\\\n    return 2\\\\n' > src/app.py && "
+                 "rm README.md && echo new > src/new.py && mkdir docs && echo d > docs/a.md && "
+                 "echo agent >> notes.txt && chmod 755 data.bin && git status --short")
+emit_before = None
+"""
+
+
+def _changes(found: list[Any]) -> dict[str, str]:
+    return {c["path"]: c["kind"] for c in found}
+
+
+def test_agent_changes_are_reviewed_and_only_the_chosen_ones_land(as_user: UserRunner,
+                                                                 project: Path):
+    before = snapshot(project)
+    body = AGENT.format(project=str(project), canary=CANARY) + """
+changes = [c.to_dict() for c in s.changes()]
+out["changes"] = changes
+# The user edits a file in the project meanwhile: the agent's edit of it is a conflict.
+with open({notes!r}, "a") as f:
+    f.write("edited by the host\\n")
+out["apply"] = s.apply(["src/app.py", "src/new.py", "notes.txt"]).to_dict()
+out["after_apply"] = [c.to_dict() for c in s.changes(diff=False)]
+out["rm"] = sh("rm -rf /workspace/* ; ls -A /workspace")
+out["after_rm"] = [c.to_dict() for c in s.changes(diff=False)]
+s.close()
+emit(**out)
+""".format(notes=str(project / "notes.txt"))
+    out = as_user.script(body)
+    # The masked secrets: listed, empty and read-only inside, the canary nowhere.
+    assert out["masked"] == [".env", ".git/config", "id_rsa"]
+    assert CANARY not in out["secrets"][2] + out["secrets"][3]
+    assert out["secrets"][2].strip() == "end"
+    assert "Read-only file system" in out["write_secret"][3] or \
+        "Permission denied" in out["write_secret"][3]
+    assert out["edit"][0] == "OK", out["edit"]
+    # changes() lists exactly what changed, with a diff for text.
+    changes = {c["path"]: c for c in out["changes"]}
+    assert _changes(out["changes"]) == {
+        "src/app.py": "modified", "README.md": "deleted", "src/new.py": "added",
+        "docs": "added", "docs/a.md": "added", "notes.txt": "modified", "data.bin": "mode"}
+    assert "-    return 1\n+    return 2\n" in changes["src/app.py"]["diff"]
+    assert changes["data.bin"]["mode"] == "755" and changes["data.bin"]["old_mode"] == "644"
+    # Only the chosen subset landed; the file the host edited is a conflict, untouched.
+    assert out["apply"] == {"applied": ["src/app.py", "src/new.py"],
+                            "conflicts": ["notes.txt"], "refused": []}
+    after = snapshot(project)
+    assert after["src/app.py"][3] == b"def main():\n    return 2\n"
+    assert after["src/new.py"][3] == b"new\n"
+    assert after["notes.txt"][3] == b"host notes\nedited by the host\n"
+    expected = dict(before)
+    for rel in ("src/app.py", "src/new.py", "notes.txt"):
+        expected.pop(rel, None)
+        after.pop(rel)
+    assert after == expected  # nothing else changed on the host: not README.md, not data.bin
+    assert _changes(out["after_apply"]) == {
+        "README.md": "deleted", "docs": "added", "docs/a.md": "added", "notes.txt": "modified",
+        "data.bin": "mode"}
+    # rm -rf /workspace/* inside: the host keeps every file; the deletions are only listed.
+    assert out["rm"][2].split() == [".env", ".git", "id_rsa"]  # masks: EBUSY
+    final = snapshot(project)
+    assert final["README.md"][3] == b"# app\n" and final["data.bin"][3] == bytes(range(256))
+    kinds = _changes(out["after_rm"])
+    assert kinds["README.md"] == kinds["src/app.py"] == kinds["data.bin"] == "deleted"
+    assert ".env" not in kinds and ".git/config" not in kinds
+
+
+def test_host_tree_is_untouched_until_apply(as_user: UserRunner, project: Path):
+    before = snapshot(project)
+    body = AGENT.format(project=str(project), canary=CANARY) + """
+out["rm"] = sh("rm -rf /workspace/* /workspace/.git; ls -A /workspace")
+import hashlib
+out["n"] = len(s.changes(diff=False))
+s.discard()
+out["after_discard"] = len(s.changes(diff=False))
+out["apply"] = s.apply().to_dict()
+s.close()
+emit(**out)
+"""
+    out = as_user.script(body)
+    assert out["n"] > 10
+    assert out["after_discard"] == 0
+    assert out["apply"] == {"applied": [], "conflicts": [], "refused": []}
+    assert snapshot(project) == before
+
+
+def test_links_fifos_setid_and_sparse_files_never_reach_the_host(as_user: UserRunner,
+                                                                  project: Path):
+    before = snapshot(project)
+    body = """
+# No file size rlimit: the 5 GB sparse file is made, and must stop at the review.
+s = nsbox.Session(nsbox.Policy().with_limits(file_size=None), project={project!r}, timeout=60)
+r = s.run(["sh", "-c", "cd /workspace && ln -s /etc/shadow link && echo h > h1 && ln h1 h2 && "
+           "mkfifo fifo && echo x > suid && chmod 755 suid && (chmod 6755 suid || true) && "
+           "truncate -s 5G sparse && "
+           "ln -s ../../outside src/escape && mkdir -p tricky && echo t > tricky/f"])
+out = dict(status=r.status.value, err=r.stderr.decode())
+out["changes"] = [c.to_dict() for c in s.changes(diff=False)]
+# The host's directory becomes a symlink to a place outside before apply.
+os.rename({project!r} + "/src", {project!r} + "/src.moved")
+os.mkdir({outside!r})
+os.symlink({outside!r}, {project!r} + "/tricky")
+out["apply"] = s.apply().to_dict()
+s.close()
+emit(**out)
+""".format(project=str(project), outside=str(project.parent / "outside"))
+    out = as_user.script(body)
+    assert out["status"] == "OK", out["err"]
+    kinds = {c["path"]: (c["kind"], c.get("reason", "")) for c in out["changes"]}
+    assert kinds["link"] == ("symlink", "a symlink: never applied to the host")
+    assert kinds["src/escape"][0] == "symlink"
+    assert kinds["h1"] == kinds["h2"] == ("refused", "a hard link (2 names)")
+    assert kinds["fifo"] == ("refused", "a FIFO, socket or device")
+    assert kinds["sparse"] == ("refused", "too large: 5368709120 bytes, the limit is 67108864")
+    assert kinds["suid"][0] == "added"
+    refused = {r["path"]: r["reason"] for r in out["apply"]["refused"]}
+    assert set(refused) >= {"link", "h1", "h2", "fifo", "sparse", "src/escape"}
+    # Host-side evidence: the set-id file landed without its bits, nothing else of the above.
+    after = snapshot(project)
+    assert after["suid"][:3] == ("file", 0o755, 1)
+    assert not any(after.get(name) for name in ("link", "h1", "h2", "fifo", "sparse"))
+    assert not any(stat.S_IMODE(p.lstat().st_mode) & 0o6000 for p in project.rglob("*"))
+    # tricky/ was a new directory; the host's symlink there was never followed.
+    assert os.listdir(project.parent / "outside") == []
+    assert "tricky/f" in out["apply"]["conflicts"] + list(refused)
+    assert "tricky" in out["apply"]["conflicts"]
+    for rel in ("README.md", "notes.txt", ".env"):
+        assert after[rel] == before[rel]
