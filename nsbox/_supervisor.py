@@ -225,6 +225,17 @@ class Supervisor:
                                           skipped=skipped)
             return {"files": [f.to_dict() for f in found],
                     "skipped": [{"path": p, "reason": r} for p, r in skipped]}
+        if op == "changes":
+            wanted = request.get("paths")
+            changes = self.session.changes()
+            if wanted:
+                changes = [c for c in changes if any(c.path == w or c.path.startswith(w + "/")
+                                                     for w in wanted)]
+            return {"changes": [c.to_dict() for c in changes]}
+        if op == "apply":
+            return self.session.apply(request.get("paths")).to_dict()
+        if op == "discard":
+            return {"discarded": self.session.discard(request.get("paths"))}
         if op == "info":
             return {"id": self.session.id, "pid": os.getpid(), "commands": self.session.commands,
                     "idle": time.monotonic() - self.last_active}
@@ -255,6 +266,7 @@ def main() -> int:
         listener.listen(16)
         record = {"id": session.id, "pid": os.getpid(), "started": time.time(),
                   "workspace": session.policy.workspace, "profile": session.policy.name,
+                  "project": session.policy.project, "masked": session.masked,
                   "idle_timeout": spec["idle_timeout"]}
         fd = os.open(record_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:

@@ -121,6 +121,9 @@ def main() -> None:
               help="Cap on stdout+stderr; the sandbox is stopped past it (status OL).")
 @click.option("-w", "--workspace", type=click.Path(file_okay=False),
               help="Host directory bound read-write at /workspace (default: a fresh tmpfs).")
+@click.option("--project", type=click.Path(file_okay=False),
+              help="Host directory seen copy-on-write at /workspace; its changes are listed "
+              "after the run and never written to it (docs/agents.md).")
 @click.option("--ro-bind", multiple=True, metavar="SRC[:DST]", help="Bind a host path read-only.")
 @click.option("--bind", "rw_bind", multiple=True, metavar="SRC[:DST]",
               help="Bind a host path read-write.")
@@ -168,6 +171,7 @@ def main() -> None:
 # --- end sessions ---
 @click.argument("command", nargs=-1)
 def run(wall_time: float | None, output_limit: int | None, workspace: str | None,
+        project: str | None,
         ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
         pass_env: tuple[str, ...], cwd: str | None, as_json: bool, seccomp_log: bool,
         quiet: bool, net_mode: str | None, allow_host: tuple[str, ...], profile: str,

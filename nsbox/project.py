@@ -180,7 +180,7 @@ class Project:
     """The host's side of one session's project workspace."""
 
     def __init__(self, root: str, patterns: tuple[str, ...]) -> None:
-        self.root = root
+        self.root = source(root)
         self.baseline, self.masked = scan(root, patterns)
         self._hashes: dict[tuple[str, Entry], str] = {}
         self._discarded: dict[str, tuple[str, str | None]] = {}

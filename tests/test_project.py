@@ -6,6 +6,7 @@ the evidence (the project tree byte for byte, modes, file types) is read on the 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -16,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import UNPRIVILEGED_UID
+from conftest import PYTHON, UNPRIVILEGED_UID
 from sessiontools import UserRunner, user_runner
+
+from nsbox.errors import NsboxError
 
 CANARY = "nsbox-canary-7f3a91"
 DEVELOPER_UID = 1000  # the owner of the project when the tests run as root
@@ -216,3 +219,88 @@ emit(**out)
     assert "tricky" in out["apply"]["conflicts"]
     for rel in ("README.md", "notes.txt", ".env"):
         assert after[rel] == before[rel]
+
+
+def _cli(user: UserRunner, runtime: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(user.tree),
+           "XDG_RUNTIME_DIR": str(runtime), "HOME": "/tmp"}
+    return subprocess.run([*user.prefix(), PYTHON, "-m", "nsbox", *args],
+                          capture_output=True, env=env, cwd=runtime, timeout=60)
+
+
+def test_cli_session_diff_apply_discard(as_user: UserRunner, project: Path):
+    runtime = project.parent / "runtime"
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, as_user.uid, as_user.uid)
+    start = _cli(as_user, runtime, "session", "start", "--project", str(project))
+    assert start.returncode == 0, start.stderr
+    sid = start.stdout.decode().strip()
+    record = json.loads((runtime / "nsbox" / f"{sid}.json").read_text())
+    assert record["masked"] == [".env", ".git/config", "id_rsa"]
+    try:
+        ran = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
+                   "echo more >> README.md && echo tmp > scratch.txt && rm notes.txt")
+        assert ran.returncode == 0, ran.stderr
+        diff = _cli(as_user, runtime, "session", "diff", sid)
+        assert diff.returncode == 0, diff.stderr
+        assert diff.stdout.decode().splitlines()[:6] == [
+            " modified  README.md", "--- a/README.md", "+++ b/README.md", "@@ -1 +1,2 @@",
+            " # app", "+more"]
+        assert "  deleted  notes.txt" in diff.stdout.decode()
+        assert project.joinpath("README.md").read_text() == "# app\n"
+        applied = _cli(as_user, runtime, "session", "apply", sid, "README.md", "notes.txt")
+        assert (applied.returncode, applied.stdout.decode()) == (
+            0, "  applied  README.md\n  applied  notes.txt\n"), applied.stderr
+        assert project.joinpath("README.md").read_text() == "# app\nmore\n"
+        assert not project.joinpath("notes.txt").exists()
+        dropped = _cli(as_user, runtime, "session", "discard", sid)
+        assert dropped.stdout.decode() == "discarded  scratch.txt\n"
+        assert _cli(as_user, runtime, "session", "diff", sid, "--stat").stdout == b""
+        assert not project.joinpath("scratch.txt").exists()
+    finally:
+        _cli(as_user, runtime, "session", "stop", sid)
+
+
+def test_cli_run_project_lists_and_drops_changes(as_user: UserRunner, project: Path):
+    before = snapshot(project)
+    ran = _cli(as_user, project.parent, "run", "--project", str(project), "--", "sh", "-c",
+               "rm -rf /workspace/*; cat /workspace/.env; echo done")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == b"done\n"
+    assert "change(s) to the project, not applied" in ran.stderr.decode()
+    assert "nsbox:   deleted README.md" in ran.stderr.decode()
+    assert snapshot(project) == before
+
+
+def _in_process_only(user: UserRunner) -> None:
+    if user.mode != "caller":
+        pytest.skip("runs in this process: the 'caller' run covers it")
+
+
+def test_profile_keys_for_the_project(as_user: UserRunner, project: Path, tmp_path: Path):
+    _in_process_only(as_user)
+    profile = tmp_path / "agent.toml"
+    profile.write_text(f'[workspace]\nproject = "{project}"\nsecrets = ["*.md"]\n')
+    from nsbox.profiles import load_profile
+
+    policy = load_profile(str(profile))
+    assert policy.project == str(project)
+    assert policy.project_secrets == ("*.md",)
+    from nsbox.session import Session
+
+    with Session(policy) as s:
+        assert s.masked == [".git/config", "README.md"]  # credentials are always masked
+        shown = s.run(["cat", "README.md", ".env"])
+        assert shown.stdout == f"API_KEY={CANARY}\n".encode()  # only the listed names masked
+
+
+def test_project_and_workspace_together_are_refused(as_user: UserRunner, project: Path,
+                                                     tmp_path: Path):
+    _in_process_only(as_user)
+    from nsbox.errors import PolicyError
+    from nsbox.session import Session
+
+    with pytest.raises(PolicyError, match="a project and a workspace directory cannot both"):
+        Session(workspace=str(tmp_path), project=str(project))
+    with pytest.raises(NsboxError, match="is not a directory"):
+        Session(project=str(project / "README.md"))
