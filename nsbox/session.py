@@ -30,7 +30,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,7 +109,10 @@ class Session:
     ``timeout`` and ``output_limit`` are the defaults of each ``run``; ``inputs`` are
     ``HOST_PATH[:NAME]`` specs mounted read-only under /input; ``env`` is set for every command
     (its values are redacted in the audit record); ``audit`` is a file that gets one JSON line
-    per command.
+    per command. ``project`` is a host directory seen copy-on-write at /workspace (review with
+    ``changes``, write with ``apply``); ``ask(host, port) -> bool`` is called, in network allow
+    mode, for a host not on the allow-list (once per host and port; answers are in each
+    Result's network report and the audit record).
     """
 
     def __init__(
@@ -126,6 +129,7 @@ class Session:
         audit: str | None = None,
         copy_limits: CopyLimits | None = None,
         project: str | None = None,
+        ask: Callable[[str, int], bool] | None = None,
     ) -> None:
         self._closed = True  # until started: nothing for close() or __del__ to end
         workspace = doors.optional_path(workspace, "workspace")
@@ -173,8 +177,16 @@ class Session:
         self._heads: tuple[bytes, bytes] = (b"", b"")  # of the last command's output
         self._written: list[dict[str, Any]] = []  # files the caller wrote since the last run
         self._known: dict[str, str] = {}  # path -> sha256 after the last run (for the audit)
-        self._net = RunNetwork(policy.network)  # allow mode: the session's proxy
+        if ask is not None and (not callable(ask) or policy.network.effective_mode != "allow"):
+            raise PolicyError(
+                "ask needs a callable and network mode allow with at least one entry"
+                if callable(ask) else f"expected a callable, got {doors.quote(ask)}",
+                key="ask", hint="e.g. Network(mode='allow', allow=('pypi.org',)): hosts not "
+                "on the list are put to ask(host, port)")
+        # The callback lives here, not in the Policy, which stays hashable and serializable.
+        self._net = RunNetwork(policy.network, ask)  # allow mode: the session's proxy
         self._net_seen = 0  # proxy log entries reported with earlier commands
+        self._net_answered = 0  # and answers of ``ask``
         # The project as the session found it: recorded before the sandbox starts.
         self._project = (projectmod.Project(policy.project, policy.project_secrets)
                          if policy.project is not None else None)
@@ -440,6 +452,10 @@ class Session:
         if isinstance(attempts, list):
             report["attempts"] = attempts[self._net_seen:]
             self._net_seen = len(attempts)
+        answers = report.get("answers")
+        if isinstance(answers, list):  # the answers of ``ask`` given during this command
+            report["answers"] = answers[self._net_answered:]
+            self._net_answered = len(answers)
         result.extra["network"] = report
 
     def cancel(self) -> None:
@@ -681,6 +697,8 @@ class Session:
             timeout=timeout, output_limit=cap, result=result, error=error,
             files_written=self._written, files_produced=produced,
             heads=heads if result is not None else None)
+        if self._project is not None:
+            record["project"] = {"source": self._project.root, "masked": self._project.masked}
         self._written = []
         self._audit.write(record, secrets=shown.values())
 
