@@ -318,8 +318,14 @@ def bench(args: tuple[str, ...]) -> None:
               "without it there is no network.")
 @click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
               help="Append one JSON line per tool call to FILE.")
+@click.option("--project", type=click.Path(file_okay=False),
+              help="Host directory seen copy-on-write at /workspace; the agent gets the "
+              "read-only tool `changes`, the user applies (docs/agents.md).")
+@click.option("--review", "review_id", metavar="ID",
+              help="Serve the user's tools changes/apply/discard for session ID instead "
+              "(never give these to the agent).")
 def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ...],
-                audit: str | None) -> None:
+                audit: str | None, project: str | None, review_id: str | None) -> None:
     """Serve an MCP code-execution tool on stdin/stdout.
 
     One sandboxed session per connection: its tools run Python and bash, and write, read and
@@ -334,9 +340,16 @@ def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ..
     from nsbox.network import from_options
 
     try:
+        if review_id is not None:
+            from nsbox.mcp_review import serve_review
+
+            serve_review(review_id)
+            return
         policy = _load_policy(profile, {}, (), [])
         policy = policy.replace(network=from_options(policy.network, None, allow_host))
-        mcp_server.serve(mcp_server.ServerConfig(policy=policy, inputs=inputs, audit=audit))
+        mcp_server.serve(mcp_server.ServerConfig(
+            policy=policy, inputs=inputs, audit=audit,
+            project=os.path.abspath(project) if project else None))
     except NsboxError as error:
         _fail(error)
 

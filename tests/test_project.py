@@ -304,3 +304,45 @@ def test_project_and_workspace_together_are_refused(as_user: UserRunner, project
         Session(workspace=str(tmp_path), project=str(project))
     with pytest.raises(NsboxError, match="is not a directory"):
         Session(project=str(project / "README.md"))
+
+
+def test_mcp_agent_sees_changes_and_only_the_user_applies(as_user: UserRunner, project: Path):
+    """The agent's tools (the Workbench of ``nsbox mcp --project``) list changes and write
+    nothing; the user's review tools (``nsbox mcp --review ID``) reach the published session
+    through this user's private socket. The MCP SDK is not needed for these tool bodies."""
+    runtime = project.parent / "runtime"
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, as_user.uid, as_user.uid)
+    body = """
+from nsbox.mcp_server import ServerConfig, Workbench
+from nsbox.mcp_review import AGENT_TOOLS, REVIEW_TOOLS, Reviewer, publish_for_review
+s = nsbox.Session(project={project!r})
+publish_for_review(s)
+bench = Workbench(s, ServerConfig(project={project!r}))
+ran = bench.run_bash("echo agent >> README.md && rm notes.txt", 30)
+seen = bench.changes()
+review = Reviewer(s.id)
+listed = review.changes().data
+host_before = open({readme!r}).read()
+applied = review.apply(["README.md"]).data
+dropped = review.discard().data
+after = bench.changes().data
+emit(status=ran.data["status"], agent=seen.data, text=seen.text, listed=listed,
+     host_before=host_before, applied=applied, dropped=dropped, after=after,
+     agent_tools=list(AGENT_TOOLS), review_tools=list(REVIEW_TOOLS),
+     bench_has=[n for n in ("apply", "discard") if hasattr(bench, n)])
+s.close()
+""".format(project=str(project), readme=str(project / "README.md"))
+    out = as_user.script(body, env={"XDG_RUNTIME_DIR": str(runtime)})
+    assert out["status"] == "OK"
+    assert _changes(out["agent"]["changes"]) == {"README.md": "modified", "notes.txt": "deleted"}
+    assert "no tool of yours can" in out["text"] and "+agent" in out["text"]
+    assert out["agent_tools"] == ["changes"] and out["bench_has"] == []
+    assert out["review_tools"] == ["changes", "apply", "discard"]
+    assert out["listed"]["changes"] == out["agent"]["changes"]
+    assert out["host_before"] == "# app\n"  # nothing landed before the user applied
+    assert out["applied"] == {"applied": ["README.md"], "conflicts": [], "refused": []}
+    assert out["dropped"] == {"discarded": ["notes.txt"]}
+    assert out["after"]["changes"] == []
+    assert project.joinpath("README.md").read_text() == "# app\nagent\n"
+    assert project.joinpath("notes.txt").read_text() == "host notes\n"
