@@ -346,3 +346,24 @@ s.close()
     assert out["after"]["changes"] == []
     assert project.joinpath("README.md").read_text() == "# app\nagent\n"
     assert project.joinpath("notes.txt").read_text() == "host notes\n"
+
+
+def test_a_root_owned_project_as_root_is_edited_and_applied_as_root(tmp_path: Path):
+    """As root the sandbox is nobody on the host; the project's read-only lower layer shows
+    its owner as the sandbox's user, and apply writes as the caller (root), never as the
+    sandbox's host uid."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the project is root's")
+    from nsbox.session import Session
+
+    root = tmp_path / "app"
+    root.mkdir()
+    (root / "main.py").write_text("print(1)\n")
+    with Session(project=str(root)) as s:
+        ran = s.run(["sh", "-c", "echo 'print(2)' > main.py && echo new > added.txt"])
+        assert ran.status.value == "OK", ran.stderr
+        assert (root / "main.py").read_text() == "print(1)\n"
+        assert s.apply().applied == ["added.txt", "main.py"]
+    assert (root / "main.py").read_text() == "print(2)\n"
+    st = (root / "added.txt").stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o644)
