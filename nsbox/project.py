@@ -140,6 +140,7 @@ def scan(root: str, patterns: tuple[str, ...]) -> tuple[dict[str, Entry], list[s
     """Every entry below ``root`` (lstat, no symlink followed) and the secrets to mask."""
     entries: dict[str, Entry] = {}
     masks: list[str] = []
+    matcher = _matcher(patterns)
 
     def walk(path: str, prefix: str) -> None:
         with os.scandir(path) as it:
@@ -153,16 +154,23 @@ def scan(root: str, patterns: tuple[str, ...]) -> tuple[dict[str, Entry], list[s
                                  "entries", hint="use a smaller project directory")
             if stat.S_ISDIR(st.st_mode):
                 walk(item.path, rel + "/")
-            elif stat.S_ISREG(st.st_mode) and is_secret(rel, item.path, patterns):
+            elif stat.S_ISREG(st.st_mode) and is_secret(rel, item.path, matcher):
                 masks.append(rel)
 
     walk(root, "")
     return entries, masks
 
 
-def is_secret(rel: str, path: str, patterns: tuple[str, ...]) -> bool:
+def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One regular expression for all the patterns (fnmatch, case-sensitive)."""
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
+
+
+def is_secret(rel: str, path: str, matcher: re.Pattern[str] | None) -> bool:
     name = rel.rsplit("/", 1)[-1]
-    if any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(rel, p) for p in patterns):
+    if matcher is not None and (matcher.match(name) or matcher.match(rel)):
         return True
     if rel.endswith(".git/config") or rel == ".git/config":
         try:
@@ -222,7 +230,9 @@ class Project:
         finally:
             os.close(fd)
 
-    def host_read(self, rel: str, limit: int) -> bytes | None:
+    def host_read(self, rel: str, limit: int, digest: Any = None) -> bytes | None:
+        """The host file's content (None: not a regular file, or over ``limit``); with
+        ``digest``, its bytes go into that hash instead and b"" is returned."""
         fd, name = self._open_parent(rel)
         try:
             f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
@@ -235,7 +245,10 @@ class Project:
                 return None
             chunks = []
             while chunk := os.read(f, 1 << 20):
-                chunks.append(chunk)
+                if digest is not None:
+                    digest.update(chunk)
+                else:
+                    chunks.append(chunk)
             return b"".join(chunks)
         finally:
             os.close(f)
@@ -243,10 +256,10 @@ class Project:
     def host_sha256(self, rel: str, entry: Entry) -> str | None:
         key = (rel, entry)
         if key not in self._hashes:
-            data = self.host_read(rel, 1 << 40)
-            if data is None:
+            digest = hashlib.sha256()
+            if self.host_read(rel, 1 << 62, digest) is None:
                 return None
-            self._hashes[key] = hashlib.sha256(data).hexdigest()
+            self._hashes[key] = digest.hexdigest()
         return self._hashes[key]
 
     # --- the changes -------------------------------------------------------------------------

@@ -620,16 +620,41 @@ class Session:
                                     ) from None
         if not diff:
             return found
-        return [project.with_diff(c, self._upper(c) if c.size is not None
-                                  and c.size <= projectmod.DIFF_MAX else None) for c in found]
+        contents = self._upper([c for c in found if c.size is not None
+                                and c.size <= projectmod.DIFF_MAX])
+        return [project.with_diff(c, contents.get(c.path)) for c in found]
 
-    def _upper(self, change: projectmod.Change) -> bytes | None:
-        if change.kind not in ("added", "modified") or change.is_dir or change.size is None:
-            return None
-        data = self.read_file(f"{projectmod.UPPER}/{change.path}", max_size=change.size)
-        if hashlib.sha256(data).hexdigest() != change.sha256:
-            raise FileTransferError(change.path, "changed while it was read")
-        return data
+    def _upper(self, changes: list[projectmod.Change]) -> dict[str, bytes]:
+        """The sandbox's version of the changed files, read in batches (one file operation
+        for many files), each checked against the SHA-256 it was listed with."""
+        wanted = [c for c in changes if c.kind in ("added", "modified") and not c.is_dir
+                  and c.size is not None and c.sha256 is not None]
+        contents: dict[str, bytes] = {}
+        batch: list[projectmod.Change] = []
+        for change in wanted:
+            batch.append(change)
+            if sum(c.size or 0 for c in batch) >= self.copy_limits.max_file_size:
+                contents.update(self._read_batch(batch))
+                batch = []
+        if batch:
+            contents.update(self._read_batch(batch))
+        return contents
+
+    def _read_batch(self, batch: list[projectmod.Change]) -> dict[str, bytes]:
+        total = sum(c.size or 0 for c in batch)
+        data = self._file_op({"kind": "getmany", "max_size": self.copy_limits.max_file_size,
+                              "paths": [f"{projectmod.UPPER}/{c.path}" for c in batch]},
+                             cap=total + 65536)
+        if len(data) != total:
+            raise FileTransferError(batch[0].path, "changed while it was read")
+        contents, offset = {}, 0
+        for change in batch:
+            part = data[offset:offset + (change.size or 0)]
+            offset += change.size or 0
+            if hashlib.sha256(part).hexdigest() != change.sha256:
+                raise FileTransferError(change.path, "changed while it was read")
+            contents[change.path] = part
+        return contents
 
     def apply(self, paths: Sequence[str] | None = None) -> projectmod.ApplyReport:
         """Write the chosen changes (all, or those at or below ``paths``) into the project
@@ -639,6 +664,7 @@ class Session:
         chosen = _choose(self.changes(diff=False), paths)
         report = projectmod.ApplyReport()
         with self._lock:
+            contents = self._upper([c for c in chosen if c.applicable and not c.conflict])
             for change in projectmod.order(chosen):
                 if not change.applicable:
                     report.refused.append((change.path, change.reason or change.kind))
@@ -646,7 +672,7 @@ class Session:
                     report.conflicts.append(change.path)
                 else:
                     try:
-                        self._apply_one(project, change)
+                        self._apply_one(project, change, contents)
                     except (OSError, NsboxError) as exc:
                         report.refused.append((change.path, getattr(exc, "strerror", None)
                                                or str(exc)))
@@ -654,7 +680,8 @@ class Session:
                     report.applied.append(change.path)
         return report
 
-    def _apply_one(self, project: projectmod.Project, change: projectmod.Change) -> None:
+    def _apply_one(self, project: projectmod.Project, change: projectmod.Change,
+                   contents: dict[str, bytes]) -> None:
         if change.kind == "deleted":
             project.remove(change)
         elif change.kind == "mode":
@@ -662,9 +689,7 @@ class Session:
         elif change.is_dir:
             project.make_dir(change)
         else:
-            data = self._upper(change)
-            assert data is not None
-            project.write(change, data)
+            project.write(change, contents[change.path])
 
     def discard(self, paths: Sequence[str] | None = None) -> list[str]:
         """Drop the chosen changes from review: they are not listed or applied (unless the
