@@ -115,6 +115,16 @@ def plan_op(policy: Policy, allow: tuple[str, ...], host: rules.HostView | None
             ) -> dict[str, Any]:
     """The mount operation of the project workspace: the rule book decides the source as for
     a read-only bind, and the secrets found in it are listed for masking."""
+    real = checked_source(policy, allow, host)
+    masks = scan(real, policy.project_secrets)[1] if host is not None else []
+    return {"op": "overlay", "source": real, "target": "/workspace",
+            "size": policy.limits.workspace_size, "masks": masks, "is_dir": True}
+
+
+def checked_source(policy: Policy, allow: tuple[str, ...], host: rules.HostView | None
+                   ) -> str:
+    """The project's resolved path, as the rule book allows it for a read-only bind (it is
+    read, and scanned, only after that)."""
     assert policy.project is not None
     if policy.workspace is not None:
         raise PolicyError("a project and a workspace directory cannot both be /workspace",
@@ -123,9 +133,7 @@ def plan_op(policy: Policy, allow: tuple[str, ...], host: rules.HostView | None
     rules.check_spelling(real, False, allow, "project")
     if host is not None:
         real = rules.check_source(real, writable=False, allow=allow, key="project", host=host)
-    masks = scan(real, policy.project_secrets)[1] if host is not None else []
-    return {"op": "overlay", "source": real, "target": "/workspace",
-            "size": policy.limits.workspace_size, "masks": masks, "is_dir": True}
+    return real
 
 
 def source(path: str) -> str:
@@ -187,9 +195,9 @@ def is_secret(rel: str, path: str, matcher: re.Pattern[str] | None) -> bool:
 class Project:
     """The host's side of one session's project workspace."""
 
-    def __init__(self, root: str, patterns: tuple[str, ...]) -> None:
-        self.root = source(root)
-        self.baseline, self.masked = scan(root, patterns)
+    def __init__(self, policy: Policy) -> None:
+        self.root = checked_source(policy, policy.allow_rules, rules.HostView.current())
+        self.baseline, self.masked = scan(self.root, policy.project_secrets)
         self._hashes: dict[tuple[str, Entry], str] = {}
         self._discarded: dict[str, tuple[str, str | None]] = {}
 

@@ -188,8 +188,7 @@ class Session:
         self._net_seen = 0  # proxy log entries reported with earlier commands
         self._net_answered = 0  # and answers of ``ask``
         # The project as the session found it: recorded before the sandbox starts.
-        self._project = (projectmod.Project(policy.project, policy.project_secrets)
-                         if policy.project is not None else None)
+        self._project = (projectmod.Project(policy) if policy.project is not None else None)
         try:
             self._ctl, self._launch = self._start()
         except BaseException:

@@ -304,6 +304,11 @@ def test_project_and_workspace_together_are_refused(as_user: UserRunner, project
         Session(workspace=str(tmp_path), project=str(project))
     with pytest.raises(NsboxError, match="is not a directory"):
         Session(project=str(project / "README.md"))
+    # The rule book decides the project as a read-only bind source, before anything is read.
+    with pytest.raises(PolicyError, match="^project: refused by rule bind-root: / is /"):
+        Session(project="/")
+    with pytest.raises(PolicyError, match="^project: refused by rule bind-proc"):
+        Session(project="/proc/1")
 
 
 def test_mcp_agent_sees_changes_and_only_the_user_applies(as_user: UserRunner, project: Path):
