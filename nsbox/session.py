@@ -158,6 +158,15 @@ class Session:
             # The learning-mode listener is handed over once per launch, not per command.
             raise PolicyError("seccomp learning mode is not available in a session",
                               key="seccomp.log_denied", hint="use nsbox run --seccomp-log")
+        if ask is not None and (not callable(ask) or policy.network.effective_mode != "allow"):
+            raise PolicyError(
+                "ask needs a callable and network mode allow with at least one entry"
+                if callable(ask) else f"expected a callable, got {doors.quote(ask)}",
+                key="ask", hint="e.g. Network(mode='allow', allow=('pypi.org',)): hosts not "
+                "on the list are put to ask(host, port)")
+        # The project as the session found it: recorded before the sandbox starts (and before
+        # anything is opened that a failure here would have to close).
+        project_state = projectmod.Project(policy) if policy.project is not None else None
         self.policy = policy
         self.id = secrets.token_hex(6)
         self.timeout = timeout if timeout is not None else policy.limits.wall_time
@@ -177,18 +186,11 @@ class Session:
         self._heads: tuple[bytes, bytes] = (b"", b"")  # of the last command's output
         self._written: list[dict[str, Any]] = []  # files the caller wrote since the last run
         self._known: dict[str, str] = {}  # path -> sha256 after the last run (for the audit)
-        if ask is not None and (not callable(ask) or policy.network.effective_mode != "allow"):
-            raise PolicyError(
-                "ask needs a callable and network mode allow with at least one entry"
-                if callable(ask) else f"expected a callable, got {doors.quote(ask)}",
-                key="ask", hint="e.g. Network(mode='allow', allow=('pypi.org',)): hosts not "
-                "on the list are put to ask(host, port)")
         # The callback lives here, not in the Policy, which stays hashable and serializable.
         self._net = RunNetwork(policy.network, ask)  # allow mode: the session's proxy
         self._net_seen = 0  # proxy log entries reported with earlier commands
         self._net_answered = 0  # and answers of ``ask``
-        # The project as the session found it: recorded before the sandbox starts.
-        self._project = (projectmod.Project(policy) if policy.project is not None else None)
+        self._project = project_state
         try:
             self._ctl, self._launch = self._start()
         except BaseException:
