@@ -249,11 +249,12 @@ def _execute(options: dict[str, Any]) -> int:
 
             policy = policy.replace(
                 mounts=policy.mounts + tuple(input_mount(s) for s in o["inputs"]))
-        if policy.project is not None:
+        if policy.project is not None or o.get("ask"):
             from nsbox._cli_session import run_in_project
 
             result = run_in_project(list(o["command"]), policy, stdin=None if as_json else 0,
-                                    cwd=o["cwd"], passthrough=not as_json, audit=o["audit"])
+                                    cwd=o["cwd"], passthrough=not as_json, audit=o["audit"],
+                                    ask=bool(o.get("ask")))
         elif o["collect"]:
             from nsbox._cli_session import run_and_collect
 

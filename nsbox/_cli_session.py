@@ -544,14 +544,29 @@ def discard(session_id: str, paths: tuple[str, ...]) -> None:
         click.echo(f"discarded  {path}")
 
 
+def terminal_ask(host: str, port: int) -> bool:
+    """``nsbox run --ask``: the question on the controlling terminal (never on the sandbox's
+    stdin or stdout); without a terminal the answer is no."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    with os.fdopen(fd, "r+b", buffering=0) as tty:
+        tty.write(f"\nnsbox: the sandbox asks to reach {host}:{port}, which is not on the "
+                  "allow-list. Allow it for this run? [y/N] ".encode())
+        answer = tty.readline(64)
+    return answer.strip().lower() in (b"y", b"yes")
+
+
 def run_in_project(command: list[str], policy: Policy, *, stdin: int | None, cwd: str | None,
-                   passthrough: bool, audit: str | None) -> Result:
-    """``nsbox run --project``: one command in a session of its own; what it changed in the
-    project is listed on stderr and dropped with the sandbox (review and apply need a
-    session: ``nsbox session start --project``)."""
-    with Session(policy, audit=audit, idle_timeout=None) as s:
+                   passthrough: bool, audit: str | None, ask: bool = False) -> Result:
+    """``nsbox run --project`` or ``--ask``: one command in a session of its own. What it
+    changed in the project is listed on stderr and dropped with the sandbox (review and apply
+    need a session: ``nsbox session start --project``)."""
+    with Session(policy, audit=audit, idle_timeout=None,
+                 ask=terminal_ask if ask else None) as s:
         result = s.run(command, stdin=stdin, cwd=cwd, passthrough=passthrough)
-        found = s.changes(diff=False)
+        found = s.changes(diff=False) if policy.project is not None else []
     if found:
         click.echo(f"nsbox: {len(found)} change(s) to the project, not applied "
                    "(use `nsbox session start --project` to review and apply):", err=True)

@@ -49,6 +49,7 @@ RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("--seccomp-log",), "seccomp_log", FLAG),
     (("--net",), "net_mode", VALUE),
     (("--allow-host",), "allow_host", MULTIPLE),
+    (("--ask",), "ask", FLAG),
     # limits (nsbox/limits.py)
     (("--memory",), "memory", VALUE),
     (("--pids",), "pids", VALUE),

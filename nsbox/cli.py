@@ -146,6 +146,9 @@ def main() -> None:
 @click.option("--allow-host", multiple=True, metavar="HOST[:PORT]",
               help="Reachable through the proxy (implies --net allow); '*.example.org' for "
               "sub-domains. Repeatable.")
+@click.option("--ask", is_flag=True,
+              help="With --net allow: ask on the terminal before a host not on the list is "
+              "reached (each answer holds for the run; no terminal: refused).")
 # --- end network ---
 # --- profiles (nsbox/profiles.py) ---------------------------------------------------------------
 @click.option("-p", "--profile", default="default", show_default=True, metavar="NAME|FILE",
@@ -174,7 +177,7 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
         project: str | None,
         ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
         pass_env: tuple[str, ...], cwd: str | None, as_json: bool, seccomp_log: bool,
-        quiet: bool, net_mode: str | None, allow_host: tuple[str, ...], profile: str,
+        quiet: bool, net_mode: str | None, allow_host: tuple[str, ...], ask: bool, profile: str,
         settings: tuple[str, ...], print_profile: bool, allow_rules: tuple[str, ...],
         inputs: tuple[str, ...],
         collect: tuple[str, ...], collect_dir: str, audit: str | None,

@@ -78,3 +78,61 @@ def test_ask_needs_allow_mode_and_a_callable() -> None:
     policy = nsbox.Policy(network=nsbox.Network(mode="allow", allow=("example.org",)))
     with pytest.raises(PolicyError, match="expected a callable, got 'yes'"):
         nsbox.Session(policy, ask="yes")  # type: ignore[arg-type]
+
+
+def _run_on_a_terminal(user: UserRunner, argv: list[str], answers: list[bytes]
+                       ) -> tuple[int, bytes]:
+    """Run the CLI with a new pseudo-terminal as its controlling terminal, answering each
+    nsbox question with the next of ``answers``; its exit status and everything it showed."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import subprocess
+    import termios
+    import time
+
+    from conftest import PYTHON
+
+    master, slave = pty.openpty()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(user.tree), "HOME": "/tmp"}
+    proc = subprocess.Popen(
+        [*user.prefix(), PYTHON, "-m", "nsbox", *argv], stdin=slave, stdout=slave,
+        stderr=slave, env=env, cwd="/", start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    shown = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: every writer of the terminal has closed it
+                break
+            if not chunk:
+                break
+            shown += chunk
+            while answers and shown.count(b"[y/N]") > shown.count(b"<answered>"):
+                os.write(master, answers.pop(0) + b"\n")
+                shown += b"<answered>"
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    return proc.wait(timeout=30), shown
+
+
+def test_cli_ask_puts_the_question_on_the_terminal(as_user: UserRunner):
+    assert CURL, "curl is needed inside the sandbox"
+    with HTTPServer(b"approved\n") as good, HTTPServer(b"never\n") as bad:
+        code, shown = _run_on_a_terminal(as_user, [
+            "run", "--allow-host", "example.invalid:1", "--ask", "--", "sh", "-c",
+            f"curl -sS http://127.0.0.1:{good.port}/a; "
+            f"curl -sS -o /dev/null -w 'code %{{http_code}}\\n' http://127.0.0.1:{bad.port}/b"],
+            [b"y", b"n"])
+        assert bad.requests == []
+        assert [r["line"] for r in good.requests] == ["GET /a HTTP/1.1"]
+    text = shown.decode()
+    assert code == 0, text
+    assert f"asks to reach 127.0.0.1:{good.port}, which is not on the allow-list" in text
+    assert f"asks to reach 127.0.0.1:{bad.port}" in text
+    assert "approved" in text and "code 403" in text
