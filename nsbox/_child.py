@@ -21,7 +21,7 @@ import stat
 import time
 from typing import Any, NoReturn
 
-from nsbox import _libc, _netns, _wire
+from nsbox import _libc, _netns, _projectfs, _wire
 
 # The staging tmpfs is mounted over /tmp (privately, in the new mount namespace) and becomes the
 # root; the host's root stays reachable under /oldroot until the final pivot, and the sandbox's
@@ -560,6 +560,11 @@ def apply_mount(ctx: Context, index: int, op: dict[str, Any]) -> None:
         mount_dev(open_dir(root, op["target"]), op["devices"], op["shm_size"])
     elif kind == "proc":
         mount_proc(open_dir(root, op["target"]))
+    elif kind == "overlay":
+        tree = ctx.source_fds.pop(index, None)
+        _projectfs.mount_project(root, op, tree if tree is not None else
+                                 _open_source(op["source"]), BUILD, open_dir, attach,
+                                 move_into_place)
     else:
         raise OSError(22, f"unknown mount operation {kind!r}")
 

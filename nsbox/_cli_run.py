@@ -218,6 +218,7 @@ def _execute(options: dict[str, Any]) -> int:
     overrides: dict[str, Any] = {
         "limits.wall_time": o["wall_time"], "limits.output": o["output_limit"],
         "workspace.path": o["workspace"], "environment.set": env_set or None,
+        "workspace.project": os.path.abspath(o["project"]) if o.get("project") else None,
         "environment.passthrough": o["pass_env"] or None,
         "seccomp.log_denied": True if o["seccomp_log"] else None,
         "allow_rules": list(o["allow_rules"]) or None,
@@ -248,7 +249,13 @@ def _execute(options: dict[str, Any]) -> int:
 
             policy = policy.replace(
                 mounts=policy.mounts + tuple(input_mount(s) for s in o["inputs"]))
-        if o["collect"]:
+        if policy.project is not None or o.get("ask"):
+            from nsbox._cli_session import run_in_project
+
+            result = run_in_project(list(o["command"]), policy, stdin=None if as_json else 0,
+                                    cwd=o["cwd"], passthrough=not as_json, audit=o["audit"],
+                                    ask=bool(o.get("ask")))
+        elif o["collect"]:
             from nsbox._cli_session import run_and_collect
 
             result, collected, skipped = run_and_collect(

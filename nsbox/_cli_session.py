@@ -183,6 +183,9 @@ def _start_options(command: Any) -> Any:
                      help="Default cap on each command's stdout+stderr."),
         click.option("-w", "--workspace", type=click.Path(file_okay=False),
                      help="Host directory bound read-write at /workspace (default: a tmpfs)."),
+        click.option("--project", type=click.Path(file_okay=False),
+                     help="Host directory seen copy-on-write at /workspace: review with "
+                     "`nsbox session diff`, write with `nsbox session apply`."),
         click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
                      help="Mount a host file or directory read-only at /input/NAME."),
         click.option("--ro-bind", multiple=True, metavar="SRC[:DST]",
@@ -212,7 +215,8 @@ def _start_options(command: Any) -> Any:
 @_start_options
 def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
           wall_time: float | None,
-          output_limit: int | None, workspace: str | None, inputs: tuple[str, ...],
+          output_limit: int | None, workspace: str | None, project: str | None,
+          inputs: tuple[str, ...],
           ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
           pass_env: tuple[str, ...], net_mode: str | None, allow_host: tuple[str, ...],
           idle_timeout: float | None, audit: str | None, **limit_values: Any) -> None:
@@ -228,6 +232,7 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
     overrides: dict[str, Any] = {
         "limits.wall_time": wall_time, "limits.output": output_limit,
         "workspace.path": os.path.abspath(workspace) if workspace else None,
+        "workspace.project": os.path.abspath(project) if project else None,
         "environment.set": _parse_env(env) or None,
         "environment.passthrough": pass_env or None,
         "allow_rules": list(allow_rules) or None,
@@ -443,6 +448,131 @@ def stop(session_id: str) -> None:
         request(session_id, {"op": "stop"})
     except NsboxError as error:
         _cli()._fail(error)
+
+
+# --- project review: diff, apply, discard ---------------------------------------------------
+
+
+def _print_change(item: dict[str, Any], with_diff: bool) -> None:
+    kind = item["kind"]
+    note = " (conflict: changed on the host since the session started)" if item.get(
+        "conflict") else ""
+    if item.get("reason"):
+        note += f" (not applied: {item['reason']})"
+    if kind == "mode":
+        note += f" {item.get('old_mode')} -> {item.get('mode')}"
+    elif kind == "symlink":
+        note += f" -> {json.dumps(item.get('target'))}"
+    elif item.get("binary"):
+        note += f" binary, {item.get('size')} bytes, sha256 {item.get('sha256')}"
+    slash = "/" if item.get("is_dir") else ""
+    click.echo(f"{kind:>9}  {json.dumps(item['path'])[1:-1]}{slash}{note}")
+    if with_diff and item.get("diff"):
+        click.echo(item["diff"], nl=not item["diff"].endswith("\n"))
+
+
+@session.command()
+@click.argument("session_id", metavar="ID")
+@click.argument("paths", metavar="[PATH]...", nargs=-1)
+@click.option("--stat", "summary", is_flag=True, help="One line per change, no diffs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the changes as JSON.")
+def diff(session_id: str, paths: tuple[str, ...], summary: bool, as_json: bool) -> None:
+    """List what session ID changed in its project (--project), with diffs of text files.
+
+    \b
+    Example:
+      nsbox session diff $ID
+    """
+    try:
+        reply = request(session_id, {"op": "changes", "paths": list(paths) or None})
+    except NsboxError as error:
+        _cli()._fail(error)
+        return
+    if as_json:
+        click.echo(json.dumps(reply))
+        return
+    for item in reply["changes"]:
+        _print_change(item, not summary)
+
+
+def _decide(op: str, session_id: str, paths: tuple[str, ...]) -> dict[str, Any]:
+    try:
+        return request(session_id, {"op": op, "paths": list(paths) or None})
+    except NsboxError as error:
+        _cli()._fail(error)
+        raise  # not reached: _fail exits
+
+
+@session.command()
+@click.argument("session_id", metavar="ID")
+@click.argument("paths", metavar="[PATH]...", nargs=-1)
+def apply(session_id: str, paths: tuple[str, ...]) -> None:
+    """Write session ID's changes to its project (all, or those at or below PATH).
+
+    A file changed on the host since the session started is a conflict and is not written;
+    symlinks, hard links, FIFOs and files over the copy limit are never written.
+
+    \b
+    Example:
+      nsbox session apply $ID src/app.py
+    """
+    reply = _decide("apply", session_id, paths)
+    for path in reply["applied"]:
+        click.echo(f"  applied  {path}")
+    for path in reply["conflicts"]:
+        click.echo(f"nsbox: conflict: {path} changed on the host since the session started: "
+                   "not written", err=True)
+    for item in reply["refused"]:
+        click.echo(f"nsbox: not applied: {item['path']}: {item['reason']}", err=True)
+    if reply["conflicts"] or reply["refused"]:
+        sys.exit(1)
+
+
+@session.command()
+@click.argument("session_id", metavar="ID")
+@click.argument("paths", metavar="[PATH]...", nargs=-1)
+def discard(session_id: str, paths: tuple[str, ...]) -> None:
+    """Drop session ID's changes (all, or those at or below PATH) from review; nothing of them
+    reaches the project.
+
+    \b
+    Example:
+      nsbox session discard $ID build/
+    """
+    reply = _decide("discard", session_id, paths)
+    for path in reply["discarded"]:
+        click.echo(f"discarded  {path}")
+
+
+def terminal_ask(host: str, port: int) -> bool:
+    """``nsbox run --ask``: the question on the controlling terminal (never on the sandbox's
+    stdin or stdout); without a terminal the answer is no."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    with os.fdopen(fd, "r+b", buffering=0) as tty:
+        tty.write(f"\nnsbox: the sandbox asks to reach {host}:{port}, which is not on the "
+                  "allow-list. Allow it for this run? [y/N] ".encode())
+        answer = tty.readline(64)
+    return answer.strip().lower() in (b"y", b"yes")
+
+
+def run_in_project(command: list[str], policy: Policy, *, stdin: int | None, cwd: str | None,
+                   passthrough: bool, audit: str | None, ask: bool = False) -> Result:
+    """``nsbox run --project`` or ``--ask``: one command in a session of its own. What it
+    changed in the project is listed on stderr and dropped with the sandbox (review and apply
+    need a session: ``nsbox session start --project``)."""
+    with Session(policy, audit=audit, idle_timeout=None,
+                 ask=terminal_ask if ask else None) as s:
+        result = s.run(command, stdin=stdin, cwd=cwd, passthrough=passthrough)
+        found = s.changes(diff=False) if policy.project is not None else []
+    if found:
+        click.echo(f"nsbox: {len(found)} change(s) to the project, not applied "
+                   "(use `nsbox session start --project` to review and apply):", err=True)
+        for change in found:
+            click.echo(f"nsbox:   {change.kind} {change.path}", err=True)
+    return result
 
 
 # --- nsbox run --collect ---------------------------------------------------------------------

@@ -38,6 +38,7 @@ RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("-t", "--time"), "wall_time", VALUE),
     (("--output-limit",), "output_limit", VALUE),
     (("-w", "--workspace"), "workspace", VALUE),
+    (("--project",), "project", VALUE),
     (("--ro-bind",), "ro_bind", MULTIPLE),
     (("--bind",), "rw_bind", MULTIPLE),
     (("-e", "--env"), "env", MULTIPLE),
@@ -48,6 +49,7 @@ RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("--seccomp-log",), "seccomp_log", FLAG),
     (("--net",), "net_mode", VALUE),
     (("--allow-host",), "allow_host", MULTIPLE),
+    (("--ask",), "ask", FLAG),
     # limits (nsbox/limits.py)
     (("--memory",), "memory", VALUE),
     (("--pids",), "pids", VALUE),
@@ -93,7 +95,7 @@ def _convert(name: str, flag: str, value: str) -> Any:
             return parse_size(value)
     except ValueError:
         raise _Fallback from None
-    if name == "workspace" and os.path.exists(value) and not os.path.isdir(value):
+    if name in ("workspace", "project") and os.path.exists(value) and not os.path.isdir(value):
         raise _Fallback  # click.Path(file_okay=False) refuses it
     if name == "audit" and os.path.isdir(value):
         raise _Fallback  # click.Path(dir_okay=False) refuses it

@@ -600,6 +600,8 @@ class Helper:
         fds: dict[int, int] = {}
         try:
             for index, op in enumerate(plan["mounts"]):
+                if op["op"] == "overlay" and self.identity.detached_binds:
+                    fds[index] = self.project_tree(op["source"], ids)
                 if op["op"] != "bind":
                     continue
                 if op["writable"]:
@@ -623,7 +625,18 @@ class Helper:
             raise
         return fds
 
-    def idmapped_tree(self, source: str, ids: identity.SandboxIds) -> int:
+    def project_tree(self, source: str, ids: identity.SandboxIds) -> int:
+        """The lower layer of a project workspace: idmapped so that its owner (root's too: see
+        userns_for) appears as the sandbox's user, who may then change its files in the
+        upper layer; files of other owners stay read-only to the sandbox."""
+        st = os.stat(source)
+        if (st.st_uid, st.st_gid) != (ids.parent_uid, ids.parent_gid):
+            return self.idmapped_tree(source, ids, lower_layer=True)
+        return _libc.open_tree_nofollow(
+            source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE)
+
+    def idmapped_tree(self, source: str, ids: identity.SandboxIds,
+                      lower_layer: bool = False) -> int:
         """A detached copy of ``source`` whose owner appears as the sandbox's host uid.
 
         As root, the sandbox runs as an unprivileged host uid; an idmapped mount lets it write
@@ -635,7 +648,7 @@ class Helper:
                                       | _libc.AT_RECURSIVE)
         try:
             st = os.fstat(fd)  # the tree opened, not whatever the path names by now
-            userns = self.userns_for(st.st_uid, st.st_gid, ids.uid, ids.gid)
+            userns = self.userns_for(st.st_uid, st.st_gid, ids.uid, ids.gid, lower_layer)
             _libc.mount_setattr("", _libc.MOUNT_ATTR_IDMAP, recursive=True, userns_fd=userns,
                                 dirfd=fd, empty_path=True)
         except OSError:
@@ -643,9 +656,13 @@ class Helper:
             raise
         return fd
 
-    def userns_for(self, disk_uid: int, disk_gid: int, host_uid: int, host_gid: int) -> int:
+    def userns_for(self, disk_uid: int, disk_gid: int, host_uid: int, host_gid: int,
+                   lower_layer: bool = False) -> int:
         # Defense in depth: whatever the caller, an idmap never makes files root's on the host.
-        if 0 in (disk_uid, disk_gid, host_uid, host_gid):
+        # A project's lower layer is the exception for its owner on disk: that mount is
+        # read-only and hidden from the sandbox (overlayfs writes only its upper tmpfs), so
+        # nothing is ever written through it; the sandbox's side is never 0.
+        if 0 in (host_uid, host_gid) or (0 in (disk_uid, disk_gid) and not lower_layer):
             raise OSError(1, "an idmapped mount never maps to or from id 0")
         key = (disk_uid, disk_gid, host_uid, host_gid)
         if key not in self.idmap_userns:

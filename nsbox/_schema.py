@@ -192,6 +192,13 @@ def env_names(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
     return tuple(raw)
 
 
+def patterns(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
+    expect(origin, key, raw, list, "an array of file name patterns")
+    for i, item in enumerate(raw):
+        string(origin, f"{key}[{i}]", item)
+    return tuple(raw)
+
+
 def env_table(origin: Origin, key: str, raw: Any) -> dict[str, str]:
     expect(origin, key, raw, dict, 'a table of NAME = "value"')
     for name, value in raw.items():
@@ -511,6 +518,8 @@ FIELDS: dict[str, Field] = {
     "seccomp.log_denied": Field(("seccomp", "log_denied"), boolean),
     "workspace.path": Field(("workspace",), nullable(host_dir), _none_or(str)),
     "workspace.size": Field(("limits", "workspace_size"), size(), format_size),
+    "workspace.project": Field(("project",), nullable(host_dir), _none_or(str)),
+    "workspace.secrets": Field(("project_secrets",), patterns, list),
 }
 
 # Keys that hold ordered lists of tables, and the switch that drops inherited mounts.

@@ -51,7 +51,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from nsbox import _child, _libc, _wire
+from nsbox import _child, _libc, _projectfs, _wire
 
 CAP_SETPCAP = 8
 CAP_SYS_ADMIN = 21
@@ -330,6 +330,11 @@ def run_file_op(ctx: _child.Context, op: dict[str, Any]) -> int:
             put_file(op["path"], op["mode"])
         elif op["kind"] == "list":
             list_files(op)
+        elif op["kind"] == "changes":
+            _write_all(1, _projectfs.run_changes(op))
+        elif op["kind"] == "getmany":
+            for path in op["paths"]:  # one after the other; the host splits by the sizes
+                get_file(path, op["max_size"])
         else:
             raise FileOpError("", f"unknown file operation {op['kind']!r}")
     except FileOpError as exc:

@@ -225,6 +225,17 @@ class Supervisor:
                                           skipped=skipped)
             return {"files": [f.to_dict() for f in found],
                     "skipped": [{"path": p, "reason": r} for p, r in skipped]}
+        if op == "changes":
+            wanted = request.get("paths")
+            changes = self.session.changes()
+            if wanted:
+                changes = [c for c in changes if any(c.path == w or c.path.startswith(w + "/")
+                                                     for w in wanted)]
+            return {"changes": [c.to_dict() for c in changes]}
+        if op == "apply":
+            return self.session.apply(request.get("paths")).to_dict()
+        if op == "discard":
+            return {"discarded": self.session.discard(request.get("paths"))}
         if op == "info":
             return {"id": self.session.id, "pid": os.getpid(), "commands": self.session.commands,
                     "idle": time.monotonic() - self.last_active}
@@ -236,16 +247,10 @@ class Supervisor:
         raise PolicyError(f"unknown request {op!r}", key="op")
 
 
-def main() -> int:
-    # From `nsbox session start`, this user's own process, through a private pipe.
-    spec = pickle.loads(sys.stdin.buffer.read())
-    try:
-        directory = runtime_dir()
-        session = Session(spec["policy"], idle_timeout=spec["idle_timeout"],
-                          audit=spec["audit"])
-    except NsboxError as exc:
-        print("error " + json.dumps(error_reply(exc)), flush=True)
-        return 1
+def publish(session: Session, idle_timeout: float | None) -> Supervisor:
+    """Make ``session`` reachable by `nsbox session ...` of this user (its socket and record
+    in the private runtime directory); serve it with the returned Supervisor's ``serve``."""
+    directory = runtime_dir()
     sock_path = os.path.join(directory, f"{session.id}.sock")
     record_path = os.path.join(directory, f"{session.id}.json")
     old_umask = os.umask(0o077)
@@ -255,12 +260,12 @@ def main() -> int:
         listener.listen(16)
         record = {"id": session.id, "pid": os.getpid(), "started": time.time(),
                   "workspace": session.policy.workspace, "profile": session.policy.name,
-                  "idle_timeout": spec["idle_timeout"]}
+                  "project": session.policy.project, "masked": session.masked,
+                  "idle_timeout": idle_timeout}
         fd = os.open(record_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(record, f)
     except OSError as exc:  # a full or read-only runtime directory: say so, leave nothing
-        session.close()
         for path in (sock_path, record_path):
             try:
                 os.unlink(path)
@@ -269,16 +274,33 @@ def main() -> int:
         error = NsboxError(f"cannot create the session's socket and record in {directory}: "
                            f"{exc.strerror or exc}")
         error.hint = "free space there, or set XDG_RUNTIME_DIR to a writable private directory"
-        print("error " + json.dumps(error_reply(error)), flush=True)
-        return 1
+        raise error from None
     finally:
         os.umask(old_umask)
+    return Supervisor(session, listener, [sock_path, record_path], idle_timeout)
+
+
+def main() -> int:
+    # From `nsbox session start`, this user's own process, through a private pipe.
+    spec = pickle.loads(sys.stdin.buffer.read())
+    try:
+        session = Session(spec["policy"], idle_timeout=spec["idle_timeout"],
+                          audit=spec["audit"])
+    except NsboxError as exc:
+        print("error " + json.dumps(error_reply(exc)), flush=True)
+        return 1
+    try:
+        supervisor = publish(session, spec["idle_timeout"])
+    except NsboxError as exc:
+        session.close()
+        print("error " + json.dumps(error_reply(exc)), flush=True)
+        return 1
     print("ok " + session.id, flush=True)
     null = os.open(os.devnull, os.O_RDWR)
     for target in (0, 1, 2):
         os.dup2(null, target)
     os.close(null)
-    Supervisor(session, listener, [sock_path, record_path], spec.get("idle_timeout")).serve()
+    supervisor.serve()
     return 0
 
 

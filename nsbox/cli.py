@@ -121,6 +121,9 @@ def main() -> None:
               help="Cap on stdout+stderr; the sandbox is stopped past it (status OL).")
 @click.option("-w", "--workspace", type=click.Path(file_okay=False),
               help="Host directory bound read-write at /workspace (default: a fresh tmpfs).")
+@click.option("--project", type=click.Path(file_okay=False),
+              help="Host directory seen copy-on-write at /workspace; its changes are listed "
+              "after the run and never written to it (docs/agents.md).")
 @click.option("--ro-bind", multiple=True, metavar="SRC[:DST]", help="Bind a host path read-only.")
 @click.option("--bind", "rw_bind", multiple=True, metavar="SRC[:DST]",
               help="Bind a host path read-write.")
@@ -143,6 +146,9 @@ def main() -> None:
 @click.option("--allow-host", multiple=True, metavar="HOST[:PORT]",
               help="Reachable through the proxy (implies --net allow); '*.example.org' for "
               "sub-domains. Repeatable.")
+@click.option("--ask", is_flag=True,
+              help="With --net allow: ask on the terminal before a host not on the list is "
+              "reached (each answer holds for the run; no terminal: refused).")
 # --- end network ---
 # --- profiles (nsbox/profiles.py) ---------------------------------------------------------------
 @click.option("-p", "--profile", default="default", show_default=True, metavar="NAME|FILE",
@@ -168,9 +174,10 @@ def main() -> None:
 # --- end sessions ---
 @click.argument("command", nargs=-1)
 def run(wall_time: float | None, output_limit: int | None, workspace: str | None,
+        project: str | None,
         ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
         pass_env: tuple[str, ...], cwd: str | None, as_json: bool, seccomp_log: bool,
-        quiet: bool, net_mode: str | None, allow_host: tuple[str, ...], profile: str,
+        quiet: bool, net_mode: str | None, allow_host: tuple[str, ...], ask: bool, profile: str,
         settings: tuple[str, ...], print_profile: bool, allow_rules: tuple[str, ...],
         inputs: tuple[str, ...],
         collect: tuple[str, ...], collect_dir: str, audit: str | None,
@@ -314,8 +321,14 @@ def bench(args: tuple[str, ...]) -> None:
               "without it there is no network.")
 @click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
               help="Append one JSON line per tool call to FILE.")
+@click.option("--project", type=click.Path(file_okay=False),
+              help="Host directory seen copy-on-write at /workspace; the agent gets the "
+              "read-only tool `changes`, the user applies (docs/agents.md).")
+@click.option("--review", "review_id", metavar="ID",
+              help="Serve the user's tools changes/apply/discard for session ID instead "
+              "(never give these to the agent).")
 def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ...],
-                audit: str | None) -> None:
+                audit: str | None, project: str | None, review_id: str | None) -> None:
     """Serve an MCP code-execution tool on stdin/stdout.
 
     One sandboxed session per connection: its tools run Python and bash, and write, read and
@@ -330,9 +343,16 @@ def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ..
     from nsbox.network import from_options
 
     try:
+        if review_id is not None:
+            from nsbox.mcp_review import serve_review
+
+            serve_review(review_id)
+            return
         policy = _load_policy(profile, {}, (), [])
         policy = policy.replace(network=from_options(policy.network, None, allow_host))
-        mcp_server.serve(mcp_server.ServerConfig(policy=policy, inputs=inputs, audit=audit))
+        mcp_server.serve(mcp_server.ServerConfig(
+            policy=policy, inputs=inputs, audit=audit,
+            project=os.path.abspath(project) if project else None))
     except NsboxError as error:
         _fail(error)
 

@@ -582,7 +582,29 @@ def check_launch(policy: Policy, predicted: dict[str, str]) -> Check:
                  + ", ".join(f"{k} {v}" for k, v in verdicts.items()), facts=facts)
 
 
+def check_project(facts: HostFacts, policy: Policy) -> list[Check]:
+    """Project workspaces (--project): an overlayfs mounted in the sandbox's user namespace
+    (5.11), over an idmapped lower layer when run as root (5.19), keeping its bookkeeping in
+    user.* xattrs of the upper tmpfs (tmpfs stores them since 6.6). Without them nsbox has no
+    weaker substitute: --project is refused and a plain --workspace is the alternative."""
+    name = "project workspace"
+    version = _version(kernel_release(facts))
+    filesystems = facts.read("/proc/filesystems")
+    problem = None
+    if filesystems is not None and "\toverlay" not in filesystems:
+        problem = "the kernel has no overlayfs (CONFIG_OVERLAY_FS; modprobe overlay)"
+    elif version and version < (6, 6):
+        problem = (f"Linux {'.'.join(map(str, version))}: overlayfs in a user namespace needs "
+                   "user xattrs on tmpfs (6.6)")
+    if problem:
+        return [Check(name, "info", f"--project is not available: {problem}",
+                      ["copy-on-write project workspaces (--project, Session(project=...))"],
+                      "load the overlay module or upgrade the kernel to 6.6 or later; or bind "
+                      "a copy of the project with --workspace")]
+    return [Check(name, "ok", "overlayfs in the sandbox's user namespace (--project)")]
+
+
 CHECKS: tuple[Callable[[HostFacts, Policy], list[Check]], ...] = (
     check_python, check_kernel, check_userns, check_identity, check_container, check_seccomp,
-    check_cgroups, check_probe,
+    check_cgroups, check_project, check_probe,
 )

@@ -89,6 +89,9 @@ class ServerConfig:
     policy: Policy = field(default_factory=Policy)
     inputs: tuple[str, ...] = ()  # HOST_PATH[:NAME], mounted read-only under /input
     audit: str | None = None  # append one JSON line per tool call to this file
+    # A host directory seen copy-on-write at /workspace: the agent gets the read-only tool
+    # ``changes``; the user applies them (nsbox/mcp_review.py).
+    project: str | None = None
 
     @property
     def max_timeout(self) -> float:
@@ -240,6 +243,12 @@ class Workbench:
         note = (f"\n[{len(data)} bytes in all; the first {len(text.encode())} shown]"
                 if truncated else "")
         return Reply({"file": entry, "content": text, "truncated": truncated}, text + note)
+
+    def changes(self) -> Reply:
+        from nsbox.mcp_review import agent_changes
+
+        with self._lock, self._audited("changes", None):
+            return agent_changes(self.session, self.session.id)
 
     def list_files(self) -> Reply:
         with self._lock, self._audited("list_files", None) as record:
@@ -472,7 +481,15 @@ def build_server(bench: Workbench) -> "MCPServer":
         """List the workspace's regular files with their size and SHA-256."""
         return await call(bench.list_files)
 
-    for tool in (run_python, run_bash, write_file, read_file, list_files):
+    async def changes() -> types.CallToolResult:
+        """List what your code changed in the project at /workspace (added, modified, deleted
+        files, with diffs). The changes reach the project only when the user applies them."""
+        return await call(bench.changes)
+
+    tools: list[Any] = [run_python, run_bash, write_file, read_file, list_files]
+    if bench.config.project is not None:
+        tools.append(changes)  # read-only: applying is the user's (nsbox/mcp_review.py)
+    for tool in tools:
         server.add_tool(tool, structured_output=False)
     return server
 
@@ -495,7 +512,12 @@ def serve(config: ServerConfig) -> None:
 
     # No idle timeout: the session lives exactly as long as the connection.
     with Session(policy=agent_policy(config.policy), inputs=list(config.inputs),
-                       audit=config.audit, idle_timeout=None) as session:
+                       audit=config.audit, idle_timeout=None,
+                       project=config.project) as session:
+        if config.project is not None:
+            from nsbox.mcp_review import publish_for_review
+
+            publish_for_review(session)
         tool_log = _audit_log(config.audit)
         try:
             server = build_server(Workbench(session, config, tool_log))

@@ -36,6 +36,7 @@ from nsbox.netrules import (
     literally_listed,
     normalize_host,
     parse_address,
+    parse_entry,
     unmap,
 )
 
@@ -94,9 +95,16 @@ class NetworkProxy:
         allow: tuple[AllowEntry, ...],
         limits: ProxyLimits | None = None,
         resolve: Callable[..., list[Any]] = socket.getaddrinfo,
+        ask: Callable[[str, int], bool] | None = None,
     ) -> None:
         self._listener = listener
         self._allow = allow
+        # Hosts not on the list are put to ``ask`` (one question at a time); each answer is
+        # remembered for the proxy's life and logged.
+        self._ask = ask
+        self._ask_lock = threading.Lock()
+        self._answers: dict[tuple[str, int], bool] = {}
+        self._answer_log: list[dict[str, Any]] = []
         self._limits = limits or ProxyLimits()
         self._getaddrinfo = resolve  # the host's resolver; replaceable to test rebinding
         self._lock = threading.Lock()
@@ -172,6 +180,7 @@ class NetworkProxy:
             return {
                 "attempts": records,
                 "attempts_dropped": self._dropped,
+                **({"answers": list(self._answer_log)} if self._ask is not None else {}),
                 "bytes_total": self._bytes,
                 "threads_left": len(self._threads),
             }
@@ -240,7 +249,11 @@ class NetworkProxy:
             head, rest = self._read_head(client)
             method, host, port, default_port, new_head = self._parse(head)
             if not any(e.matches(host, port, default_port) for e in self._allow):
-                raise _Denied(403, f"{host}:{port} is not in the allow-list")
+                if self._ask is None:
+                    raise _Denied(403, f"{host}:{port} is not in the allow-list")
+                if not self._asked(host, port):
+                    raise _Denied(403, f"{host}:{port} is not in the allow-list and was "
+                                       "refused when asked")
             addrs = self._resolve(host, port, default_port)
             upstream, address = self._connect_any(addrs, port)
             admitted = True
@@ -368,6 +381,30 @@ class NetworkProxy:
         if name is None:
             raise _Denied(400, f"bad host name {host!r}")
         return name, port
+
+    def _asked(self, host: str, port: int) -> bool:
+        """The embedding application's answer for ``host:port``: asked once, then remembered.
+        An approved name is then treated as listed (its addresses still pass the rules of
+        ``_resolve``); an approved IP literal as listed literally, since that very address was
+        put to the user. A callback that fails or answers anything but True refuses."""
+        with self._ask_lock:
+            key = (host, port)
+            if key not in self._answers:
+                assert self._ask is not None
+                try:
+                    answer = self._ask(host, port) is True
+                    if answer:
+                        entry = parse_entry(f"[{host}]:{port}" if ":" in host
+                                            else f"{host}:{port}")
+                except Exception:
+                    answer = False
+                self._answers[key] = answer
+                with self._lock:
+                    self._answer_log.append({"time": round(time.time(), 3), "host": host,
+                                             "port": port, "approved": answer})
+                if answer:
+                    self._allow = (*self._allow, entry)
+            return self._answers[key]
 
     def _resolve(self, host: str, port: int, default_port: int) -> list[IPAddress]:
         """The addresses of ``host`` the rules allow, in the resolver's order. The proxy

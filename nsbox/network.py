@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nsbox.errors import PolicyError
@@ -42,8 +43,10 @@ class RunNetwork:
     """The network side of one run in the host process: serves the listener the sandbox sends
     (allow mode) until ``close()``, then reports into the Result."""
 
-    def __init__(self, network: Network) -> None:
+    def __init__(self, network: Network,
+                 ask: Callable[[str, int], bool] | None = None) -> None:
         self.network = network
+        self.ask = ask  # put hosts not on the list to the embedding application
         self.proxy: NetworkProxy | None = None
         self.error: str | None = None
 
@@ -65,7 +68,8 @@ class RunNetwork:
         )
         listener = socket.socket(fileno=fds[0])
         try:
-            proxy = NetworkProxy(listener, parse_allow_list(self.network.allow), limits)
+            proxy = NetworkProxy(listener, parse_allow_list(self.network.allow), limits,
+                                 ask=self.ask)
             self.proxy = proxy.start()
         except (OSError, RuntimeError) as exc:
             # No proxy: the listener closes, so the sandbox's connections are refused (fail

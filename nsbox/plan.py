@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsbox import network as netmod
-from nsbox import rules
+from nsbox import project, rules
 from nsbox import seccomp as seccompmod
 from nsbox.errors import PolicyError, SetupError
 from nsbox.limits import plan_limits
@@ -176,7 +176,9 @@ def build(
         {"op": "proc", "target": "/proc"},
         {"op": "tmpfs", "target": "/tmp", "size": policy.limits.tmp_size, "mode": 0o1777},
     ]
-    if policy.workspace is None:
+    if policy.project is not None:
+        mounts.append(project.plan_op(policy, allow, host))
+    elif policy.workspace is None:
         mounts.append({"op": "tmpfs", "target": WORKSPACE, "size": policy.limits.workspace_size,
                        "mode": 0o755, "owned": True})
     else:

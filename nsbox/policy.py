@@ -184,6 +184,14 @@ class Seccomp:
     log_denied: bool = False  # learning mode: report denied syscalls, still deny them
 
 
+# Names (fnmatch, matched against each name and each path relative to the project) masked in a
+# project workspace; a .git/config is masked when it holds credentials (nsbox/project.py).
+DEFAULT_PROJECT_SECRETS = (
+    ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_dsa*", "id_ecdsa*",
+    "id_ed25519*", ".netrc", ".git-credentials", ".npmrc", ".pypirc", ".aws/credentials",
+)
+
+
 # --- the whole policy --------------------------------------------------------------------------
 
 
@@ -205,6 +213,10 @@ class Policy:
     host_uid: int = 65534
     host_gid: int = 65534
     workspace: str | None = None  # host directory bound read-write at /workspace; None: tmpfs
+    # A host directory seen copy-on-write at /workspace: its changes are reviewed and applied
+    # by the host (nsbox/project.py); files matching project_secrets are masked.
+    project: str | None = None
+    project_secrets: tuple[str, ...] = DEFAULT_PROJECT_SECRETS
     limits: Limits = field(default_factory=Limits)
     network: Network = field(default_factory=Network)
     seccomp: Seccomp = field(default_factory=Seccomp)

@@ -98,6 +98,10 @@ def apply_layer(policy: Policy, layer: Layer) -> Policy:
         if key == "workspace.path" and value is not None:
             schema.ruled(origin, rule_book.check_spelling, value, True, policy.allow_rules, key)
             schema.check_dir(origin, key, value)
+        if key == "workspace.project" and value is not None:
+            schema.ruled(origin, rule_book.check_spelling, value, False, policy.allow_rules,
+                         key)
+            schema.check_dir(origin, key, value)
         value = tuple(value) if isinstance(value, list) else value
         policy = schema.ruled(origin, _set, policy, spec.attr, value)
     mounts = list(policy.mounts) if layer.inherit_mounts else []

@@ -250,6 +250,8 @@ def check_policy(policy: Policy) -> None:
         check_mount(mount, allow, f"mounts[{i}]")
     if policy.workspace is not None:
         check_spelling(policy.workspace, True, allow, "workspace")
+    if policy.project is not None:
+        check_spelling(policy.project, False, allow, "project")
     check_identity(policy.user, policy.hostname)
     check_env(policy.env, policy.env_passthrough, policy.path, policy.lang)
 

@@ -30,7 +30,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from nsbox import _netns, _wire, launcher, rules
 from nsbox import audit as auditmod
 from nsbox import inputs as doors
 from nsbox import plan as planmod
+from nsbox import project as projectmod
 from nsbox.errors import (
     FileTransferError,
     LaunchError,
@@ -112,7 +113,10 @@ class Session:
     ``timeout`` and ``output_limit`` are the defaults of each ``run``; ``inputs`` are
     ``HOST_PATH[:NAME]`` specs mounted read-only under /input; ``env`` is set for every command
     (its values are redacted in the audit record); ``audit`` is a file that gets one JSON line
-    per command.
+    per command. ``project`` is a host directory seen copy-on-write at /workspace (review with
+    ``changes``, write with ``apply``); ``ask(host, port) -> bool`` is called, in network allow
+    mode, for a host not on the allow-list (once per host and port; answers are in each
+    Result's network report and the audit record).
     """
 
     def __init__(
@@ -128,6 +132,8 @@ class Session:
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         audit: str | None = None,
         copy_limits: CopyLimits | None = None,
+        project: str | None = None,
+        ask: Callable[[str, int], bool] | None = None,
     ) -> None:
         self._closed = True  # until started: nothing for close() or __del__ to end
         workspace = doors.optional_path(workspace, "workspace")
@@ -148,12 +154,23 @@ class Session:
         policy = launcher.choose_policy(policy, profile)
         if workspace is not None:
             policy = policy.replace(workspace=workspace)
+        if project is not None:
+            policy = policy.replace(project=projectmod.source(doors.path(project, "project")))
         if inputs:
             policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
         if policy.seccomp.log_denied:
             # The learning-mode listener is handed over once per launch, not per command.
             raise PolicyError("seccomp learning mode is not available in a session",
                               key="seccomp.log_denied", hint="use nsbox run --seccomp-log")
+        if ask is not None and (not callable(ask) or policy.network.effective_mode != "allow"):
+            raise PolicyError(
+                "ask needs a callable and network mode allow with at least one entry"
+                if callable(ask) else f"expected a callable, got {doors.quote(ask)}",
+                key="ask", hint="e.g. Network(mode='allow', allow=('pypi.org',)): hosts not "
+                "on the list are put to ask(host, port)")
+        # The project as the session found it: recorded before the sandbox starts (and before
+        # anything is opened that a failure here would have to close).
+        project_state = projectmod.Project(policy) if policy.project is not None else None
         self.policy = policy
         self.id = secrets.token_hex(6)
         self.timeout = timeout if timeout is not None else policy.limits.wall_time
@@ -173,8 +190,11 @@ class Session:
         self._heads: tuple[bytes, bytes] = (b"", b"")  # of the last command's output
         self._written: list[dict[str, Any]] = []  # files the caller wrote since the last run
         self._known: dict[str, str] = {}  # path -> sha256 after the last run (for the audit)
-        self._net = RunNetwork(policy.network)  # allow mode: the session's proxy
+        # The callback lives here, not in the Policy, which stays hashable and serializable.
+        self._net = RunNetwork(policy.network, ask)  # allow mode: the session's proxy
         self._net_seen = 0  # proxy log entries reported with earlier commands
+        self._net_answered = 0  # and answers of ``ask``
+        self._project = project_state
         try:
             self._ctl, self._launch = self._start()
         except BaseException:
@@ -437,6 +457,10 @@ class Session:
         if isinstance(attempts, list):
             report["attempts"] = attempts[self._net_seen:]
             self._net_seen = len(attempts)
+        answers = report.get("answers")
+        if isinstance(answers, list):  # the answers of ``ask`` given during this command
+            report["answers"] = answers[self._net_answered:]
+            self._net_answered = len(answers)
         result.extra["network"] = report
 
     def cancel(self) -> None:
@@ -573,6 +597,114 @@ class Session:
             os.close(dest_fd)
         return found
 
+    # --- project review ----------------------------------------------------------------------
+
+    @property
+    def masked(self) -> list[str]:
+        """The project's secrets covered with an empty read-only file in the sandbox."""
+        return list(self._project.masked) if self._project is not None else []
+
+    def _project_or_refuse(self) -> projectmod.Project:
+        if self._project is None:
+            raise PolicyError("this session has no project workspace", key="project",
+                              hint="start it with Session(project=DIR) or --project DIR")
+        return self._project
+
+    def changes(self, *, diff: bool = True) -> list[projectmod.Change]:
+        """What the sandbox changed in the project: added, modified, deleted files and
+        directories, mode changes, symlinks and what cannot be applied (hard links, FIFOs,
+        files over the copy limit), each text file with a unified diff (``diff``)."""
+        project = self._project_or_refuse()
+        data = self._file_op({"kind": "changes", "max_entries": projectmod.MAX_CHANGES,
+                              "max_size": self.copy_limits.max_file_size})
+        try:
+            listing = json.loads(data)["entries"]
+            found = project.changes(listing)
+        except (ValueError, KeyError, TypeError):
+            raise FileTransferError(projectmod.UPPER, "the sandbox sent a malformed listing"
+                                    ) from None
+        if not diff:
+            return found
+        contents = self._upper([c for c in found if c.size is not None
+                                and c.size <= projectmod.DIFF_MAX])
+        return [project.with_diff(c, contents.get(c.path)) for c in found]
+
+    def _upper(self, changes: list[projectmod.Change]) -> dict[str, bytes]:
+        """The sandbox's version of the changed files, read in batches (one file operation
+        for many files), each checked against the SHA-256 it was listed with."""
+        wanted = [c for c in changes if c.kind in ("added", "modified") and not c.is_dir
+                  and c.size is not None and c.sha256 is not None]
+        contents: dict[str, bytes] = {}
+        batch: list[projectmod.Change] = []
+        for change in wanted:
+            batch.append(change)
+            if sum(c.size or 0 for c in batch) >= self.copy_limits.max_file_size:
+                contents.update(self._read_batch(batch))
+                batch = []
+        if batch:
+            contents.update(self._read_batch(batch))
+        return contents
+
+    def _read_batch(self, batch: list[projectmod.Change]) -> dict[str, bytes]:
+        total = sum(c.size or 0 for c in batch)
+        data = self._file_op({"kind": "getmany", "max_size": self.copy_limits.max_file_size,
+                              "paths": [f"{projectmod.UPPER}/{c.path}" for c in batch]},
+                             cap=total + 65536)
+        if len(data) != total:
+            raise FileTransferError(batch[0].path, "changed while it was read")
+        contents, offset = {}, 0
+        for change in batch:
+            part = data[offset:offset + (change.size or 0)]
+            offset += change.size or 0
+            if hashlib.sha256(part).hexdigest() != change.sha256:
+                raise FileTransferError(change.path, "changed while it was read")
+            contents[change.path] = part
+        return contents
+
+    def apply(self, paths: Sequence[str] | None = None) -> projectmod.ApplyReport:
+        """Write the chosen changes (all, or those at or below ``paths``) into the project
+        directory, as this process, atomically per file. A change whose host file changed
+        since the session started is a conflict and is not written."""
+        project = self._project_or_refuse()
+        chosen = _choose(self.changes(diff=False), paths)
+        report = projectmod.ApplyReport()
+        with self._lock:
+            contents = self._upper([c for c in chosen if c.applicable and not c.conflict])
+            for change in projectmod.order(chosen):
+                if not change.applicable:
+                    report.refused.append((change.path, change.reason or change.kind))
+                elif change.conflict or project.conflict(change):
+                    report.conflicts.append(change.path)
+                else:
+                    try:
+                        self._apply_one(project, change, contents)
+                    except (OSError, NsboxError) as exc:
+                        report.refused.append((change.path, getattr(exc, "strerror", None)
+                                               or str(exc)))
+                        continue
+                    report.applied.append(change.path)
+        return report
+
+    def _apply_one(self, project: projectmod.Project, change: projectmod.Change,
+                   contents: dict[str, bytes]) -> None:
+        if change.kind == "deleted":
+            project.remove(change)
+        elif change.kind == "mode":
+            project.chmod(change)
+        elif change.is_dir:
+            project.make_dir(change)
+        else:
+            project.write(change, contents[change.path])
+
+    def discard(self, paths: Sequence[str] | None = None) -> list[str]:
+        """Drop the chosen changes from review: they are not listed or applied (unless the
+        sandbox changes them again). The sandbox keeps its own view until the session ends;
+        nothing reaches the host."""
+        project = self._project_or_refuse()
+        chosen = _choose(self.changes(diff=False), paths)
+        project.discard(chosen)
+        return [c.path for c in chosen]
+
     # --- audit -------------------------------------------------------------------------------
 
     def _record(self, argv: Sequence[str], env: dict[str, str], stdin: bytes | int | None,
@@ -595,6 +727,8 @@ class Session:
             timeout=timeout, output_limit=cap, result=result, error=error,
             files_written=self._written, files_produced=produced,
             heads=heads if result is not None else None)
+        if self._project is not None:
+            record["project"] = {"source": self._project.root, "masked": self._project.masked}
         self._written = []
         self._audit.write(record, secrets=shown.values())
 
@@ -609,6 +743,18 @@ def _message(data: bytes) -> dict[str, Any] | None:
     if not isinstance(message, dict):
         raise LaunchError("the session's sandbox sent a malformed message")
     return message
+
+
+def _choose(changes: list[projectmod.Change],
+            paths: Sequence[str] | None) -> list[projectmod.Change]:
+    if paths is None:
+        return changes
+    if isinstance(paths, str):
+        raise PolicyError(f"expected a list of paths, got {paths!r}", key="paths",
+                          hint=f"did you mean [{paths!r}]?")
+    wanted = [doors.text(p, "paths").strip("/") for p in paths]
+    return [c for c in changes
+            if any(c.path == w or c.path.startswith(w + "/") for w in wanted)]
 
 
 def _check_relative(path: str) -> None:

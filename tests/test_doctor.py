@@ -99,7 +99,7 @@ def test_a_well_equipped_v2_host(tmp_path: Path) -> None:
     assert {c.name: c.status for c in report.checks} == {
         "python": "ok", "kernel": "ok", "user namespaces": "ok", "identity": "ok",
         "container": "ok", "seccomp": "ok", "libseccomp": "ok", "cgroups": "ok",
-        "live probe": "info"}
+        "project workspace": "ok", "live probe": "info"}
     assert checks["identity"].detail.startswith(f"the sandbox's user is host uid {UID}, ")
     assert checks["kernel"].detail == "Linux 6.8.0-45-generic"
     assert checks["cgroups"].detail.startswith(
@@ -283,6 +283,15 @@ def test_old_kernel(tmp_path: Path) -> None:
                             "close_range, pidfd)")
     check = by_name(run_doctor(facts(fake_host(tmp_path / "b", release="5.15.0"))))["kernel"]
     assert (check.status, check.detail) == ("ok", "Linux 5.15.0")
+
+
+def test_project_workspace_needs_overlay_with_user_xattrs_on_tmpfs(tmp_path: Path) -> None:
+    old = by_name(run_doctor(facts(fake_host(tmp_path, release="5.15.0"))))["project workspace"]
+    assert old.status == "info"
+    assert old.detail == ("--project is not available: Linux 5.15.0: overlayfs in a user "
+                          "namespace needs user xattrs on tmpfs (6.6)")
+    new = by_name(run_doctor(facts(fake_host(tmp_path / "b", release="6.8.0"))))
+    assert new["project workspace"].status == "ok"
 
 
 def test_failed_probe_step_gives_its_remedy(tmp_path: Path) -> None:

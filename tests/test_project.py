@@ -1,0 +1,374 @@
+"""The project workspace: a host directory the sandbox changes copy-on-write; the host reviews
+the changes and applies the ones it chooses (nsbox/project.py).
+
+Each test runs as this process's user and as the unprivileged uid, as a host program would;
+the evidence (the project tree byte for byte, modes, file types) is read on the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PYTHON, UNPRIVILEGED_UID
+from sessiontools import UserRunner, user_runner
+
+from nsbox.errors import NsboxError
+
+CANARY = "nsbox-canary-7f3a91"
+DEVELOPER_UID = 1000  # the owner of the project when the tests run as root
+
+
+@pytest.fixture(params=["caller", "unprivileged"])
+def as_user(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
+    return user_runner(request, public_tree)
+
+
+def _git(project: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(project), "-c", "user.name=dev", "-c",
+                    "user.email=dev@example.com", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def project(as_user: UserRunner) -> Iterator[Path]:
+    """A developer's project: a git repository with a .env holding a canary, a token in
+    .git/config, sources, a binary file and a file the host edits during the session."""
+    top = Path(tempfile.mkdtemp(prefix="nsbox-project-", dir="/tmp"))
+    top.chmod(0o755)
+    root = top / "app"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text("def main():\n    return 1\n")
+    (root / "README.md").write_text("# app\n")
+    (root / "notes.txt").write_text("host notes\n")
+    (root / "data.bin").write_bytes(bytes(range(256)))
+    (root / ".env").write_text(f"API_KEY={CANARY}\n")
+    (root / "id_rsa").write_text(f"-----BEGIN OPENSSH PRIVATE KEY-----\n{CANARY}\n")
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "start")
+    _git(root, "remote", "add", "origin", f"https://dev:{CANARY}@example.com/app.git")
+    owner = UNPRIVILEGED_UID if as_user.mode == "unprivileged" else (
+        DEVELOPER_UID if os.geteuid() == 0 else os.geteuid())
+    if os.geteuid() == 0:
+        for path in [top, *top.rglob("*")]:
+            os.lchown(path, owner, owner)
+    yield root
+    shutil.rmtree(top)
+
+
+def snapshot(root: Path) -> dict[str, Any]:
+    """Every entry below ``root``: type, permission bits and content (or link target)."""
+    found: dict[str, Any] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            rel = str(path.relative_to(root))
+            if stat.S_ISREG(st.st_mode):
+                found[rel] = ("file", stat.S_IMODE(st.st_mode), st.st_nlink, path.read_bytes())
+            elif stat.S_ISLNK(st.st_mode):
+                found[rel] = ("link", os.readlink(path))
+            else:
+                found[rel] = ("other" if not stat.S_ISDIR(st.st_mode) else "dir",
+                              stat.S_IMODE(st.st_mode))
+    return found
+
+
+# The host program: the agent works in a session, the host looks and applies.
+AGENT = """
+s = nsbox.Session(project={project!r}, timeout=60)
+def sh(cmd):
+    r = s.run(["sh", "-c", cmd])
+    return [r.status.value, r.exit_code, r.stdout.decode(), r.stderr.decode()]
+out = {{}}
+out["masked"] = s.masked
+out["secrets"] = sh("cat /workspace/.env /workspace/id_rsa /workspace/.git/config; "
+                    "grep -rs {canary!r} /workspace /.nsbox-project /tmp; echo end")
+out["write_secret"] = sh("echo stolen > /workspace/.env; rm -f /workspace/.env; echo $?")
+out["edit"] = sh("cd /workspace && printf 'def main():\\\\n    return 2\\\\n' > src/app.py && "
+                 "rm README.md && echo new > src/new.py && mkdir docs && echo d > docs/a.md && "
+                 "echo agent >> notes.txt && chmod 755 data.bin && git status --short")
+emit_before = None
+"""
+
+
+def _changes(found: list[Any]) -> dict[str, str]:
+    return {c["path"]: c["kind"] for c in found}
+
+
+def test_agent_changes_are_reviewed_and_only_the_chosen_ones_land(as_user: UserRunner,
+                                                                 project: Path):
+    before = snapshot(project)
+    body = AGENT.format(project=str(project), canary=CANARY) + """
+changes = [c.to_dict() for c in s.changes()]
+out["changes"] = changes
+# The user edits a file in the project meanwhile: the agent's edit of it is a conflict.
+with open({notes!r}, "a") as f:
+    f.write("edited by the host\\n")
+out["apply"] = s.apply(["src/app.py", "src/new.py", "notes.txt"]).to_dict()
+out["after_apply"] = [c.to_dict() for c in s.changes(diff=False)]
+out["rm"] = sh("rm -rf /workspace/* ; ls -A /workspace")
+out["after_rm"] = [c.to_dict() for c in s.changes(diff=False)]
+s.close()
+emit(**out)
+""".format(notes=str(project / "notes.txt"))
+    out = as_user.script(body)
+    # The masked secrets: listed, empty and read-only inside, the canary nowhere.
+    assert out["masked"] == [".env", ".git/config", "id_rsa"]
+    assert CANARY not in out["secrets"][2] + out["secrets"][3]
+    assert out["secrets"][2].strip() == "end"
+    assert "Read-only file system" in out["write_secret"][3] or \
+        "Permission denied" in out["write_secret"][3]
+    assert out["edit"][0] == "OK", out["edit"]
+    # changes() lists exactly what changed, with a diff for text.
+    changes = {c["path"]: c for c in out["changes"]}
+    assert _changes(out["changes"]) == {
+        "src/app.py": "modified", "README.md": "deleted", "src/new.py": "added",
+        "docs": "added", "docs/a.md": "added", "notes.txt": "modified", "data.bin": "mode"}
+    assert "-    return 1\n+    return 2\n" in changes["src/app.py"]["diff"]
+    assert changes["data.bin"]["mode"] == "755" and changes["data.bin"]["old_mode"] == "644"
+    # Only the chosen subset landed; the file the host edited is a conflict, untouched.
+    assert out["apply"] == {"applied": ["src/app.py", "src/new.py"],
+                            "conflicts": ["notes.txt"], "refused": []}
+    after = snapshot(project)
+    assert after["src/app.py"][3] == b"def main():\n    return 2\n"
+    assert after["src/new.py"][3] == b"new\n"
+    assert after["notes.txt"][3] == b"host notes\nedited by the host\n"
+    expected = dict(before)
+    for rel in ("src/app.py", "src/new.py", "notes.txt"):
+        expected.pop(rel, None)
+        after.pop(rel)
+    assert after == expected  # nothing else changed on the host: not README.md, not data.bin
+    assert _changes(out["after_apply"]) == {
+        "README.md": "deleted", "docs": "added", "docs/a.md": "added", "notes.txt": "modified",
+        "data.bin": "mode"}
+    # rm -rf /workspace/* inside: the host keeps every file; the deletions are only listed.
+    assert out["rm"][2].split() == [".env", ".git", "id_rsa"]  # masks: EBUSY
+    final = snapshot(project)
+    assert final["README.md"][3] == b"# app\n" and final["data.bin"][3] == bytes(range(256))
+    kinds = _changes(out["after_rm"])
+    assert kinds["README.md"] == kinds["src/app.py"] == kinds["data.bin"] == "deleted"
+    assert ".env" not in kinds and ".git/config" not in kinds
+
+
+def test_host_tree_is_untouched_until_apply(as_user: UserRunner, project: Path):
+    before = snapshot(project)
+    body = AGENT.format(project=str(project), canary=CANARY) + """
+out["rm"] = sh("rm -rf /workspace/* /workspace/.git; ls -A /workspace")
+import hashlib
+out["n"] = len(s.changes(diff=False))
+s.discard()
+out["after_discard"] = len(s.changes(diff=False))
+out["apply"] = s.apply().to_dict()
+s.close()
+emit(**out)
+"""
+    out = as_user.script(body)
+    assert out["n"] > 10
+    assert out["after_discard"] == 0
+    assert out["apply"] == {"applied": [], "conflicts": [], "refused": []}
+    assert snapshot(project) == before
+
+
+def test_links_fifos_setid_and_sparse_files_never_reach_the_host(as_user: UserRunner,
+                                                                  project: Path):
+    before = snapshot(project)
+    body = """
+# No file size rlimit: the 5 GB sparse file is made, and must stop at the review.
+s = nsbox.Session(nsbox.Policy().with_limits(file_size=None), project={project!r}, timeout=60)
+r = s.run(["sh", "-c", "cd /workspace && ln -s /etc/shadow link && echo h > h1 && ln h1 h2 && "
+           "mkfifo fifo && echo x > suid && chmod 755 suid && (chmod 6755 suid || true) && "
+           "truncate -s 5G sparse && "
+           "ln -s ../../outside src/escape && mkdir -p tricky && echo t > tricky/f"])
+out = dict(status=r.status.value, err=r.stderr.decode())
+out["changes"] = [c.to_dict() for c in s.changes(diff=False)]
+# The host's directory becomes a symlink to a place outside before apply.
+os.rename({project!r} + "/src", {project!r} + "/src.moved")
+os.mkdir({outside!r})
+os.symlink({outside!r}, {project!r} + "/tricky")
+out["apply"] = s.apply().to_dict()
+s.close()
+emit(**out)
+""".format(project=str(project), outside=str(project.parent / "outside"))
+    out = as_user.script(body)
+    assert out["status"] == "OK", out["err"]
+    kinds = {c["path"]: (c["kind"], c.get("reason", "")) for c in out["changes"]}
+    assert kinds["link"] == ("symlink", "a symlink: never applied to the host")
+    assert kinds["src/escape"][0] == "symlink"
+    assert kinds["h1"] == kinds["h2"] == ("refused", "a hard link (2 names)")
+    assert kinds["fifo"] == ("refused", "a FIFO, socket or device")
+    assert kinds["sparse"] == ("refused", "too large: 5368709120 bytes, the limit is 67108864")
+    assert kinds["suid"][0] == "added"
+    refused = {r["path"]: r["reason"] for r in out["apply"]["refused"]}
+    assert set(refused) >= {"link", "h1", "h2", "fifo", "sparse", "src/escape"}
+    # Host-side evidence: the set-id file landed without its bits, nothing else of the above.
+    after = snapshot(project)
+    assert after["suid"][:3] == ("file", 0o755, 1)
+    assert not any(after.get(name) for name in ("link", "h1", "h2", "fifo", "sparse"))
+    assert not any(stat.S_IMODE(p.lstat().st_mode) & 0o6000 for p in project.rglob("*"))
+    # tricky/ was a new directory; the host's symlink there was never followed.
+    assert os.listdir(project.parent / "outside") == []
+    assert "tricky/f" in out["apply"]["conflicts"] + list(refused)
+    assert "tricky" in out["apply"]["conflicts"]
+    for rel in ("README.md", "notes.txt", ".env"):
+        assert after[rel] == before[rel]
+
+
+def _cli(user: UserRunner, runtime: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(user.tree),
+           "XDG_RUNTIME_DIR": str(runtime), "HOME": "/tmp"}
+    return subprocess.run([*user.prefix(), PYTHON, "-m", "nsbox", *args],
+                          capture_output=True, env=env, cwd=runtime, timeout=60)
+
+
+def test_cli_session_diff_apply_discard(as_user: UserRunner, project: Path):
+    runtime = project.parent / "runtime"
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, as_user.uid, as_user.uid)
+    start = _cli(as_user, runtime, "session", "start", "--project", str(project))
+    assert start.returncode == 0, start.stderr
+    sid = start.stdout.decode().strip()
+    record = json.loads((runtime / "nsbox" / f"{sid}.json").read_text())
+    assert record["masked"] == [".env", ".git/config", "id_rsa"]
+    try:
+        ran = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
+                   "echo more >> README.md && echo tmp > scratch.txt && rm notes.txt")
+        assert ran.returncode == 0, ran.stderr
+        diff = _cli(as_user, runtime, "session", "diff", sid)
+        assert diff.returncode == 0, diff.stderr
+        assert diff.stdout.decode().splitlines()[:6] == [
+            " modified  README.md", "--- a/README.md", "+++ b/README.md", "@@ -1 +1,2 @@",
+            " # app", "+more"]
+        assert "  deleted  notes.txt" in diff.stdout.decode()
+        assert project.joinpath("README.md").read_text() == "# app\n"
+        applied = _cli(as_user, runtime, "session", "apply", sid, "README.md", "notes.txt")
+        assert (applied.returncode, applied.stdout.decode()) == (
+            0, "  applied  README.md\n  applied  notes.txt\n"), applied.stderr
+        assert project.joinpath("README.md").read_text() == "# app\nmore\n"
+        assert not project.joinpath("notes.txt").exists()
+        dropped = _cli(as_user, runtime, "session", "discard", sid)
+        assert dropped.stdout.decode() == "discarded  scratch.txt\n"
+        assert _cli(as_user, runtime, "session", "diff", sid, "--stat").stdout == b""
+        assert not project.joinpath("scratch.txt").exists()
+    finally:
+        _cli(as_user, runtime, "session", "stop", sid)
+
+
+def test_cli_run_project_lists_and_drops_changes(as_user: UserRunner, project: Path):
+    before = snapshot(project)
+    ran = _cli(as_user, project.parent, "run", "--project", str(project), "--", "sh", "-c",
+               "rm -rf /workspace/*; cat /workspace/.env; echo done")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == b"done\n"
+    assert "change(s) to the project, not applied" in ran.stderr.decode()
+    assert "nsbox:   deleted README.md" in ran.stderr.decode()
+    assert snapshot(project) == before
+
+
+def _in_process_only(user: UserRunner) -> None:
+    if user.mode != "caller":
+        pytest.skip("runs in this process: the 'caller' run covers it")
+
+
+def test_profile_keys_for_the_project(as_user: UserRunner, project: Path, tmp_path: Path):
+    _in_process_only(as_user)
+    profile = tmp_path / "agent.toml"
+    profile.write_text(f'[workspace]\nproject = "{project}"\nsecrets = ["*.md"]\n')
+    from nsbox.profiles import load_profile
+
+    policy = load_profile(str(profile))
+    assert policy.project == str(project)
+    assert policy.project_secrets == ("*.md",)
+    from nsbox.session import Session
+
+    with Session(policy) as s:
+        assert s.masked == [".git/config", "README.md"]  # credentials are always masked
+        shown = s.run(["cat", "README.md", ".env"])
+        assert shown.stdout == f"API_KEY={CANARY}\n".encode()  # only the listed names masked
+
+
+def test_project_and_workspace_together_are_refused(as_user: UserRunner, project: Path,
+                                                     tmp_path: Path):
+    _in_process_only(as_user)
+    from nsbox.errors import PolicyError
+    from nsbox.session import Session
+
+    with pytest.raises(PolicyError, match="a project and a workspace directory cannot both"):
+        Session(workspace=str(tmp_path), project=str(project))
+    with pytest.raises(NsboxError, match="is not a directory"):
+        Session(project=str(project / "README.md"))
+    # The rule book decides the project as a read-only bind source, before anything is read.
+    with pytest.raises(PolicyError, match="^project: refused by rule bind-root: / is /"):
+        Session(project="/")
+    with pytest.raises(PolicyError, match="^project: refused by rule bind-proc"):
+        Session(project="/proc/1")
+
+
+def test_mcp_agent_sees_changes_and_only_the_user_applies(as_user: UserRunner, project: Path):
+    """The agent's tools (the Workbench of ``nsbox mcp --project``) list changes and write
+    nothing; the user's review tools (``nsbox mcp --review ID``) reach the published session
+    through this user's private socket. The MCP SDK is not needed for these tool bodies."""
+    runtime = project.parent / "runtime"
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, as_user.uid, as_user.uid)
+    body = """
+from nsbox.mcp_server import ServerConfig, Workbench
+from nsbox.mcp_review import AGENT_TOOLS, REVIEW_TOOLS, Reviewer, publish_for_review
+s = nsbox.Session(project={project!r})
+publish_for_review(s)
+bench = Workbench(s, ServerConfig(project={project!r}))
+ran = bench.run_bash("echo agent >> README.md && rm notes.txt", 30)
+seen = bench.changes()
+review = Reviewer(s.id)
+listed = review.changes().data
+host_before = open({readme!r}).read()
+applied = review.apply(["README.md"]).data
+dropped = review.discard().data
+after = bench.changes().data
+emit(status=ran.data["status"], agent=seen.data, text=seen.text, listed=listed,
+     host_before=host_before, applied=applied, dropped=dropped, after=after,
+     agent_tools=list(AGENT_TOOLS), review_tools=list(REVIEW_TOOLS),
+     bench_has=[n for n in ("apply", "discard") if hasattr(bench, n)])
+s.close()
+""".format(project=str(project), readme=str(project / "README.md"))
+    out = as_user.script(body, env={"XDG_RUNTIME_DIR": str(runtime)})
+    assert out["status"] == "OK"
+    assert _changes(out["agent"]["changes"]) == {"README.md": "modified", "notes.txt": "deleted"}
+    assert "no tool of yours can" in out["text"] and "+agent" in out["text"]
+    assert out["agent_tools"] == ["changes"] and out["bench_has"] == []
+    assert out["review_tools"] == ["changes", "apply", "discard"]
+    assert out["listed"]["changes"] == out["agent"]["changes"]
+    assert out["host_before"] == "# app\n"  # nothing landed before the user applied
+    assert out["applied"] == {"applied": ["README.md"], "conflicts": [], "refused": []}
+    assert out["dropped"] == {"discarded": ["notes.txt"]}
+    assert out["after"]["changes"] == []
+    assert project.joinpath("README.md").read_text() == "# app\nagent\n"
+    assert project.joinpath("notes.txt").read_text() == "host notes\n"
+
+
+def test_a_root_owned_project_as_root_is_edited_and_applied_as_root(tmp_path: Path):
+    """As root the sandbox is nobody on the host; the project's read-only lower layer shows
+    its owner as the sandbox's user, and apply writes as the caller (root), never as the
+    sandbox's host uid."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the project is root's")
+    from nsbox.session import Session
+
+    root = tmp_path / "app"
+    root.mkdir()
+    (root / "main.py").write_text("print(1)\n")
+    with Session(project=str(root)) as s:
+        ran = s.run(["sh", "-c", "echo 'print(2)' > main.py && echo new > added.txt"])
+        assert ran.status.value == "OK", ran.stderr
+        assert (root / "main.py").read_text() == "print(1)\n"
+        assert s.apply().applied == ["added.txt", "main.py"]
+    assert (root / "main.py").read_text() == "print(2)\n"
+    st = (root / "added.txt").stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o644)
