@@ -14,8 +14,8 @@ from typing import Any
 
 import nsbox
 from nsbox import launcher
-from nsbox._spawner import READY
 from nsbox.cgroups import _fs, _names
+from nsbox.helper.spawner import READY
 
 
 def _cgroup_dirs() -> list[str]:

@@ -22,12 +22,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import _netns, _wire, cgroups, inputs, limits
+from nsbox import _wire, cgroups, inputs, limits
 from nsbox import plan as planmod
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
-from nsbox.network import RunNetwork
+from nsbox.host.network import RunNetwork
 from nsbox.policy import Network, Policy
 from nsbox.result import Result, Status
+from nsbox.sandbox import netns as _netns
 
 _READ_CHUNK = 65536
 
@@ -52,7 +53,7 @@ class _HelperClient:
 
     def _start(self) -> socket.socket:
         if self.fork and threading.active_count() == 1:
-            from nsbox._helperfork import fork_helper
+            from nsbox.helper.fork import fork_helper
 
             sock, self._pid = fork_helper()
             return sock
@@ -64,7 +65,7 @@ class _HelperClient:
         boot = (f"import sys, types; sys.path[:0] = {paths!r}; "
                 "pkg = sys.modules['nsbox'] = types.ModuleType('nsbox'); "
                 f"pkg.__path__ = [{os.path.dirname(os.path.abspath(__file__))!r}]; "
-                "from nsbox._helper import main; main()")
+                "from nsbox.helper.loop import main; main()")
         python = sys.executable or "/usr/bin/python3"
         try:
             self._pid = os.posix_spawn(

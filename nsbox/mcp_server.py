@@ -537,6 +537,6 @@ def _close(session: Any, tool_log: Any) -> None:
 def _audit_log(path: str | None) -> Any:
     if path is None:
         return None
-    from nsbox.audit import AuditLog
+    from nsbox.host.audit import AuditLog
 
     return AuditLog(path)

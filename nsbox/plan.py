@@ -15,10 +15,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import network as netmod
 from nsbox import rules
-from nsbox import seccomp as seccompmod
 from nsbox.errors import PolicyError, SetupError
+from nsbox.host import network as netmod
+from nsbox.host import seccomp as seccompmod
 from nsbox.limits import plan_limits
 from nsbox.policy import Bind, Dir, File, Mount, Policy, Symlink, Tmpfs
 

@@ -167,7 +167,7 @@ def check_allow(names: Iterable[str], key: str = "allow_rules") -> tuple[str, ..
     names = tuple(names)
     for name in names:
         if not isinstance(name, str) or name not in RULES:
-            from nsbox._schema import suggest
+            from nsbox.profiles.schema import suggest
 
             raise PolicyError(f"{name!r} is not a rule of nsbox", key=key,
                               hint=suggest(str(name), RULES) or "docs/rules.md lists them")

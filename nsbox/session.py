@@ -34,8 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import _netns, _wire, launcher
-from nsbox import audit as auditmod
+from nsbox import _wire, launcher
 from nsbox import inputs as doors
 from nsbox import plan as planmod
 from nsbox.errors import (
@@ -45,9 +44,11 @@ from nsbox.errors import (
     PolicyError,
     SessionClosed,
 )
-from nsbox.network import RunNetwork
+from nsbox.host import audit as auditmod
+from nsbox.host.network import RunNetwork
 from nsbox.policy import Bind, MiB, Policy
 from nsbox.result import Result, Status
+from nsbox.sandbox import netns as _netns
 
 DEFAULT_IDLE_TIMEOUT = 600.0  # seconds without a command before the session expires
 START_TIMEOUT = 30.0

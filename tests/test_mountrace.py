@@ -167,7 +167,7 @@ def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_target_walk_makes_directories_and_refuses_symlinks(resolver: bool, tmp_path: Path):
-    from nsbox import _child
+    from nsbox.sandbox import child as _child
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -225,7 +225,7 @@ def test_bind_source_with_a_symlink_component_is_refused(resolver: bool, tmp_pat
 
 
 def test_file_rewrites_only_a_plain_file_of_its_own(tmp_path: Path):
-    from nsbox import _child
+    from nsbox.sandbox import child as _child
 
     outside = tmp_path / "outside.txt"
     outside.write_text("outside\n")

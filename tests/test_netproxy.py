@@ -19,8 +19,8 @@ import pytest
 from conftest import require
 from netservers import EchoServer, HTTPServer
 
-from nsbox.netproxy import NetworkProxy, ProxyLimits
-from nsbox.netrules import parse_allow_list
+from nsbox.host.netproxy import NetworkProxy, ProxyLimits
+from nsbox.host.netrules import parse_allow_list
 
 
 def open_fds() -> set[str]:

@@ -82,7 +82,8 @@ def test_files_of_unmapped_owners_belong_to_nobody(sandbox: Runner):
 # The fast path (python3 -m nsbox: nsbox/_fastcli.py) and click (nsbox/cli.py) directly.
 DOORS = {
     "fast": ["-m", "nsbox"],
-    "click": ["-c", "import sys; from nsbox.cli import main; sys.argv[0] = 'nsbox'; main()"],
+    "click": ["-c",
+              "import sys; from nsbox.cli.commands import main; sys.argv[0] = 'nsbox'; main()"],
 }
 
 

@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import _schema as schema
-from nsbox import _tomltext
 from nsbox import rules as rule_book
 from nsbox.errors import PolicyError
 from nsbox.policy import Mount, Policy, SeccompRule
+from nsbox.profiles import schema
+from nsbox.profiles import tomltext as _tomltext
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -205,7 +205,7 @@ def _check_depth(data: Any, display: str) -> None:
 
 
 def _shipped(name: str) -> _Source:
-    path = os.path.join(os.path.dirname(__file__), "profiles", f"{name}.toml")
+    path = os.path.join(os.path.dirname(__file__), f"{name}.toml")
     return _Source(f"profiles/{name}.toml", path, None)
 
 

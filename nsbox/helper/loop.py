@@ -63,10 +63,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import _child, _helper_pool, _libc, _netns, _spawner, _wire, cgroups, identity
+from nsbox import _libc, _wire, cgroups, identity
 from nsbox import limits as _limits
-from nsbox._seccomp_notify import DeniedSyscalls
 from nsbox.errors import HostError
+from nsbox.helper import pool as _helper_pool
+from nsbox.helper import spawner as _spawner
+from nsbox.helper.seccomp_notify import DeniedSyscalls
+from nsbox.sandbox import child as _child
+from nsbox.sandbox import netns as _netns
 
 NAMESPACES = (
     _libc.CLONE_NEWUSER | _libc.CLONE_NEWNS | _libc.CLONE_NEWPID | _libc.CLONE_NEWNET
@@ -361,7 +365,7 @@ class Helper:
         if plan.get("session"):
             # A session's init serves commands instead of exec (nsbox/_sessioninit.py); it is
             # imported here, before the clone, because nothing can be imported after pivot_root.
-            import nsbox._sessioninit  # noqa: F401
+            import nsbox.sandbox.sessioninit  # noqa: F401
         # The run's cgroup, with its limits written, exists before the child does; the child
         # applies the rlimits, including the fallbacks for what the cgroup cannot limit here.
         try:
@@ -579,7 +583,7 @@ class Helper:
             ctx = _child.Context(plan, sync_r, err_w, source_fds, self.cap_last, notify_fd,
                                  net_fd)
             if plan.get("session"):
-                sys.modules["nsbox._sessioninit"].main(ctx)
+                sys.modules["nsbox.sandbox.sessioninit"].main(ctx)
             _child.main(ctx)
         finally:
             os._exit(127)

@@ -16,7 +16,7 @@ from typing import Any
 
 import nsbox
 from nsbox.errors import CommandNotFound, NsboxError, PolicyError, SetupError
-from nsbox.network import from_options
+from nsbox.host.network import from_options
 from nsbox.policy import Policy
 from nsbox.result import Result, Status
 
@@ -249,7 +249,7 @@ def _execute(options: dict[str, Any]) -> int:
             policy = policy.replace(
                 mounts=policy.mounts + tuple(input_mount(s) for s in o["inputs"]))
         if o["collect"]:
-            from nsbox._cli_session import run_and_collect
+            from nsbox.cli.session import run_and_collect
 
             result, collected, skipped = run_and_collect(
                 list(o["command"]), policy, patterns=o["collect"], dest=o["collect_dir"],

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox.netrules import (
+from nsbox.host.netrules import (
     DEFAULT_CONNECT_PORT,
     DEFAULT_HTTP_PORT,
     AllowEntry,

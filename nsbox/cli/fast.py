@@ -164,10 +164,11 @@ def _main() -> None:
         except _Fallback:
             params = None
         if params is not None:
-            from nsbox._helperfork import fork_helper
+            from nsbox.helper.fork import fork_helper
 
             helper = fork_helper()
-            from nsbox import _cli_run, launcher
+            from nsbox import launcher
+            from nsbox.cli import run as _cli_run
 
             launcher._helper.adopt(*helper)
             launcher._helper.reap_at_exit()
@@ -178,6 +179,6 @@ def _main() -> None:
                 pass  # click reports it; the helper ends with this process
             else:
                 sys.exit(code)
-    from nsbox.cli import main as click_main
+    from nsbox.cli.commands import main as click_main
 
     click_main()

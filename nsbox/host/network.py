@@ -15,7 +15,7 @@ from nsbox.errors import PolicyError
 from nsbox.policy import Network
 
 if TYPE_CHECKING:
-    from nsbox.netproxy import NetworkProxy
+    from nsbox.host.netproxy import NetworkProxy
 
 PROXY_HOST = "127.0.0.1"
 
@@ -54,8 +54,8 @@ class RunNetwork:
                 os.close(fd)
             return
         # The proxy and the rules load only for runs that use them.
-        from nsbox.netproxy import NetworkProxy, ProxyLimits
-        from nsbox.netrules import parse_allow_list
+        from nsbox.host.netproxy import NetworkProxy, ProxyLimits
+        from nsbox.host.netrules import parse_allow_list
 
         limits = ProxyLimits(
             max_connections=self.network.max_connections,

@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import rules, seccomp, units
+from nsbox import rules, units
 from nsbox.errors import PolicyError
+from nsbox.host import seccomp
 from nsbox.policy import Bind, Dir, File, Mount, SeccompArg, SeccompRule, Symlink, Tmpfs
 
 # --- where an error is reported ------------------------------------------------------------------
@@ -445,7 +446,7 @@ def rule_to_toml(item: SeccompRule) -> dict[str, Any]:
 def allow_list(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
     """``host[:port]`` entries, checked one by one by the proxy's own rules (nsbox/netrules.py),
     so an error names the entry's index and line."""
-    from nsbox import netrules  # loads ipaddress; only profiles with an allow-list need it
+    from nsbox.host import netrules  # loads ipaddress; only profiles with an allow-list need it
 
     expect(origin, key, raw, list, 'an array of "host[:port]"')
     for i, entry in enumerate(raw):

@@ -51,7 +51,8 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from nsbox import _child, _libc, _wire
+from nsbox import _libc, _wire
+from nsbox.sandbox import child as _child
 
 CAP_SETPCAP = 8
 CAP_SYS_ADMIN = 21

@@ -21,7 +21,8 @@ import stat
 import time
 from typing import Any, NoReturn
 
-from nsbox import _libc, _netns, _wire
+from nsbox import _libc, _wire
+from nsbox.sandbox import netns as _netns
 
 # The staging tmpfs is mounted over /tmp (privately, in the new mount namespace) and becomes the
 # root; the host's root stays reachable under /oldroot until the final pivot, and the sandbox's

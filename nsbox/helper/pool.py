@@ -34,7 +34,7 @@ from nsbox import _wire
 from nsbox.errors import HostError
 
 if TYPE_CHECKING:
-    from nsbox._helper import Helper, Launch
+    from nsbox.helper.loop import Helper, Launch
 
 REFILL_DELAY = 0.002  # seconds
 
@@ -66,7 +66,7 @@ class HelperPool:
             self.prepare()
 
     def prepare(self) -> None:
-        from nsbox._helper import Launch, failure_info
+        from nsbox.helper.loop import Launch, failure_info
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         launch = Launch(None)

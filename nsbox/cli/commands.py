@@ -19,8 +19,9 @@ from typing import Any, NoReturn
 
 import click
 
-from nsbox import _cli_run, limits
-from nsbox._cli_run import EXIT_SETUP, fail_code
+from nsbox import limits
+from nsbox.cli import run as _cli_run
+from nsbox.cli.run import EXIT_SETUP, fail_code
 from nsbox.errors import NsboxError, PolicyError
 from nsbox.policy import Policy
 from nsbox.units import parse_duration, parse_size
@@ -278,7 +279,7 @@ def doctor(as_json: bool, profile: str) -> None:
 
 
 # --- sessions (nsbox/_cli_session.py) ---
-from nsbox._cli_session import session  # noqa: E402
+from nsbox.cli.session import session  # noqa: E402
 
 main.add_command(session)
 # --- end sessions ---
@@ -289,7 +290,7 @@ main.add_command(session)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(args: tuple[str, ...]) -> None:
     """Measure launch latency against the peers (python -m bench; --help for its options)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if not os.path.isfile(os.path.join(root, "bench", "__main__.py")):
         click.echo("nsbox: bench: the benchmark ships with the source tree only; run it from "
                    "a checkout (python -m bench)", err=True)
@@ -327,7 +328,7 @@ def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ..
       nsbox mcp --profile python --input data.csv
     """
     from nsbox import mcp_server
-    from nsbox.network import from_options
+    from nsbox.host.network import from_options
 
     try:
         policy = _load_policy(profile, {}, (), [])

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nsbox import identity
+from nsbox.doctor.hostfacts import HostFacts, kernel_release
 from nsbox.errors import HostError
-from nsbox.hostfacts import HostFacts, kernel_release
 from nsbox.policy import Policy
 
 # The guarantees of DESIGN.md's threat model, as a check names them.

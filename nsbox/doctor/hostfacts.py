@@ -161,7 +161,7 @@ class HostFacts:
     def libseccomp_version(self) -> str | None:
         if self._libseccomp != "real":
             return self._libseccomp
-        from nsbox.seccomp import libseccomp_version
+        from nsbox.host.seccomp import libseccomp_version
 
         version = libseccomp_version()
         return None if version == "unknown" else version
@@ -175,9 +175,9 @@ class HostFacts:
 
 
 def run_probe() -> dict[str, object]:
-    package_parent = str(Path(__file__).resolve().parent.parent)
+    package_parent = str(Path(__file__).resolve().parent.parent.parent)
     code = (f"import sys; sys.path.insert(0, {package_parent!r}); "
-            "from nsbox._probe import main; sys.exit(main())")
+            "from nsbox.doctor.probe import main; sys.exit(main())")
     try:
         done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
                               timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
