@@ -140,7 +140,7 @@ class Network:
     def __post_init__(self) -> None:
         if self.mode == "none" and not self.allow:
             return  # the default; the rules load ipaddress (1.5 ms), only when needed
-        from nsbox.host.netrules import check_network
+        from nsbox.netrules import check_network
 
         check_network(self)
 

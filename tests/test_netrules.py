@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from nsbox.errors import PolicyError
-from nsbox.host.netrules import forbidden_reason, parse_entry
+from nsbox.netrules import forbidden_reason, parse_entry
 from nsbox.policy import Network
 
 

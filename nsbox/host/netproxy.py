@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox.host.netrules import (
+from nsbox.netrules import (
     DEFAULT_CONNECT_PORT,
     DEFAULT_HTTP_PORT,
     AllowEntry,

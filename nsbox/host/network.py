@@ -55,7 +55,7 @@ class RunNetwork:
             return
         # The proxy and the rules load only for runs that use them.
         from nsbox.host.netproxy import NetworkProxy, ProxyLimits
-        from nsbox.host.netrules import parse_allow_list
+        from nsbox.netrules import parse_allow_list
 
         limits = ProxyLimits(
             max_connections=self.network.max_connections,

@@ -446,7 +446,7 @@ def rule_to_toml(item: SeccompRule) -> dict[str, Any]:
 def allow_list(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
     """``host[:port]`` entries, checked one by one by the proxy's own rules (nsbox/netrules.py),
     so an error names the entry's index and line."""
-    from nsbox.host import netrules  # loads ipaddress; only profiles with an allow-list need it
+    from nsbox import netrules  # loads ipaddress; only profiles with an allow-list need it
 
     expect(origin, key, raw, list, 'an array of "host[:port]"')
     for i, entry in enumerate(raw):
