@@ -215,10 +215,10 @@ def run(
     workspace: str | None = None,
     cwd: str | None = None,
     passthrough: bool = False,
-    audit: str | None = None,
     profile: str | None = None,
 ) -> Result:
-    """Run ``argv`` in a new sandbox and return its Result.
+    """Run ``argv`` in a new sandbox and return its Result (``nsbox.run`` without an audit
+    record; nsbox/api.py adds one).
 
     The sandbox is ``policy``, or the profile ``profile`` names (a shipped profile or a TOML
     file), or the default policy.
@@ -226,22 +226,14 @@ def run(
     ``stdin`` is bytes (or str) to feed, a descriptor to pass, or None for /dev/null. With
     ``passthrough`` the output goes to this process's stdout/stderr as it arrives (still
     capped) instead of into the Result. Raises SetupError when the sandbox cannot be built
-    (CommandNotFound when the command does not exist inside it). ``audit`` names a file that
-    gets one JSON line for the run (nsbox/audit.py). A bad argument raises PolicyError naming
-    it (nsbox/inputs.py), before anything starts.
+    (CommandNotFound when the command does not exist inside it). A bad argument raises
+    PolicyError naming it (nsbox/inputs.py), before anything starts.
     """
     trace = _trace_start()
     cmd = inputs.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
                          env_=env, cwd=cwd, passthrough=passthrough)
     workspace = inputs.optional_path(workspace, "workspace")
-    audit = inputs.optional_path(audit, "audit")
     policy = choose_policy(policy, profile)
-    if audit is not None:
-        from nsbox.session import run_audited  # a session lists the files before teardown
-
-        return run_audited(cmd.argv, policy, audit=audit, stdin=cmd.stdin, timeout=cmd.timeout,
-                           output_limit=cmd.output_limit, env=cmd.env, workspace=workspace,
-                           cwd=cmd.cwd, passthrough=passthrough)
     if workspace is not None:
         policy = policy.replace(workspace=workspace)
     plan = build_plan(policy, cmd.argv, env=cmd.env, cwd=cmd.cwd, wall_time=cmd.timeout)
