@@ -68,106 +68,13 @@ from nsbox import limits as _limits
 from nsbox.errors import HostError
 from nsbox.helper import pool as _helper_pool
 from nsbox.helper import spawner as _spawner
+from nsbox.helper.launch import NAMESPACES, Launch, StepFailed, failure_info, failure_report
 from nsbox.helper.seccomp_notify import DeniedSyscalls
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import netns as _netns
 
-NAMESPACES = (
-    _libc.CLONE_NEWUSER | _libc.CLONE_NEWNS | _libc.CLONE_NEWPID | _libc.CLONE_NEWNET
-    | _libc.CLONE_NEWIPC | _libc.CLONE_NEWUTS | _libc.CLONE_NEWCGROUP
-)
 MAX_FDS = 8
 MAX_WAIT = 3600.0  # seconds: the longest single wait of the event loop
-
-
-class StepFailed(Exception):
-    """A host-side step of the launch failed before the sandbox existed."""
-
-    def __init__(self, step: str, errno: int, message: str) -> None:
-        super().__init__(message)
-        self.step, self.errno, self.message = step, errno, message
-
-
-class Launch:
-    """One sandbox, from clone to reap."""
-
-    def __init__(self, sock: socket.socket | None) -> None:
-        self.sock = sock
-        self.pid = 0
-        self.pidfd = -1
-        self.err_fd = -1
-        self.sync_fd = -1
-        self.err_data = b""
-        self.started = 0.0
-        self.deadline: float | None = None
-        self.timed_out = False
-        self.kill_reason: str | None = None
-        self.notify_sock: socket.socket | None = None  # learning mode: the listener comes here
-        self.denied: DeniedSyscalls | None = None
-        self.notify_table: dict[str, Any] | None = None
-        self.net_sock: socket.socket | None = None  # allow mode, until the listener is passed
-        self.limits: _limits.RunLimits | None = None  # the run's cgroup and rlimits
-        self.pool: _helper_pool.HelperPool | None = None  # set for a pooled sandbox
-        self.trace: list[tuple[str, int]] | None = None  # NSBOX_TRACE: helper-side steps
-        self.mnt_ns = -1  # held until the report is out (hold_namespace)
-        self.spawner: _spawner.Spawner | None = None  # the clone's spawner (nsbox/_spawner.py)
-        self.reaped = False
-        self.cloned_into_cgroup = False  # clone3 with CLONE_INTO_CGROUP: nothing to attach
-        self.internal_error: dict[str, Any] | None = None  # Launch.fail
-        # The one owner of what the launch opened (pipes, descriptors, cgroup, spawner, the
-        # child itself until reaped): closed at the reap, or when the launch fails before.
-        self.cleanup = contextlib.ExitStack()
-
-    def send(self, message: dict[str, Any]) -> None:
-        if self.sock is None:
-            return  # a pooled sandbox that has no command (and no caller) yet
-        try:
-            self.sock.send(json.dumps(message).encode())
-        except OSError:
-            pass  # the caller went away; the sandbox is killed all the same
-
-    def send_fd(self, message: dict[str, Any], fd: int) -> None:
-        if self.sock is None:
-            return
-        try:
-            socket.send_fds(self.sock, [json.dumps(message).encode()], [fd])
-        except OSError:
-            pass
-
-    def kill(self, reason: str) -> None:
-        if self.pid and self.kill_reason is None and not self.reaped:
-            self.kill_reason = reason
-            # SIGKILL to the pid namespace's init kills every process in it (pid_namespaces(7)).
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def fail(self, step: str, exc: BaseException) -> None:
-        """A helper-side failure of this launch after its clone: the sandbox is killed and its
-        report carries this error (the first one) instead of an exit status."""
-        if self.internal_error is None:
-            self.internal_error = failure_info(step, exc)
-        self.kill("setup failed")
-
-
-def failure_info(step: str, exc: BaseException) -> dict[str, Any]:
-    """``{step, errno, message}`` for any exception, as the launch's SetupError."""
-    if isinstance(exc, StepFailed):
-        return {"step": exc.step, "errno": exc.errno, "message": exc.message}
-    if isinstance(exc, OSError):
-        return {"step": step, "errno": exc.errno or 0, "message": exc.strerror or str(exc)}
-    text = f"{type(exc).__name__}: {exc}"
-    return {"step": step, "errno": 0,
-            "message": "the launch helper could not carry out this launch: " + text[:300]}
-
-
-def failure_report(exc: BaseException) -> dict[str, Any]:
-    """The exit report of a launch that failed before its sandbox existed."""
-    if isinstance(exc, HostError):
-        return {"event": "exit", "host_error": {
-            "feature": exc.feature, "message": str(exc.args[0]), "hint": exc.hint}}
-    return {"event": "exit", "setup_error": failure_info("helper", exc)}
 
 
 class Helper:

@@ -34,7 +34,8 @@ from nsbox import _wire
 from nsbox.errors import HostError
 
 if TYPE_CHECKING:
-    from nsbox.helper.loop import Helper, Launch
+    from nsbox.helper.launch import Launch
+    from nsbox.helper.loop import Helper
 
 REFILL_DELAY = 0.002  # seconds
 
@@ -66,7 +67,7 @@ class HelperPool:
             self.prepare()
 
     def prepare(self) -> None:
-        from nsbox.helper.loop import Launch, failure_info
+        from nsbox.helper.launch import Launch, failure_info
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         launch = Launch(None)

@@ -248,7 +248,7 @@ def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoR
         cgroup.attach(os.getpid())
         os.write(fd, b"ready")
         if os.read(fd, 64) == b"clone":
-            from nsbox.helper.loop import NAMESPACES
+            from nsbox.helper.launch import NAMESPACES
 
             pid = _libc.raw_clone(NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD)
             if pid == 0:
