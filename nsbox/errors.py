@@ -7,6 +7,8 @@ a hint.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class NsboxError(Exception):
     """Base class of every error nsbox raises."""
@@ -89,3 +91,11 @@ class FileTransferError(NsboxError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}" if path else reason)
+
+
+def suggest(word: str, choices: Iterable[str]) -> str | None:
+    """A "did you mean" hint for a misspelled key or value."""
+    import difflib  # only on the error path
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f'did you mean "{close[0]}"?' if close else None

@@ -348,7 +348,7 @@ def libseccomp_version() -> str:
 
 
 def cache_key(seccomp: Seccomp) -> str:
-    from nsbox import __version__
+    from nsbox.version import VERSION as __version__
 
     blob = json.dumps(
         {
@@ -366,7 +366,7 @@ def cache_key(seccomp: Seccomp) -> str:
 
 
 def _setid_key() -> str:
-    from nsbox import __version__
+    from nsbox.version import VERSION as __version__
 
     # "compiler" changes with compile_setid's options (a program of the same rules, built anew)
     blob = json.dumps({"format": _FORMAT, "setid": _SETID_DIGEST, "compiler": 2,
