@@ -46,16 +46,24 @@ def _sendmsg(sock: socket.socket, data: bytes, fds: list[int]) -> None:
     sock.sendmsg([data], ancdata)
 
 
-def receive(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
-    """One message (its JSON bytes, b"" at end-of-file) and the descriptors sent with it, all
-    close-on-exec. A message that came in a memfd is read back here."""
+def receive_fds(sock: socket.socket, bufsize: int, maxfds: int, flags: int = 0
+                ) -> tuple[bytes, list[int]]:
+    """recvmsg with SCM_RIGHTS (unix(7)): the one receiver of descriptors in nsbox. They arrive
+    close-on-exec, so that no program the receiver starts inherits them (unlike
+    socket.recv_fds without the flag)."""
     fds = array.array("i")
     msg, ancdata, _flags, _addr = sock.recvmsg(
-        INLINE_MAX, socket.CMSG_SPACE((maxfds + 1) * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+        bufsize, socket.CMSG_SPACE(maxfds * fds.itemsize), socket.MSG_CMSG_CLOEXEC | flags)
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-    received = list(fds)
+    return msg, list(fds)
+
+
+def receive(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
+    """One message (its JSON bytes, b"" at end-of-file) and the descriptors sent with it, all
+    close-on-exec. A message that came in a memfd is read back here."""
+    msg, received = receive_fds(sock, INLINE_MAX, maxfds + 1)
     if not msg.startswith(_TAG) or not received:
         return msg, received
     fd = received.pop()

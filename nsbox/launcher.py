@@ -28,7 +28,6 @@ from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, S
 from nsbox.host.network import RunNetwork
 from nsbox.policy import Network, Policy
 from nsbox.result import Result, Status
-from nsbox.sandbox import netns as _netns
 
 _READ_CHUNK = 65536
 
@@ -424,7 +423,7 @@ class _Watch:
 
     def on_helper(self) -> None:
         try:
-            data, fds = _netns.receive_fds(self.sock, 65536, 1)
+            data, fds = _wire.receive_fds(self.sock, 65536, 1)
         except ConnectionResetError:
             # The peer closed with our "kill" unread. The kernel reports that before the
             # messages still queued (the report among them): read on.

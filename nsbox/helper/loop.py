@@ -682,8 +682,7 @@ class Helper:
         it failed before; either way this socket's work is done."""
         assert launch.notify_sock is not None
         try:
-            _msg, fds, _flags, _addr = socket.recv_fds(
-                launch.notify_sock, 16, 1, socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT)
+            _msg, fds = _wire.receive_fds(launch.notify_sock, 16, 1, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return
         except OSError:
