@@ -71,16 +71,7 @@ def request(session_id: str, message: dict[str, Any], fds: tuple[int, ...] | lis
 
 def _error_from(info: dict[str, Any]) -> NsboxError:
     """The supervisor's error reply as the exception the library raised there."""
-    cls = getattr(errors, str(info.get("type")), None)
-    if isinstance(cls, type) and issubclass(cls, errors.SetupError):
-        setup: type[errors.SetupError] = cls
-        return setup(info["step"], info["errno"] or 0, info["message"], hint=info.get("hint"))
-    if cls is errors.FileTransferError:
-        return errors.FileTransferError(info.get("path") or "", info.get("reason") or "")
-    if cls in (errors.SessionClosed, errors.LaunchError):
-        return cls(info.get("message") or "session error")  # type: ignore[no-any-return]
-    error = NsboxError(info.get("text") or info.get("message") or "session error")
-    return error
+    return errors.from_wire(info)
 
 
 def _records() -> list[dict[str, Any]]:
