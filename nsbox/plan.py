@@ -44,7 +44,7 @@ class Plan:
     wall_time: float | None
     rlimits: list[tuple[int, int, int]] = field(default_factory=list)
     seccomp_bpf: str | None = None  # hex of the compiled BPF program
-    # Learning mode: how the helper answers the filter's notifications (nsbox/seccomp.py).
+    # Learning mode: how the helper answers the filter's notifications (nsbox/host/seccomp.py).
     seccomp_notify: dict[str, Any] | None = None
     # The set-id filter (seccomp.SETID_RULES), hex: loaded into every sandbox, policy or not.
     setid_bpf: str = ""

@@ -157,7 +157,7 @@ def main() -> None:
               "Repeatable.")
 # --- end profiles -------------------------------------------------------------------------------
 @_limit_options
-# --- sessions: data in and out, audit (nsbox/_cli_session.py) ---
+# --- sessions: data in and out, audit (nsbox/cli/session.py) ---
 @click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
               help="Mount a host file or directory read-only at /input/NAME.")
 @click.option("--collect", multiple=True, metavar="GLOB",
@@ -186,8 +186,8 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
     Example:
       nsbox run --time 10 -- python3 -c 'print("hello from the sandbox")'
     """
-    # The work is done without click (nsbox/_cli_run.py), so that the fast path of
-    # nsbox/_fastcli.py, which parses the same options by hand, does exactly the same.
+    # The work is done without click (nsbox/cli/run.py), so that the fast path of
+    # nsbox/cli/fast.py, which parses the same options by hand, does exactly the same.
     options = {k: v for k, v in locals().items() if k != "limit_values"}
     options.update(limit_values)
     try:
@@ -205,7 +205,7 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
 
 def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ...],
                  binds: list[tuple[str, str, bool]]) -> Policy:
-    """The profile with the options applied (nsbox/_cli_run.py, shared with the fast path of
+    """The profile with the options applied (nsbox/cli/run.py, shared with the fast path of
     nsbox run); a malformed --set or bind is a usage error."""
     try:
         _cli_run.check({"ro_bind": (), "rw_bind": (), "env": (), "settings": settings})
@@ -278,7 +278,7 @@ def doctor(as_json: bool, profile: str) -> None:
 # --- end profiles and doctor --------------------------------------------------------------------
 
 
-# --- sessions (nsbox/_cli_session.py) ---
+# --- sessions (nsbox/cli/session.py) ---
 from nsbox.cli.session import session  # noqa: E402
 
 main.add_command(session)

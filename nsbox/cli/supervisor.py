@@ -1,6 +1,6 @@
 """The supervisor of one command-line session: a detached process that holds the Session.
 
-``nsbox session start`` starts it (``python -m nsbox._supervisor``) with the session's Policy
+``nsbox session start`` starts it (``python -m nsbox.cli.supervisor``) with the session's Policy
 and settings pickled on stdin (not in argv, which every user can read in /proc), and reads one
 line back:
 ``ok ID`` or ``error MESSAGE``. The supervisor then serves requests on a unix socket in the

@@ -59,7 +59,7 @@ class Launch:
         self.pool: _helper_pool.HelperPool | None = None  # set for a pooled sandbox
         self.trace: list[tuple[str, int]] | None = None  # NSBOX_TRACE: helper-side steps
         self.mnt_ns = -1  # held until the report is out (hold_namespace)
-        self.spawner: _spawner.Spawner | None = None  # the clone's spawner (nsbox/_spawner.py)
+        self.spawner: _spawner.Spawner | None = None  # the clone's spawner (helper/spawner.py)
         self.reaped = False
         self.cloned_into_cgroup = False  # clone3 with CLONE_INTO_CGROUP: nothing to attach
         self.internal_error: dict[str, Any] | None = None  # Launch.fail

@@ -10,7 +10,7 @@ a memfd, nsbox/_wire.py):
   host -> helper, control socket:  {"plan": {...}}  with SCM_RIGHTS
                                    [launch socket, stdin, stdout, stderr]
   host -> helper, control socket:  {"pool": {"plan": {...}, "size": N}} with SCM_RIGHTS
-                                   [pool socket]: a warm pool (nsbox/_helper_pool.py);
+                                   [pool socket]: a warm pool (nsbox/helper/pool.py);
                                    commands then come over the pool socket
   helper -> host, launch socket:   {"event": "pid", "pid": N}         the sandbox's pid 1,
                                    + SCM_RIGHTS [pidfd]               its pidfd: the host's
@@ -22,11 +22,11 @@ a memfd, nsbox/_wire.py):
                                    end-of-file                        the caller is gone: kill
   a plan with a "session" key:     the child does not exec but becomes the session's init,
                                    with the session's control socket as its stdin
-                                   (nsbox/_sessioninit.py); the launch is otherwise the same
+                                   (nsbox/sandbox/sessioninit.py); the launch is otherwise the same
 
   helper <-> sandbox child:        on cgroup v1, a spawner clones the child in the run's
                                    cgroup, and the child first receives its plan and these
-                                   descriptors on the spawner's socket (nsbox/_spawner.py);
+                                   descriptors on the spawner's socket (nsbox/helper/spawner.py);
                                    sync pipe: the helper writes the id maps, then one byte;
                                    error pipe (close-on-exec): {step, errno, message} on
                                    failure; the child forks a last time and pid 1 stays as
@@ -93,7 +93,7 @@ class Helper:
         self.received_ns = 0  # when the last request arrived (NSBOX_TRACE)
         self.timers: list[tuple[float, Callable[[], None]]] = []  # e.g. a pool's refill
         # v1 run cgroups are made ahead, each holding a spawner that clones the sandbox there
-        # (nsbox/_spawner.py): moving a child into a cgroup costs an RCU grace period.
+        # (nsbox/helper/spawner.py): moving a child into a cgroup costs an RCU grace period.
         self.spawners = _spawner.Spawners.for_host(self)
         if self.spawners is not None:
             self.call_later(0, self.spawners.fill)
@@ -270,7 +270,7 @@ class Helper:
             launch.trace = [("helper: receive plan", self.received_ns),
                             ("helper: create cgroup", time.monotonic_ns())]
         if plan.get("session"):
-            # A session's init serves commands instead of exec (nsbox/_sessioninit.py); it is
+            # A session's init serves commands instead of exec (nsbox/sandbox/sessioninit.py); it is
             # imported here, before the clone, because nothing can be imported after pivot_root.
             import nsbox.sandbox.sessioninit  # noqa: F401
         # The run's cgroup, with its limits written, exists before the child does; the child

@@ -5,7 +5,7 @@ keyed by the seccomp policy, the built-in rules, the architecture, the libseccom
 nsbox version: in memory, and on disk under ``$XDG_CACHE_HOME/nsbox/seccomp`` (or
 ``~/.cache/nsbox/seccomp``). A hit only reads bytes; pyseccomp is imported on a miss alone,
 because its import runs ldconfig (about 35 ms). The child applies the program as the last step
-before execve (nsbox/_child.py). docs/seccomp.md explains every rule.
+before execve (nsbox/sandbox/child.py). docs/seccomp.md explains every rule.
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ class Program:
     With ``listener`` (learning mode) every errno action is a user notification instead: the
     child loads the filter with SECCOMP_FILTER_FLAG_NEW_LISTENER and hands the listener to the
     helper, which answers each notification with ``notify``'s errno (never lets the syscall
-    run) and records the syscall (nsbox/_seccomp_notify.py).
+    run) and records the syscall (nsbox/helper/seccomp_notify.py).
     """
 
     bpf: bytes

@@ -11,7 +11,7 @@ each file is checked on its own, so an error names the file, the key and the lin
     print(to_toml(policy))
 
 The schema (every key, its default and an example) is docs/profiles.md; the keys and their
-checks are in nsbox/_schema.py.
+checks are in nsbox/profiles/schema.py.
 """
 
 from __future__ import annotations

@@ -385,7 +385,7 @@ def native_syscall_names() -> frozenset[str]:
 
 
 def action(origin: Origin, key: str, raw: Any) -> str:
-    """allow, kill or errno:NAME, as the filter compiler (nsbox/seccomp.py) reads them."""
+    """allow, kill or errno:NAME, as the filter compiler (nsbox/host/seccomp.py) reads them."""
     value = string(origin, key, raw)
     try:
         seccomp.parse_action(value, key)

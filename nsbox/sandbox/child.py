@@ -716,8 +716,8 @@ def reset_signals() -> None:
 
 
 def apply_setid_filter(ctx: Context) -> None:
-    """The set-id filter goes into every sandbox, before the policy's (nsbox/seccomp.py): a plan
-    without it does not run."""
+    """The set-id filter goes into every sandbox, before the policy's (nsbox/host/seccomp.py):
+    a plan without it does not run."""
     bpf = ctx.plan.get("setid_bpf")
     if not bpf:
         raise OSError(22, "the plan has no set-id filter (plan.build makes one)")
