@@ -24,6 +24,7 @@ from typing import Any
 
 from nsbox import _wire, cgroups, inputs, limits
 from nsbox import plan as planmod
+from nsbox._wire import SetupErrorInfo
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
 from nsbox.host.network import RunNetwork
 from nsbox.policy import Network, Policy
@@ -523,7 +524,7 @@ _HINTS = {
 }
 
 
-def _setup_error(info: dict[str, Any]) -> SetupError:
+def _setup_error(info: SetupErrorInfo) -> SetupError:
     step, err, message = info["step"], int(info.get("errno") or 0), info["message"]
     hint = _HINTS.get((step, err))
     if step == "exec" and err == errno.ENOENT:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsbox import rules
+from nsbox._wire import WirePlan
 from nsbox.errors import PolicyError, SetupError
 from nsbox.host import network as netmod
 from nsbox.host import seccomp as seccompmod
@@ -52,7 +53,7 @@ class Plan:
     cgroup: dict[str, Any] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: WirePlan = {
             "argv": self.argv, "env": self.env, "cwd": self.cwd, "uid": self.uid,
             "gid": self.gid, "user": self.user, "hostname": self.hostname,
             "mounts": self.mounts, "wall_time": self.wall_time, "rlimits": self.rlimits,
@@ -60,6 +61,7 @@ class Plan:
             "setid_bpf": self.setid_bpf,
             "net": self.net, "cgroup": self.cgroup,
         }
+        return dict(wire)  # typed above; each door adds its keys (WirePlan) before sending
 
 
 def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],

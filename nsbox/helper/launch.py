@@ -12,9 +12,11 @@ import json
 import os
 import signal
 import socket
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from nsbox import _libc
+from nsbox._wire import ExitReport, SetupErrorInfo
 from nsbox.errors import HostError
 
 if TYPE_CHECKING:
@@ -62,12 +64,12 @@ class Launch:
         self.spawner: _spawner.Spawner | None = None  # the clone's spawner (helper/spawner.py)
         self.reaped = False
         self.cloned_into_cgroup = False  # clone3 with CLONE_INTO_CGROUP: nothing to attach
-        self.internal_error: dict[str, Any] | None = None  # Launch.fail
+        self.internal_error: SetupErrorInfo | None = None  # Launch.fail
         # The one owner of what the launch opened (pipes, descriptors, cgroup, spawner, the
         # child itself until reaped): closed at the reap, or when the launch fails before.
         self.cleanup = contextlib.ExitStack()
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: Mapping[str, Any]) -> None:
         if self.sock is None:
             return  # a pooled sandbox that has no command (and no caller) yet
         try:
@@ -100,7 +102,7 @@ class Launch:
         self.kill("setup failed")
 
 
-def failure_info(step: str, exc: BaseException) -> dict[str, Any]:
+def failure_info(step: str, exc: BaseException) -> SetupErrorInfo:
     """``{step, errno, message}`` for any exception, as the launch's SetupError."""
     if isinstance(exc, StepFailed):
         return {"step": exc.step, "errno": exc.errno, "message": exc.message}
@@ -111,7 +113,7 @@ def failure_info(step: str, exc: BaseException) -> dict[str, Any]:
             "message": "the launch helper could not carry out this launch: " + text[:300]}
 
 
-def failure_report(exc: BaseException) -> dict[str, Any]:
+def failure_report(exc: BaseException) -> ExitReport:
     """The exit report of a launch that failed before its sandbox existed."""
     if isinstance(exc, HostError):
         return {"event": "exit", "host_error": {

@@ -65,6 +65,7 @@ from typing import Any
 
 from nsbox import _libc, _wire, cgroups, identity
 from nsbox import limits as _limits
+from nsbox._wire import ExitReport, WirePlan
 from nsbox.errors import HostError
 from nsbox.helper import pool as _helper_pool
 from nsbox.helper import spawner as _spawner
@@ -244,7 +245,7 @@ class Helper:
 
     # --- one launch ----------------------------------------------------------------------
 
-    def start(self, launch: Launch, plan: dict[str, Any], stdio: list[int]) -> None:
+    def start(self, launch: Launch, plan: WirePlan, stdio: list[int]) -> None:
         """Clone the sandbox of ``plan`` with ``stdio`` (the caller keeps and closes those) and
         release it. What the launch opens belongs to ``launch.cleanup``. A failure before the
         sandbox exists raises (StepFailed, HostError, anything) with all of it released; one
@@ -262,7 +263,7 @@ class Helper:
         except Exception as exc:
             launch.fail("release", exc)
 
-    def clone_sandbox(self, launch: Launch, plan: dict[str, Any], stdio: list[int]) -> int:
+    def clone_sandbox(self, launch: Launch, plan: WirePlan, stdio: list[int]) -> int:
         """The run's cgroup, the child's pipes and sockets, the clone; then the child is
         watched. Returns its pid; raises StepFailed for a step that failed."""
         keep = launch.cleanup
@@ -325,7 +326,7 @@ class Helper:
             raise StepFailed("watch the sandbox", exc.errno or 0, str(exc)) from None
         return pid
 
-    def child_sockets(self, launch: Launch, plan: dict[str, Any],
+    def child_sockets(self, launch: Launch, plan: WirePlan,
                       child_ends: contextlib.ExitStack) -> tuple[int, int | None]:
         """Learning mode's and network allow mode's socket pairs: the child's ends' fds."""
         notify_fd, net_fd = -1, None
@@ -344,7 +345,7 @@ class Helper:
             net_fd = net_child.fileno()
         return notify_fd, net_fd
 
-    def clone(self, launch: Launch, plan: dict[str, Any], fds: _spawner.ChildFds,
+    def clone(self, launch: Launch, plan: WirePlan, fds: _spawner.ChildFds,
               cgroup_fd: int | None) -> int:
         """Clone the child (through the launch's spawner, or here); in the child, go on as the
         sandbox. Raises StepFailed("create namespaces")."""
@@ -405,7 +406,7 @@ class Helper:
             except (KeyError, ValueError):
                 pass
 
-    def release(self, launch: Launch, plan: dict[str, Any], pid: int) -> None:
+    def release(self, launch: Launch, plan: WirePlan, pid: int) -> None:
         """Write the id maps, settle the cgroup, let the child go on; tell the caller."""
         step = "write id maps"
         try:
@@ -476,7 +477,7 @@ class Helper:
         launch.spawner = spawner
         return spawner.cgroup
 
-    def become_child(self, plan: dict[str, Any], stdio: list[int], sync_r: int, err_w: int,
+    def become_child(self, plan: WirePlan, stdio: list[int], sync_r: int, err_w: int,
                      source_fds: dict[int, int], parent_fds: tuple[int, ...],
                      notify_fd: int, net_fd: int | None) -> None:
         try:
@@ -495,7 +496,7 @@ class Helper:
         finally:
             os._exit(127)
 
-    def open_sources(self, plan: dict[str, Any]) -> dict[int, int]:
+    def open_sources(self, plan: WirePlan) -> dict[int, int]:
         """Decide the sandbox's identity (or refuse), pin each writable bind's directory and,
         with CAP_SYS_ADMIN of the initial user namespace, copy every bind source here as a
         detached mount the child moves in.
@@ -588,7 +589,7 @@ class Helper:
                 os.waitpid(pid, 0)
         return self.idmap_userns[key]
 
-    def write_id_maps(self, pid: int, plan: dict[str, Any]) -> None:
+    def write_id_maps(self, pid: int, plan: WirePlan) -> None:
         # The launch's pins now belong to this sandbox: reap restores the modes (restore_pins).
         self.pins[pid], self.pending_pins = self.pending_pins, []
         # Decided again from the same holdings: open_sources refused already if there is none.
@@ -749,7 +750,7 @@ class Helper:
             report = {"event": "exit", "setup_error": failure_info("reap", exc)}
         self.finish(launch, report)
 
-    def exit_report(self, launch: Launch) -> dict[str, Any]:
+    def exit_report(self, launch: Launch) -> ExitReport:
         _pid, status, rusage = os.wait4(launch.pid, 0)
         launch.reaped = True
         reaped_ns = time.monotonic_ns()
@@ -772,7 +773,7 @@ class Helper:
         child_trace, setup_error, reported = _child.read_report(launch.err_data)
         status = _child.command_status(status, reported)
         limits = self.close_limits(launch, remove=False)
-        report = {
+        report: ExitReport = {
             "event": "exit",
             "wait_status": status,
             "wall_time": wall,
@@ -789,7 +790,7 @@ class Helper:
             report["trace"] = [*launch.trace, *child_trace, ("helper: reaped", reaped_ns)]
         return report
 
-    def finish(self, launch: Launch, report: dict[str, Any]) -> None:
+    def finish(self, launch: Launch, report: ExitReport) -> None:
         """Send the launch's report, then release everything it held."""
         self.restore_pins(launch.pid)  # the bound directories' modes, before the caller hears
         self.launches.discard(launch)

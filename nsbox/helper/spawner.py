@@ -39,6 +39,7 @@ import socket
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from nsbox import _libc, _wire, cgroups
+from nsbox._wire import WirePlan
 from nsbox.cgroups import _names
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class Spawner:
             raise OSError(int(rest.partition(" ")[0]), error_message(reply.encode()))
         raise OSError(0, "the spawner went away before it cloned the sandbox")
 
-    def send_plan(self, plan: dict[str, Any], fds: ChildFds) -> None:
+    def send_plan(self, plan: WirePlan, fds: ChildFds) -> None:
         """The plan and the descriptors, to the sandbox child the spawner cloned."""
         layout, fd_list = fds.pack()
         _wire.send(self.sock, {"plan": plan, "layout": layout}, fd_list)  # any size

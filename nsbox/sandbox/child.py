@@ -19,9 +19,11 @@ import signal
 import socket
 import stat
 import time
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from nsbox import _libc, _wire
+from nsbox._wire import SetupErrorInfo, WirePlan
 from nsbox.sandbox import netns as _netns
 
 # The staging tmpfs is mounted over /tmp (privately, in the new mount namespace) and becomes the
@@ -38,7 +40,7 @@ CLOSE_RANGE_CLOEXEC = 4
 
 
 class Context:
-    def __init__(self, plan: dict[str, Any], sync_fd: int, err_fd: int,
+    def __init__(self, plan: WirePlan, sync_fd: int, err_fd: int,
                  source_fds: dict[int, int], cap_last: int, notify_fd: int = -1,
                  net_fd: int | None = None) -> None:
         self.plan = plan
@@ -115,7 +117,7 @@ def build_sandbox(ctx: Context) -> None:
     _netns.setup_network(net.get("mode", "none"), net.get("proxy_port", 0), ctx.net_fd)
 
 
-def finish_and_exec(ctx: Context, command: dict[str, Any]) -> NoReturn:
+def finish_and_exec(ctx: Context, command: Mapping[str, Any]) -> NoReturn:
     """The per-command steps, in order, ending with seccomp (last) and the exec.
 
     ``command`` carries argv, env, cwd, rlimits and seccomp_bpf (the plan, for one command).
@@ -243,14 +245,14 @@ def wait_for_command(command_pid: int) -> int:
                 return status
 
 
-def read_report(data: bytes) -> tuple[list[Any], dict[str, Any] | None, int | None]:
+def read_report(data: bytes) -> tuple[list[Any], SetupErrorInfo | None, int | None]:
     """The error pipe of a launch: (trace, error report, the command's wait status).
 
     Each writer writes JSON without a raw newline inside and lines apart: the command's process
     the trace before exec (send_trace) or an error report (fail), pid 1 the status last.
     """
     trace: list[Any] = []
-    error: dict[str, Any] | None = None
+    error: SetupErrorInfo | None = None
     status: int | None = None
     for line in data.split(b"\n"):
         if not line:
@@ -724,7 +726,7 @@ def apply_setid_filter(ctx: Context) -> None:
     _libc.seccomp_set_filter(bytes.fromhex(bpf))
 
 
-def apply_seccomp(ctx: Context, command: dict[str, Any]) -> None:
+def apply_seccomp(ctx: Context, command: Mapping[str, Any]) -> None:
     """The last step before exec. Any failure stops the launch (fail closed)."""
     bpf = bytes.fromhex(command["seccomp_bpf"])
     if not command.get("seccomp_notify"):
