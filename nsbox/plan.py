@@ -26,7 +26,7 @@ from nsbox.policy import Bind, Dir, File, Mount, Policy, Symlink, Tmpfs
 WORKSPACE = "/workspace"
 # Devices a program expects; no console, nothing that reaches hardware. /dev/tty is only ever
 # the opener's own controlling terminal: after setsid none (ENXIO), or a pty of the sandbox's
-# own devpts instance (_child.mount_devpts).
+# own devpts instance (sandbox/mounts.py, mount_devpts).
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
