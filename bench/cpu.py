@@ -5,8 +5,8 @@
 The machine's CPU (from /proc/stat: everything but idle, so also kernel threads such as the
 deferred cleanup of network namespaces) per launch, and the parts of the host process, of the
 launch helper, and of the helper's reaped children (the sandboxes and, on v1 hosts, the
-spawners, nsbox/_spawner.py). Run it on a quiet machine: other tenants' work counts too. With 1
-and 2 threads launching at once.
+spawners, nsbox/helper/spawner.py). Run it on a quiet machine: other tenants' work counts
+too. With 1 and 2 threads launching at once.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def peers(skipped: dict[str, str]) -> list[Method]:
 
 def _bwrap_like_nsbox(bwrap: str) -> Method:
     """bwrap plus what nsbox adds by default: its seccomp program and no capabilities."""
-    from nsbox import seccomp
+    from nsbox.host import seccomp
 
     program = seccomp.load(nsbox.Policy().seccomp)
     blob = tempfile.NamedTemporaryFile(prefix="nsbox-bench-", suffix=".bpf", delete=False)
@@ -211,7 +211,7 @@ def _lean_paths() -> list[str]:
 
 LEAN_CLI = [sys.executable, "-I", "-S", "-c",
             f"import sys; sys.path[:0] = {_lean_paths()!r}; sys.argv[0] = 'nsbox'; "
-            "from nsbox._fastcli import main; main()", "run", "--"]
+            "from nsbox.cli.fast import main; main()", "run", "--"]
 
 
 def _nsbox_cli() -> list[str]:

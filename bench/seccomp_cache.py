@@ -17,7 +17,7 @@ import tempfile
 _CHILD = r"""
 import sys, time
 t0 = time.perf_counter()
-from nsbox import seccomp
+from nsbox.host import seccomp
 from nsbox.policy import Seccomp
 t1 = time.perf_counter()
 if sys.argv[1] == "compile":

@@ -14,8 +14,8 @@ from typing import Any
 
 import nsbox
 from nsbox import launcher
-from nsbox._spawner import READY
 from nsbox.cgroups import _fs, _names
+from nsbox.helper.spawner import READY
 
 
 def _cgroup_dirs() -> list[str]:
@@ -43,7 +43,7 @@ def _cgroup_dirs() -> list[str]:
 def _count_cgroups_below(owners: set[int], spares: bool = False) -> int:
     """The cgroups below this process's own that nsbox made for ``owners`` (by the owner pid in
     their names, nsbox/cgroups/_names.py): other programs may share our cgroup and make their
-    own there. Runs' cgroups, or with ``spares`` the idle spares (nsbox/_spawner.py)."""
+    own there. Runs' cgroups, or with ``spares`` the idle spares (nsbox/helper/spawner.py)."""
     count = 0
     for directory in _cgroup_dirs():
         for root, subdirs, _files in os.walk(directory):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from nsbox.api import run
     from nsbox.errors import (
         CommandNotFound,
         HostError,
@@ -17,7 +18,6 @@ if TYPE_CHECKING:
         PolicyError,
         SetupError,
     )
-    from nsbox.launcher import run
     from nsbox.policy import Bind, Dir, File, Limits, Network, Policy, Seccomp, Symlink, Tmpfs
     from nsbox.pool import Pool
     from nsbox.result import Result, Status
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "CommandNotFound": "errors", "HostError": "errors", "LaunchError": "errors",
     "NsboxError": "errors", "PolicyError": "errors", "SetupError": "errors",
-    "run": "launcher", "Pool": "pool", "Result": "result", "Status": "result",
+    "run": "api", "Pool": "pool", "Result": "result", "Status": "result",
     "Bind": "policy", "Dir": "policy", "File": "policy", "Limits": "policy", "Network": "policy",
     "Policy": "policy", "Seccomp": "policy", "Symlink": "policy", "Tmpfs": "policy",
     "CopyLimits": "session", "FileInfo": "session", "Session": "session",

@@ -1,3 +1,3 @@
-from nsbox._fastcli import main
+from nsbox.cli.fast import main
 
 main()

@@ -15,7 +15,73 @@ import array
 import json
 import os
 import socket
-from typing import Any
+from typing import Any, TypedDict
+
+# --- the messages, typed (their order and meaning: nsbox/helper/loop.py's docstring) -----------
+
+
+class SetupErrorInfo(TypedDict):
+    """A named step that failed: sandbox child -> helper (error pipe) -> host (exit report),
+    raised on the host as a SetupError (launcher._setup_error)."""
+
+    step: str
+    errno: int
+    message: str
+
+
+class HostErrorInfo(TypedDict):
+    """What the helper's host cannot do (identity, cgroups), raised on the host as HostError."""
+
+    feature: str
+    message: str
+    hint: str | None
+
+
+class WirePlan(TypedDict, total=False):
+    """The plan as the helper and the sandbox child get it: plan.Plan.to_wire(), plus what
+    the door that launches adds (host ids, session, trace) and what the helper adds itself
+    (pooled, degraded)."""
+
+    argv: list[str]
+    env: list[tuple[str, str]]  # JSON lists of two strings on the way
+    cwd: str
+    uid: int
+    gid: int
+    user: str
+    hostname: str
+    mounts: list[dict[str, Any]]  # mount operations in order: {"op": kind, "target": ...}
+    wall_time: float | None
+    rlimits: list[Any]  # [resource, soft, hard] each
+    seccomp_bpf: str | None
+    seccomp_notify: dict[str, Any] | None
+    setid_bpf: str
+    net: dict[str, Any]
+    cgroup: dict[str, Any]
+    host_uid: int
+    host_gid: int
+    session: dict[str, Any] | None  # a session's init instead of a command
+    trace: bool
+    pooled: bool
+    degraded: list[str]
+
+
+class ExitReport(TypedDict, total=False):
+    """helper -> host, the launch socket's last message: how the sandbox ended."""
+
+    event: str  # "exit"
+    wait_status: int
+    wall_time: float
+    cpu_user: float
+    cpu_system: float
+    maxrss_kib: int
+    timed_out: bool
+    kill_reason: str | None
+    setup_error: SetupErrorInfo | None
+    host_error: HostErrorInfo
+    seccomp_denied: list[str] | None
+    limits: dict[str, Any]
+    trace: list[Any]
+
 
 INLINE_MAX = 64 * 1024  # bytes sent in the datagram itself
 MAX_MESSAGE = 256 * 1024 * 1024  # larger is refused: the launch fails with a LaunchError
@@ -46,16 +112,24 @@ def _sendmsg(sock: socket.socket, data: bytes, fds: list[int]) -> None:
     sock.sendmsg([data], ancdata)
 
 
-def receive(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
-    """One message (its JSON bytes, b"" at end-of-file) and the descriptors sent with it, all
-    close-on-exec. A message that came in a memfd is read back here."""
+def receive_fds(sock: socket.socket, bufsize: int, maxfds: int, flags: int = 0
+                ) -> tuple[bytes, list[int]]:
+    """recvmsg with SCM_RIGHTS (unix(7)): the one receiver of descriptors in nsbox. They arrive
+    close-on-exec, so that no program the receiver starts inherits them (unlike
+    socket.recv_fds without the flag)."""
     fds = array.array("i")
     msg, ancdata, _flags, _addr = sock.recvmsg(
-        INLINE_MAX, socket.CMSG_SPACE((maxfds + 1) * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+        bufsize, socket.CMSG_SPACE(maxfds * fds.itemsize), socket.MSG_CMSG_CLOEXEC | flags)
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-    received = list(fds)
+    return msg, list(fds)
+
+
+def receive(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
+    """One message (its JSON bytes, b"" at end-of-file) and the descriptors sent with it, all
+    close-on-exec. A message that came in a memfd is read back here."""
+    msg, received = receive_fds(sock, INLINE_MAX, maxfds + 1)
     if not msg.startswith(_TAG) or not received:
         return msg, received
     fd = received.pop()

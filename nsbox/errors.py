@@ -7,6 +7,9 @@ a hint.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any, TypedDict
+
 
 class NsboxError(Exception):
     """Base class of every error nsbox raises."""
@@ -89,3 +92,58 @@ class FileTransferError(NsboxError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}" if path else reason)
+
+
+def suggest(word: str, choices: Iterable[str]) -> str | None:
+    """A "did you mean" hint for a misspelled key or value."""
+    import difflib  # only on the error path
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f'did you mean "{close[0]}"?' if close else None
+
+
+class ErrorWire(TypedDict, total=False):
+    """An NsboxError as JSON, between processes (a session's supervisor and its client):
+    the class name and the fields its constructor takes, plus the text for any other class."""
+
+    type: str
+    text: str
+    message: str | None
+    hint: str | None
+    step: str | None
+    errno: int | None
+    path: str | None
+    reason: str | None
+    key: str | None
+    file: str | None
+    line: int | None
+    rule: str | None
+    feature: str | None
+
+
+def to_wire(exc: NsboxError) -> ErrorWire:
+    """``exc`` as JSON-ready data; ``from_wire`` makes the same exception of it again."""
+    wire: ErrorWire = {"type": type(exc).__name__, "text": str(exc), "hint": exc.hint,
+                       "message": getattr(exc, "message", str(exc))}
+    for name in ("step", "errno", "path", "reason", "key", "file", "line", "rule", "feature"):
+        wire[name] = getattr(exc, name, None)  # type: ignore[literal-required]
+    return wire
+
+
+def from_wire(wire: ErrorWire | dict[str, Any]) -> NsboxError:
+    """The exception ``to_wire`` described, of its class when it is one of these; any other
+    comes back as an NsboxError with the same text."""
+    cls = globals().get(str(wire.get("type")))
+    message = wire.get("message") or wire.get("text") or "error"
+    if isinstance(cls, type) and issubclass(cls, SetupError):
+        return cls(wire.get("step") or "", wire.get("errno") or 0, message, hint=wire.get("hint"))
+    if cls is FileTransferError:
+        return FileTransferError(wire.get("path") or "", wire.get("reason") or "")
+    if cls is PolicyError:
+        return PolicyError(message, key=wire.get("key"), file=wire.get("file"),
+                           line=wire.get("line"), hint=wire.get("hint"), rule=wire.get("rule"))
+    if cls is HostError:
+        return HostError(message, feature=wire.get("feature") or "", hint=wire.get("hint"))
+    if cls in (SessionClosed, LaunchError):
+        return cls(message)  # type: ignore[no-any-return]
+    return NsboxError(wire.get("text") or message)

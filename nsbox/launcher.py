@@ -1,6 +1,6 @@
 """The host side of a launch: the public ``run`` and the connection to the launch helper.
 
-``run`` builds the plan, hands it with the standard streams to the helper (nsbox/_helper.py
+``run`` builds the plan, hands it with the standard streams to the helper (nsbox/helper/loop.py
 documents the protocol), collects output up to the cap in the calling thread, and turns the
 helper's report into a Result. It is safe to call from many threads at once: every launch has
 its own socket to the helper and its own pipes; only sending the request takes a lock.
@@ -22,10 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import _netns, _wire, cgroups, inputs, limits
+from nsbox import _wire, cgroups, inputs, limits
 from nsbox import plan as planmod
+from nsbox._wire import SetupErrorInfo
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
-from nsbox.network import RunNetwork
+from nsbox.host.network import RunNetwork
 from nsbox.policy import Network, Policy
 from nsbox.result import Result, Status
 
@@ -52,7 +53,7 @@ class _HelperClient:
 
     def _start(self) -> socket.socket:
         if self.fork and threading.active_count() == 1:
-            from nsbox._helperfork import fork_helper
+            from nsbox.helper.fork import fork_helper
 
             sock, self._pid = fork_helper()
             return sock
@@ -64,7 +65,7 @@ class _HelperClient:
         boot = (f"import sys, types; sys.path[:0] = {paths!r}; "
                 "pkg = sys.modules['nsbox'] = types.ModuleType('nsbox'); "
                 f"pkg.__path__ = [{os.path.dirname(os.path.abspath(__file__))!r}]; "
-                "from nsbox._helper import main; main()")
+                "from nsbox.helper.loop import main; main()")
         python = sys.executable or "/usr/bin/python3"
         try:
             self._pid = os.posix_spawn(
@@ -214,10 +215,10 @@ def run(
     workspace: str | None = None,
     cwd: str | None = None,
     passthrough: bool = False,
-    audit: str | None = None,
     profile: str | None = None,
 ) -> Result:
-    """Run ``argv`` in a new sandbox and return its Result.
+    """Run ``argv`` in a new sandbox and return its Result (``nsbox.run`` without an audit
+    record; nsbox/api.py adds one).
 
     The sandbox is ``policy``, or the profile ``profile`` names (a shipped profile or a TOML
     file), or the default policy.
@@ -225,22 +226,14 @@ def run(
     ``stdin`` is bytes (or str) to feed, a descriptor to pass, or None for /dev/null. With
     ``passthrough`` the output goes to this process's stdout/stderr as it arrives (still
     capped) instead of into the Result. Raises SetupError when the sandbox cannot be built
-    (CommandNotFound when the command does not exist inside it). ``audit`` names a file that
-    gets one JSON line for the run (nsbox/audit.py). A bad argument raises PolicyError naming
-    it (nsbox/inputs.py), before anything starts.
+    (CommandNotFound when the command does not exist inside it). A bad argument raises
+    PolicyError naming it (nsbox/inputs.py), before anything starts.
     """
     trace = _trace_start()
     cmd = inputs.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
                          env_=env, cwd=cwd, passthrough=passthrough)
     workspace = inputs.optional_path(workspace, "workspace")
-    audit = inputs.optional_path(audit, "audit")
     policy = choose_policy(policy, profile)
-    if audit is not None:
-        from nsbox.session import run_audited  # a session lists the files before teardown
-
-        return run_audited(cmd.argv, policy, audit=audit, stdin=cmd.stdin, timeout=cmd.timeout,
-                           output_limit=cmd.output_limit, env=cmd.env, workspace=workspace,
-                           cwd=cmd.cwd, passthrough=passthrough)
     if workspace is not None:
         policy = policy.replace(workspace=workspace)
     plan = build_plan(policy, cmd.argv, env=cmd.env, cwd=cmd.cwd, wall_time=cmd.timeout)
@@ -362,6 +355,8 @@ HOST_GRACE = 0.3
 
 def _supervise(sock: socket.socket, streams: list[_Stream], cap: int, net: RunNetwork,
                wall_time: float | None = None) -> tuple[dict[str, Any], int]:
+    """Copy the run's output under the cap and follow the helper's messages until its report;
+    returns the report and the sandbox's host pid."""
     try:
         selector = selectors.DefaultSelector()
     except OSError as exc:  # epoll_create1: EMFILE
@@ -371,91 +366,117 @@ def _supervise(sock: socket.socket, streams: list[_Stream], cap: int, net: RunNe
     for each in streams:
         selector.register(each.fd, selectors.EVENT_READ, each)
     selector.register(sock, selectors.EVENT_READ, None)
-    report: dict[str, Any] | None = None
-    pid = 0
-    pidfd = -1
-    host_deadline: float | None = None
-    host_killed = False
-    kept = 0
-    drain_until: float | None = None
+    watch = _Watch(sock, selector, cap, net, wall_time)
     try:
-        while selector.get_map():
-            until = drain_until if drain_until is not None else host_deadline
-            # At most an hour per wait: epoll_wait(2) takes an int of milliseconds.
-            timeout = None if until is None else min(max(0.0, until - time.monotonic()), 3600.0)
-            events = selector.select(timeout)
-            if not events and drain_until is not None:
-                break  # the sandbox is gone; whoever still holds a pipe is not ours to wait for
-            if host_deadline is not None and report is None and time.monotonic() >= host_deadline:
-                host_killed = _kill_by_pidfd(pidfd)
-                host_deadline = None
-            for key, _mask in events:
-                if key.data is None:
-                    try:
-                        data, fds = _netns.receive_fds(sock, 65536, 1)
-                    except ConnectionResetError:
-                        # The peer closed with our "kill" unread. The kernel reports that
-                        # before the messages still queued (the report among them): read on.
-                        continue
-                    if not data:
-                        selector.unregister(sock)
-                        if report is None and pid == 0:
-                            # It never started the sandbox: the request was lost on the way
-                            # in (the helper out of descriptors), or the helper died.
-                            raise LaunchError("the launch helper could not take the request "
-                                              "(out of descriptors, or it died)")
-                        if report is None:
-                            raise LaunchError("the launch helper died during the run")
-                        continue
-                    message = json.loads(data)
-                    if message["event"] == "proxy":
-                        net.serve(fds)
-                        continue
-                    if message["event"] == "pid" and fds and pidfd < 0:
-                        pidfd = fds.pop()
-                        if isinstance(wall_time, (int, float)):
-                            host_deadline = time.monotonic() + wall_time + HOST_GRACE
-                    for fd in fds:
-                        os.close(fd)
-                    if message["event"] == "pid":
-                        pid = message["pid"]
-                    elif message["event"] == "exit":
-                        report = message
-                        host_deadline = None
-                        drain_until = time.monotonic() + 2.0
-                    continue
-                stream: _Stream = key.data
-                chunk = os.read(stream.fd, _READ_CHUNK)
-                if not chunk:
-                    selector.unregister(stream.fd)
-                    continue
-                stream.total += len(chunk)
-                room = max(0, cap - kept)
-                if len(chunk) > room:
-                    chunk = chunk[:room]
-                    if not stream.truncated:
-                        stream.truncated = True
-                        _send_kill(sock, "output")
-                kept += len(chunk)
-                if stream.sink is not None:
-                    _write_all(stream.sink, chunk)
-                    if len(stream.kept) < stream.head_limit:
-                        stream.kept += chunk[:stream.head_limit - len(stream.kept)]
-                else:
-                    stream.kept += chunk
+        while selector.get_map() and watch.wait():
+            pass
     finally:
         selector.close()
         for stream in streams:
             os.close(stream.fd)
-        if pidfd >= 0:
-            os.close(pidfd)
+        if watch.pidfd >= 0:
+            os.close(watch.pidfd)
+    report = watch.report
     if report is None:
         raise LaunchError("the launch helper ended the run without a report")
     status = report.get("wait_status")
-    if host_killed and isinstance(status, int) and os.WIFSIGNALED(status) and (
+    if watch.host_killed and isinstance(status, int) and os.WIFSIGNALED(status) and (
             os.WTERMSIG(status) == signal.SIGKILL):
         report["timed_out"] = True  # the SIGKILL was this process's, at the deadline
-    return report, pid
+    return report, watch.pid
+
+
+@dataclass
+class _Watch:
+    """What the supervision of one run has seen so far (see _supervise)."""
+
+    sock: socket.socket
+    selector: selectors.BaseSelector
+    cap: int
+    net: RunNetwork
+    wall_time: float | None
+    report: dict[str, Any] | None = None
+    pid: int = 0
+    pidfd: int = -1
+    host_deadline: float | None = None
+    host_killed: bool = False
+    kept: int = 0
+    drain_until: float | None = None
+
+    def wait(self) -> bool:
+        """One wait and what came of it; False once the run is over and its output drained."""
+        until = self.drain_until if self.drain_until is not None else self.host_deadline
+        # At most an hour per wait: epoll_wait(2) takes an int of milliseconds.
+        timeout = None if until is None else min(max(0.0, until - time.monotonic()), 3600.0)
+        events = self.selector.select(timeout)
+        if not events and self.drain_until is not None:
+            return False  # the sandbox is gone; whoever still holds a pipe is not ours to wait for
+        if (self.host_deadline is not None and self.report is None
+                and time.monotonic() >= self.host_deadline):
+            self.host_killed = _kill_by_pidfd(self.pidfd)
+            self.host_deadline = None
+        for key, _mask in events:
+            if key.data is None:
+                self.on_helper()
+            else:
+                self.on_output(key.data)
+        return True
+
+    def on_helper(self) -> None:
+        try:
+            data, fds = _wire.receive_fds(self.sock, 65536, 1)
+        except ConnectionResetError:
+            # The peer closed with our "kill" unread. The kernel reports that before the
+            # messages still queued (the report among them): read on.
+            return
+        if not data:
+            self.selector.unregister(self.sock)
+            if self.report is None and self.pid == 0:
+                # It never started the sandbox: the request was lost on the way in (the helper
+                # out of descriptors), or the helper died.
+                raise LaunchError("the launch helper could not take the request "
+                                  "(out of descriptors, or it died)")
+            if self.report is None:
+                raise LaunchError("the launch helper died during the run")
+            return
+        self.on_message(json.loads(data), fds)
+
+    def on_message(self, message: dict[str, Any], fds: list[int]) -> None:
+        if message["event"] == "proxy":
+            self.net.serve(fds)
+            return
+        if message["event"] == "pid" and fds and self.pidfd < 0:
+            self.pidfd = fds.pop()
+            if isinstance(self.wall_time, (int, float)):
+                self.host_deadline = time.monotonic() + self.wall_time + HOST_GRACE
+        for fd in fds:
+            os.close(fd)
+        if message["event"] == "pid":
+            self.pid = message["pid"]
+        elif message["event"] == "exit":
+            self.report = message
+            self.host_deadline = None
+            self.drain_until = time.monotonic() + 2.0
+
+    def on_output(self, stream: _Stream) -> None:
+        chunk = os.read(stream.fd, _READ_CHUNK)
+        if not chunk:
+            self.selector.unregister(stream.fd)
+            return
+        stream.total += len(chunk)
+        room = max(0, self.cap - self.kept)
+        if len(chunk) > room:
+            chunk = chunk[:room]
+            if not stream.truncated:
+                stream.truncated = True
+                _send_kill(self.sock, "output")
+        self.kept += len(chunk)
+        if stream.sink is not None:
+            _write_all(stream.sink, chunk)
+            if len(stream.kept) < stream.head_limit:
+                stream.kept += chunk[:stream.head_limit - len(stream.kept)]
+        else:
+            stream.kept += chunk
 
 
 def _kill_by_pidfd(pidfd: int) -> bool:
@@ -529,7 +550,7 @@ def namespace_hint(err: int) -> str | None:
     return None
 
 
-def _setup_error(info: dict[str, Any]) -> SetupError:
+def _setup_error(info: SetupErrorInfo) -> SetupError:
     step, err, message = info["step"], int(info.get("errno") or 0), info["message"]
     hint = _HINTS.get((step, err))
     if step == "create namespaces":

@@ -146,7 +146,7 @@ class RunLimits:
         create: Callable[[cgroups.Request], cgroups.RunCgroup] | None = None,
     ) -> None:
         """``create`` makes the run's cgroup with its limits (default: the backend's create);
-        the launch helper passes one that takes a cgroup made ahead (nsbox/_spawner.py)."""
+        the launch helper passes one that takes a cgroup made ahead (nsbox/helper/spawner.py)."""
         backend = backend if backend is not None else cgroups.get_backend()
         self.cpu_time: float | None = spec.get("cpu_time")
         wanted = _wanted(spec)

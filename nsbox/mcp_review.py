@@ -73,7 +73,7 @@ class Reviewer:
         self._lock = threading.Lock()
 
     def _request(self, op: str, paths: list[str] | None = None) -> dict[str, Any]:
-        from nsbox._cli_session import request
+        from nsbox.cli.session import request
 
         with self._lock:
             return request(self.session_id, {"op": op, "paths": paths or None})
@@ -154,7 +154,7 @@ def serve_review(session_id: str) -> None:
     _require_sdk()
     import anyio
 
-    from nsbox._cli_session import request
+    from nsbox.cli.session import request
 
     request(session_id, {"op": "info"})  # a session of this user, before the handshake
     server = build_review_server(Reviewer(session_id))
@@ -166,7 +166,7 @@ def publish_for_review(session: Session) -> None:
     this process until the session ends; its id goes to stderr (stdout is the protocol)."""
     import sys
 
-    from nsbox._supervisor import publish
+    from nsbox.cli.supervisor import publish
 
     supervisor = publish(session, None)
     threading.Thread(target=supervisor.serve, name="nsbox-review", daemon=True).start()

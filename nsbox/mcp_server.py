@@ -168,7 +168,7 @@ class Workbench:
     """The five tools over one session. One command at a time: calls are serialized, so two
     concurrent tool calls never race on the same workspace.
 
-    ``audit`` (an nsbox.audit.AuditLog on the session's audit file) gets a line for each call
+    ``audit`` (an nsbox.host.audit.AuditLog on the session's audit file) gets a line for each call
     of a file tool; the session itself writes the line of every command, with its code.
     """
 
@@ -559,6 +559,6 @@ def _close(session: Any, tool_log: Any) -> None:
 def _audit_log(path: str | None) -> Any:
     if path is None:
         return None
-    from nsbox.audit import AuditLog
+    from nsbox.host.audit import AuditLog
 
     return AuditLog(path)

@@ -15,17 +15,19 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import network as netmod
-from nsbox import project, rules
-from nsbox import seccomp as seccompmod
+from nsbox import rules
+from nsbox._wire import WirePlan
 from nsbox.errors import PolicyError, SetupError
+from nsbox.host import network as netmod
+from nsbox.host import project
+from nsbox.host import seccomp as seccompmod
 from nsbox.limits import plan_limits
 from nsbox.policy import Bind, Dir, File, Mount, Policy, Symlink, Tmpfs
 
 WORKSPACE = "/workspace"
 # Devices a program expects; no console, nothing that reaches hardware. /dev/tty is only ever
 # the opener's own controlling terminal: after setsid none (ENXIO), or a pty of the sandbox's
-# own devpts instance (_child.mount_devpts).
+# own devpts instance (sandbox/mounts.py, mount_devpts).
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
@@ -44,7 +46,7 @@ class Plan:
     wall_time: float | None
     rlimits: list[tuple[int, int, int]] = field(default_factory=list)
     seccomp_bpf: str | None = None  # hex of the compiled BPF program
-    # Learning mode: how the helper answers the filter's notifications (nsbox/seccomp.py).
+    # Learning mode: how the helper answers the filter's notifications (nsbox/host/seccomp.py).
     seccomp_notify: dict[str, Any] | None = None
     # The set-id filter (seccomp.SETID_RULES), hex: loaded into every sandbox, policy or not.
     setid_bpf: str = ""
@@ -52,7 +54,7 @@ class Plan:
     cgroup: dict[str, Any] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: WirePlan = {
             "argv": self.argv, "env": self.env, "cwd": self.cwd, "uid": self.uid,
             "gid": self.gid, "user": self.user, "hostname": self.hostname,
             "mounts": self.mounts, "wall_time": self.wall_time, "rlimits": self.rlimits,
@@ -60,6 +62,7 @@ class Plan:
             "setid_bpf": self.setid_bpf,
             "net": self.net, "cgroup": self.cgroup,
         }
+        return dict(wire)  # typed above; each door adds its keys (WirePlan) before sending
 
 
 def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],

@@ -185,7 +185,7 @@ class Seccomp:
 
 
 # Names (fnmatch, matched against each name and each path relative to the project) masked in a
-# project workspace; a .git/config is masked when it holds credentials (nsbox/project.py).
+# project workspace; a .git/config is masked when it holds credentials (nsbox/host/project.py).
 DEFAULT_PROJECT_SECRETS = (
     ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_dsa*", "id_ecdsa*",
     "id_ed25519*", ".netrc", ".git-credentials", ".npmrc", ".pypirc", ".aws/credentials",
@@ -214,7 +214,7 @@ class Policy:
     host_gid: int = 65534
     workspace: str | None = None  # host directory bound read-write at /workspace; None: tmpfs
     # A host directory seen copy-on-write at /workspace: its changes are reviewed and applied
-    # by the host (nsbox/project.py); files matching project_secrets are masked.
+    # by the host (nsbox/host/project.py); files matching project_secrets are masked.
     project: str | None = None
     project_secrets: tuple[str, ...] = DEFAULT_PROJECT_SECRETS
     limits: Limits = field(default_factory=Limits)

@@ -8,7 +8,7 @@ in the background. Nothing passes from one command to the next: every command ge
 a root, /tmp and /workspace of its own.
 
 The sandboxes die with the pool (``close`` or the end of the ``with`` block) and with the host
-process. nsbox/_helper_pool.py documents the helper's side.
+process. nsbox/helper/pool.py documents the helper's side.
 """
 
 from __future__ import annotations

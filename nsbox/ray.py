@@ -367,6 +367,27 @@ class NodeRefused(HostError):
     """An executor refused to start because its node cannot run the policy safely."""
 
 
+def _check_sizes(pool_size: int, per_node: int | str) -> None:
+    if pool_size < 1:
+        raise ValueError("pool_size must be at least 1")
+    if per_node != "cpus" and (not isinstance(per_node, int) or per_node < 1):
+        raise ValueError(f"per_node must be a positive number or 'cpus', not {per_node!r}")
+
+
+def _candidates(nodes: Iterable[str] | None, per_node: int | str) -> list[tuple[str, int]]:
+    """(node id, number) of each executor to start: ``per_node`` on each alive node wanted."""
+    wanted = set(nodes) if nodes is not None else None
+    candidates = []
+    for node in ray.nodes():
+        if not node["Alive"] or (wanted is not None and node["NodeID"] not in wanted):
+            continue
+        count = int(node["Resources"].get("CPU", 1)) if per_node == "cpus" else per_node
+        candidates += [(node["NodeID"], i) for i in range(max(1, int(count)))]
+    if not candidates:
+        raise NsboxError("no alive Ray node to start an executor on")
+    return candidates
+
+
 class Executors:
     """Executor actors on the nodes of the connected Ray cluster, and the client side.
 
@@ -385,42 +406,43 @@ class Executors:
                  actor_options: dict[str, Any] | None = None, timeout: float = 120.0) -> None:
         if not ray.is_initialized():
             raise NsboxError("Ray is not initialized: call ray.init(address=...) first")
-        if pool_size < 1:
-            raise ValueError("pool_size must be at least 1")
-        if per_node != "cpus" and (not isinstance(per_node, int) or per_node < 1):
-            raise ValueError(f"per_node must be a positive number or 'cpus', not {per_node!r}")
+        _check_sizes(pool_size, per_node)
         self.policy = policy or Policy()
         self.group = uuid.uuid4().hex[:12]
         self.refused: dict[str, str] = {}
         self._next = 0
         self._lock = threading.Lock()
-        wanted = set(nodes) if nodes is not None else None
-        candidates = []
-        for node in ray.nodes():
-            if not node["Alive"] or (wanted is not None and node["NodeID"] not in wanted):
-                continue
-            count = int(node["Resources"].get("CPU", 1)) if per_node == "cpus" else per_node
-            candidates += [(node["NodeID"], i) for i in range(max(1, int(count)))]
-        if not candidates:
-            raise NsboxError("no alive Ray node to start an executor on")
-        options = {"num_cpus": 0, **(actor_options or {})}
+        candidates = _candidates(nodes, per_node)
         self._nodes = {node_id for node_id, _ in candidates}
         self._node_of: dict[int, str] = {}
         self._actors: list[Any] = []
-        started = []
-        for node_id, i in candidates:
-            name = f"nsbox-{self.group}-{node_id[:12]}-{i}"
-            slots = concurrency or pool_size
-            actor = _ExecutorActor.options(
-                name=name, max_restarts=max_restarts, max_task_retries=1,
-                max_concurrency=slots,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                **options,
-            ).remote(self.policy, pool_size=pool_size, concurrency=slots, group=self.group,
-                     name=name, copy_limits=copy_limits or CopyLimits())
-            started.append((node_id, actor, actor.info.remote()))
-            self._node_of[id(actor)] = node_id
         self.executors: list[dict[str, Any]] = []
+        slots = concurrency or pool_size
+        started = [self._start(node_id, i, pool_size, slots, max_restarts,
+                               copy_limits or CopyLimits(), actor_options or {})
+                   for node_id, i in candidates]
+        self._await(started, timeout)
+        if self.refused and (not skip_refused or not self._actors):
+            self.shutdown()
+            raise NodeRefused("; ".join(sorted(set(self.refused.values()))),
+                              feature="sandbox")
+
+    def _start(self, node_id: str, i: int, pool_size: int, slots: int, max_restarts: int,
+               copy_limits: CopyLimits, actor_options: dict[str, Any]) -> tuple[str, Any, Any]:
+        """Start the executor actor number ``i`` on a node; (node, actor, its info's ref)."""
+        name = f"nsbox-{self.group}-{node_id[:12]}-{i}"
+        actor = _ExecutorActor.options(
+            name=name, max_restarts=max_restarts, max_task_retries=1,
+            max_concurrency=slots,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            **{"num_cpus": 0, **actor_options},
+        ).remote(self.policy, pool_size=pool_size, concurrency=slots, group=self.group,
+                 name=name, copy_limits=copy_limits)
+        self._node_of[id(actor)] = node_id
+        return node_id, actor, actor.info.remote()
+
+    def _await(self, started: list[tuple[str, Any, Any]], timeout: float) -> None:
+        """Wait for each started executor: keep it, or note its node's refusal."""
         for node_id, actor, ready in started:
             try:
                 info = ray.get(ready, timeout=timeout)
@@ -435,10 +457,6 @@ class Executors:
             else:
                 self.refused[node_id] = info["refusal"]
                 ray.kill(actor, no_restart=True)
-        if self.refused and (not skip_refused or not self._actors):
-            self.shutdown()
-            raise NodeRefused("; ".join(sorted(set(self.refused.values()))),
-                              feature="sandbox")
 
     def __enter__(self) -> Executors:
         return self

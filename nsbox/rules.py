@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nsbox.errors import PolicyError
+from nsbox.errors import PolicyError, suggest
 
 if TYPE_CHECKING:
     from nsbox.policy import Mount, Policy
@@ -167,8 +167,6 @@ def check_allow(names: Iterable[str], key: str = "allow_rules") -> tuple[str, ..
     names = tuple(names)
     for name in names:
         if not isinstance(name, str) or name not in RULES:
-            from nsbox._schema import suggest
-
             raise PolicyError(f"{name!r} is not a rule of nsbox", key=key,
                               hint=suggest(str(name), RULES) or "docs/rules.md lists them")
         if not RULES[name].can_allow:

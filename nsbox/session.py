@@ -1,9 +1,9 @@
 """Sessions: one sandbox that runs many commands, and files into and out of it.
 
 A Session is launched through the same helper as ``nsbox.run``; its sandbox child builds the
-sandbox and then stays as the sandbox's pid 1, serving commands (nsbox/_sessioninit.py documents
-the protocol). The workspace, /tmp and every mount live as long as the session; each command
-runs in a pid namespace of its own inside it, with its own deadline, output cap and Result.
+sandbox and then stays as the sandbox's pid 1, serving commands (nsbox/sandbox/sessioninit.py
+documents the protocol). The workspace, /tmp and every mount live as long as the session; each
+command runs in a pid namespace of its own inside it, with its own deadline, output cap and Result.
 
 Files move only as data, through the sandbox: the host never opens a path inside the workspace
 itself (the sandbox could have turned it into a symlink, a FIFO or a 1 TB sparse file since the
@@ -34,11 +34,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import _netns, _wire, launcher, rules
-from nsbox import audit as auditmod
+from nsbox import _wire, launcher, rules
 from nsbox import inputs as doors
 from nsbox import plan as planmod
-from nsbox import project as projectmod
 from nsbox.errors import (
     FileTransferError,
     LaunchError,
@@ -46,7 +44,9 @@ from nsbox.errors import (
     PolicyError,
     SessionClosed,
 )
-from nsbox.network import RunNetwork
+from nsbox.host import audit as auditmod
+from nsbox.host import project as projectmod
+from nsbox.host.network import RunNetwork
 from nsbox.policy import Bind, MiB, Policy
 from nsbox.result import Result, Status
 
@@ -216,7 +216,7 @@ class Session:
         launch, launch_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         try:
-            # The control socket is the init's fd 0 (nsbox/_sessioninit.py).
+            # The control socket is the init's fd 0 (nsbox/sandbox/sessioninit.py).
             launcher._helper.submit(wire, [launch_theirs.fileno(), ctl_theirs.fileno(), null,
                                            null])
         except BaseException:
@@ -269,7 +269,7 @@ class Session:
 
     def _on_launch_message(self, launch: socket.socket) -> dict[str, Any] | None:
         """One message of the helper about the session's launch (pid, proxy, exit)."""
-        data, fds = _netns.receive_fds(launch, 65536, 1)
+        data, fds = _wire.receive_fds(launch, 65536, 1)
         message = _message(data)
         if message is not None and message.get("event") == "proxy":
             self._net.serve(fds)

@@ -327,9 +327,9 @@ def test_a_spawner_that_cannot_enter_its_cgroup_stops_the_spawners_and_says_why(
     import selectors
     import socket
 
-    from nsbox import _spawner
     from nsbox.cgroups._null import NullBackend
     from nsbox.cgroups._v1 import V1Run
+    from nsbox.helper import spawner as _spawner
 
     cgroup = V1Run("nsbox-test", {"memory": str(tmp_path / "gone")}, None)
 

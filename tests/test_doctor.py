@@ -13,7 +13,7 @@ from conftest import PYTHON, require
 
 from nsbox.cgroups import describe_host
 from nsbox.doctor import Check, Report, run_doctor
-from nsbox.hostfacts import HostFacts
+from nsbox.doctor.hostfacts import HostFacts
 from nsbox.profiles import load_profile
 
 ACTIONS = "kill_process kill_thread trap errno user_notif trace log allow"

@@ -14,7 +14,7 @@ from nsbox import cgroups
 
 DOORS = {
     "fast": [str(Path(sys.executable).with_name("nsbox"))],
-    "click": [sys.executable, "-c", "import sys; from nsbox.cli import main; main()"],
+    "click": [sys.executable, "-c", "import sys; from nsbox.cli.commands import main; main()"],
 }
 
 # (name, the arguments of `nsbox run`, the exit code docs/cli.md promises)

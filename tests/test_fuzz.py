@@ -343,7 +343,7 @@ def test_profile_mutations_slow(tmp_path: Path):
 WORKER = """
 import json, os, sys
 from click.testing import CliRunner
-from nsbox import cli
+from nsbox.cli import commands as cli
 requests, replies = os.fdopen(int(sys.argv[1]), "r"), os.fdopen(int(sys.argv[2]), "w")
 runner = CliRunner()
 for line in requests:

@@ -161,7 +161,7 @@ def _bases() -> list[str]:
 def _our_run_cgroups() -> list[str]:
     """Run cgroups whose owner (the launch helper) is a child of this test process.
 
-    A spare (made ahead, nsbox/_spawner.py) counts as one unless it holds nothing but its
+    A spare (made ahead, nsbox/helper/spawner.py) counts as one unless it holds nothing but its
     waiting spawner: a run that took it and left anything behind is found."""
     found = []
     for base in _bases():
@@ -630,7 +630,7 @@ def test_cli_says_which_limits_were_approximated(public_tree: Path, quiet: bool)
     proc = subprocess.run(
         ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
          "--clear-groups", "--", PYTHON, "-I", "-c",
-         "import sys; sys.path.insert(0, sys.argv.pop(1)); from nsbox._fastcli import main; "
+         "import sys; sys.path.insert(0, sys.argv.pop(1)); from nsbox.cli.fast import main; "
          "main()", str(public_tree), "run", *(["--quiet"] if quiet else []),
          "--memory", "64M", "--", "python3", "-c", "b = bytearray(256 << 20)"],
         capture_output=True, text=True, cwd="/", timeout=60)

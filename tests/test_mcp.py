@@ -176,7 +176,7 @@ def test_core_imports_without_the_sdk():
 
 
 def test_missing_sdk_names_the_extra():
-    code = WITHOUT_SDK + "from nsbox.cli import main; main(['mcp'])"
+    code = WITHOUT_SDK + "from nsbox.cli.commands import main; main(['mcp'])"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=60)
     assert proc.returncode == 125

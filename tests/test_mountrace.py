@@ -167,7 +167,7 @@ def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_target_walk_makes_directories_and_refuses_symlinks(resolver: bool, tmp_path: Path):
-    from nsbox import _child
+    from nsbox.sandbox import mounts
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -177,18 +177,18 @@ def test_target_walk_makes_directories_and_refuses_symlinks(resolver: bool, tmp_
     (root / "a" / "file").write_text("x")
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
     try:
-        fd = _child.open_dir(root_fd, "/a/b/c", 0o700)
+        fd = mounts.open_dir(root_fd, "/a/b/c", 0o700)
         assert os.path.samestat(os.fstat(fd), (root / "a" / "b" / "c").stat())
         os.close(fd)
         assert (root / "a" / "b" / "c").stat().st_mode & 0o777 == 0o700
         with pytest.raises(OSError) as symlink:
-            _child.open_dir(root_fd, "/a/link/d")
+            mounts.open_dir(root_fd, "/a/link/d")
         with pytest.raises(OSError) as file:
-            _child.write_file(root_fd, "/a/file/d", "y", 0o644)
+            mounts.write_file(root_fd, "/a/file/d", "y", 0o644)
         with pytest.raises(OSError) as last:
-            _child.write_file(root_fd, "/a/link", "y", 0o644)
+            mounts.write_file(root_fd, "/a/link", "y", 0o644)
         with pytest.raises(OSError) as dotdot:
-            _child.open_dir(root_fd, "/a/../b")
+            mounts.open_dir(root_fd, "/a/../b")
     finally:
         os.close(root_fd)
     assert symlink.value.errno == 20
@@ -225,7 +225,7 @@ def test_bind_source_with_a_symlink_component_is_refused(resolver: bool, tmp_pat
 
 
 def test_file_rewrites_only_a_plain_file_of_its_own(tmp_path: Path):
-    from nsbox import _child
+    from nsbox.sandbox import mounts
 
     outside = tmp_path / "outside.txt"
     outside.write_text("outside\n")
@@ -237,12 +237,12 @@ def test_file_rewrites_only_a_plain_file_of_its_own(tmp_path: Path):
     (root / "dir").mkdir()
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
     try:
-        _child.write_file(root_fd, "/plain", "new\n", 0o600)
-        _child.write_file(root_fd, "/sub/fresh", "fresh\n", 0o644)
+        mounts.write_file(root_fd, "/plain", "new\n", 0o600)
+        mounts.write_file(root_fd, "/sub/fresh", "fresh\n", 0o644)
         refused = {}
         for name in ("linked", "fifo", "dir"):
             with pytest.raises(OSError) as exc:
-                _child.write_file(root_fd, f"/{name}", "x\n", 0o644)
+                mounts.write_file(root_fd, f"/{name}", "x\n", 0o644)
             refused[name] = exc.value
     finally:
         os.close(root_fd)

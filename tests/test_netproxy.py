@@ -19,7 +19,7 @@ import pytest
 from conftest import require
 from netservers import EchoServer, HTTPServer
 
-from nsbox.netproxy import NetworkProxy, ProxyLimits
+from nsbox.host.netproxy import NetworkProxy, ProxyLimits
 from nsbox.netrules import parse_allow_list
 
 

@@ -91,7 +91,7 @@ def test_python_dash_m_nsbox_runs_the_cli():
 def test_every_command_has_help_with_an_example():
     import click
 
-    from nsbox.cli import main
+    from nsbox.cli.commands import main
 
     def commands(group: click.Group, prefix: list[str]) -> list[list[str]]:
         found = []

@@ -36,7 +36,7 @@ def wait_until(condition, seconds: float = 10.0) -> bool:
 def helper_children(helper: int | None = None, sandboxes_only: bool = True) -> list[int]:
     """The live (non-zombie) children of a launch helper (default: this process's). Only those
     in a pid namespace of their own, its sandboxes, unless ``sandboxes_only`` is False: then its
-    spawners too (nsbox/_spawner.py)."""
+    spawners too (nsbox/helper/spawner.py)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))  # bench/ is not installed; the tests use its soak
     from bench.soak import children_of
@@ -232,7 +232,8 @@ def test_trace_names_every_step_in_order(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_fast_path_declares_exactly_the_click_options():
-    from nsbox import _fastcli, cli
+    from nsbox.cli import commands as cli
+    from nsbox.cli import fast as _fastcli
 
     click_options = {}
     for param in cli.run.params:
@@ -249,7 +250,10 @@ def test_fast_path_declares_exactly_the_click_options():
 
 
 def test_both_doors_know_the_same_limit_options():
-    from nsbox import _cli_run, _fastcli, cli, limits
+    from nsbox import limits
+    from nsbox.cli import commands as cli
+    from nsbox.cli import fast as _fastcli
+    from nsbox.cli import run as _cli_run
 
     assert {name: getattr(limits, parser) for name, parser in _fastcli.LIMIT_PARSERS.items()} \
         == cli._LIMIT_PARSERS
@@ -274,7 +278,8 @@ def test_both_doors_know_the_same_limit_options():
      "--file-size", "1M", "--tmp-size=8M", "--workspace-size", "16M", "--", "true"],
 ])
 def test_fast_path_and_click_parse_the_same(args: list[str]):
-    from nsbox import _fastcli, cli
+    from nsbox.cli import commands as cli
+    from nsbox.cli import fast as _fastcli
 
     with cli.run.make_context("run", list(args)) as ctx:
         by_click = dict(ctx.params)
@@ -289,7 +294,7 @@ def test_fast_path_and_click_parse_the_same(args: list[str]):
     ["--pids", "many", "true"], ["--print-profile"],
 ])
 def test_fast_path_leaves_the_rest_to_click(args: list[str]):
-    from nsbox import _fastcli
+    from nsbox.cli import fast as _fastcli
 
     with pytest.raises(_fastcli._Fallback):
         _fastcli.parse_run(list(args))
@@ -308,7 +313,7 @@ def test_cli_fast_path_does_not_import_click_or_pyseccomp(tmp_path: Path):
         "def report():\n"
         f"    open({str(tmp_path / 'mods')!r}, 'w').write(' '.join(sorted(sys.modules)))\n"
         "atexit.register(report)\n"
-        "from nsbox._fastcli import main\n"
+        "from nsbox.cli.fast import main\n"
         "main()\n"
     )
     # The seccomp program comes from the disk cache once a first run has compiled it.

@@ -79,10 +79,11 @@ def test_files_of_unmapped_owners_belong_to_nobody(sandbox: Runner):
 # --- arguments: options stop at the command ----------------------------------------------------
 
 
-# The fast path (python3 -m nsbox: nsbox/_fastcli.py) and click (nsbox/cli.py) directly.
+# The fast path (python3 -m nsbox: nsbox/cli/fast.py) and click (nsbox/cli.py) directly.
 DOORS = {
     "fast": ["-m", "nsbox"],
-    "click": ["-c", "import sys; from nsbox.cli import main; sys.argv[0] = 'nsbox'; main()"],
+    "click": ["-c",
+              "import sys; from nsbox.cli.commands import main; sys.argv[0] = 'nsbox'; main()"],
 }
 
 

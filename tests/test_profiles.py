@@ -469,7 +469,7 @@ def test_repository_profiles_dir_is_the_package_data() -> None:
 
 
 def test_docs_list_every_key_with_the_schema_default() -> None:
-    from nsbox import _schema
+    from nsbox.profiles import schema as _schema
     from nsbox.profiles import tomllib
 
     docs = (Path(__file__).resolve().parent.parent / "docs" / "profiles.md").read_text()
@@ -500,10 +500,10 @@ def test_api_overrides_take_mount_objects_and_check_them(tmp_path: Path) -> None
 
 def test_every_policy_field_is_a_schema_key() -> None:
     """The schema is the one description of a sandbox: a field added to Policy (or to its
-    parts) without a key in nsbox/_schema.py fails here."""
+    parts) without a key in nsbox/profiles/schema.py fails here."""
     import dataclasses
 
-    from nsbox import _schema
+    from nsbox.profiles import schema as _schema
 
     reachable = {spec.attr for spec in _schema.FIELDS.values()}
     reachable |= {("mounts",), ("seccomp", "rules"), ("name",)}  # lists; name: the file's

@@ -1,5 +1,5 @@
 """The project workspace: a host directory the sandbox changes copy-on-write; the host reviews
-the changes and applies the ones it chooses (nsbox/project.py).
+the changes and applies the ones it chooses (nsbox/host/project.py).
 
 Each test runs as this process's user and as the unprivileged uid, as a host program would;
 the evidence (the project tree byte for byte, modes, file types) is read on the host."""

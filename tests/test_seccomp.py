@@ -24,8 +24,8 @@ import pytest
 from conftest import PYTHON, Runner, require
 
 import nsbox
-from nsbox import seccomp as sc
 from nsbox.errors import PolicyError, SetupError
+from nsbox.host import seccomp as sc
 from nsbox.policy import Bind, Policy, Seccomp, SeccompArg, SeccompRule
 
 PROBE_SRC = Path(__file__).parent / "probes" / "seccomp_probe.c"
@@ -446,7 +446,7 @@ def test_a_cache_hit_does_not_import_pyseccomp(cache_home: Path) -> None:
     sc.program_for(Seccomp())
     sc.load_setid()
     code = (
-        "import sys, nsbox; from nsbox import seccomp; "
+        "import sys, nsbox; from nsbox.host import seccomp; "
         "r = nsbox.run(['/bin/true']); assert r.ok, r; "
         "print(seccomp.stats.compiled + seccomp.stats.setid_compiled, seccomp.stats.disk_hits, "
         "'pyseccomp' in sys.modules)"

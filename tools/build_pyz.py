@@ -25,7 +25,7 @@ FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 DEPENDENCIES = ("click", "pyseccomp", "cgroupspy")
 OPTIONAL_DEPENDENCIES = ("tomli",)  # tomllib's backport, needed on Python 3.10 only
 # The same entry as the installed `nsbox` script: `run` without click, the rest through click.
-MAIN = "from nsbox._fastcli import main\nmain()\n"
+MAIN = "from nsbox.cli.fast import main\nmain()\n"
 
 
 def commit() -> str:

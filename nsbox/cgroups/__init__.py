@@ -74,7 +74,7 @@ class RunCgroup(abc.ABC):
 
     @abc.abstractmethod
     def reset_peak_memory(self) -> None:
-        """Count the peak memory from now on (after a spawner has left, nsbox/_spawner.py)."""
+        """Count the peak memory from now on (after a spawner has left, nsbox/helper/spawner.py)."""
 
     def clone_fd(self) -> int | None:
         """A directory descriptor to clone the run's first process into the cgroup at once

@@ -41,7 +41,7 @@ def write(path: str, value: object) -> None:
     """Write one value; the kernel's error (EINVAL, EBUSY, ...) comes back as OSError naming the
     file and the value."""
     try:
-        # Plain os calls: a spawner (nsbox/_spawner.py) attaches itself with this, and every
+        # Plain os calls: a spawner (nsbox/helper/spawner.py) attaches itself with this, and every
         # Python object it touches is a page copied from the helper.
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         try:

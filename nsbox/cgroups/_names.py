@@ -47,8 +47,8 @@ def run_name() -> str:
 
 
 def spare_name() -> str:
-    """A new name for a cgroup made ahead of the run that takes it (nsbox/_spawner.py). It keeps
-    that name when a run takes it (a v2 directory cannot be renamed): a spare is idle while
+    """A new name for a cgroup made ahead of the run that takes it (nsbox/helper/spawner.py).
+    It keeps that name when a run takes it (a v2 directory cannot be renamed): a spare is idle while
     it holds nothing but its spawner (see ``is_idle_spare``)."""
     return f"{_owner_tag(os.getpid())}-s{next(_counter)}"
 

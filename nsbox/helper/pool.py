@@ -31,26 +31,28 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from nsbox import _wire
+from nsbox._wire import SetupErrorInfo, WirePlan
 from nsbox.errors import HostError
 
 if TYPE_CHECKING:
-    from nsbox._helper import Helper, Launch
+    from nsbox.helper.launch import Launch
+    from nsbox.helper.loop import Helper
 
 REFILL_DELAY = 0.002  # seconds
 
 
 class HelperPool:
-    def __init__(self, helper: Helper, sock: socket.socket, plan: dict[str, Any],
+    def __init__(self, helper: Helper, sock: socket.socket, plan: WirePlan,
                  size: int) -> None:
         self.helper = helper
         self.sock = sock
         # The deadline runs from the command's arrival, not from the preparation.
-        self.plan = {**plan, "pooled": True, "wall_time": None}
+        self.plan: WirePlan = {**plan, "pooled": True, "wall_time": None}
         self.size = max(1, size)
         self.ready: deque[Launch] = deque()
         self.preparing: set[Launch] = set()
         self.waiting: deque[tuple[dict[str, Any], list[int], int]] = deque()
-        self.error: dict[str, Any] | None = None
+        self.error: SetupErrorInfo | None = None
         self.closed = False
         self.command_socks: dict[Launch, socket.socket] = {}  # until each gets its command
         self.ready_waiters: list[socket.socket] = []
@@ -66,14 +68,14 @@ class HelperPool:
             self.prepare()
 
     def prepare(self) -> None:
-        from nsbox._helper import Launch, failure_info
+        from nsbox.helper.launch import Launch, failure_info
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         launch = Launch(None)
         launch.pool = self
         try:
             # A copy: the launch keeps its own plan (the helper sets its rlimits in it).
-            self.helper.start(launch, dict(self.plan),
+            self.helper.start(launch, self.plan.copy(),
                               [theirs.fileno(), self.devnull, self.devnull])
         except HostError as exc:  # e.g. no unprivileged identity (nsbox/identity.py)
             ours.close()
@@ -116,7 +118,7 @@ class HelperPool:
             waiter.close()
         self.ready_waiters.clear()
 
-    def ended(self, launch: Launch, setup_error: dict[str, Any] | None) -> None:
+    def ended(self, launch: Launch, setup_error: SetupErrorInfo | None) -> None:
         """A sandbox of this pool was reaped: after its command, or before it had one.
 
         The replacement is prepared now, not at the hand-over: cloning and building it while
@@ -134,7 +136,7 @@ class HelperPool:
             # so that the caller gets the report (and the core) first.
             self.helper.call_later(REFILL_DELAY, self.fill)
 
-    def fail(self, setup_error: dict[str, Any]) -> None:
+    def fail(self, setup_error: SetupErrorInfo) -> None:
         self.error = setup_error
         self.answer_ready_waiters()
         while self.waiting:

@@ -11,7 +11,7 @@ each file is checked on its own, so an error names the file, the key and the lin
     print(to_toml(policy))
 
 The schema (every key, its default and an example) is docs/profiles.md; the keys and their
-checks are in nsbox/_schema.py.
+checks are in nsbox/profiles/schema.py.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import _schema as schema
-from nsbox import _tomltext
 from nsbox import rules as rule_book
 from nsbox.errors import PolicyError
 from nsbox.policy import Mount, Policy, SeccompRule
+from nsbox.profiles import schema
+from nsbox.profiles import tomltext as _tomltext
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -209,7 +209,7 @@ def _check_depth(data: Any, display: str) -> None:
 
 
 def _shipped(name: str) -> _Source:
-    path = os.path.join(os.path.dirname(__file__), "profiles", f"{name}.toml")
+    path = os.path.join(os.path.dirname(__file__), f"{name}.toml")
     return _Source(f"profiles/{name}.toml", path, None)
 
 

@@ -1,6 +1,6 @@
 """The supervisor of one command-line session: a detached process that holds the Session.
 
-``nsbox session start`` starts it (``python -m nsbox._supervisor``) with the session's Policy
+``nsbox session start`` starts it (``python -m nsbox.cli.supervisor``) with the session's Policy
 and settings pickled on stdin (not in argv, which every user can read in /proc), and reads one
 line back:
 ``ok ID`` or ``error MESSAGE``. The supervisor then serves requests on a unix socket in the
@@ -23,7 +23,6 @@ checked with SO_PEERCRED on top of the directory's 0700):
 
 from __future__ import annotations
 
-import array
 import hashlib
 import json
 import os
@@ -38,6 +37,7 @@ import threading
 import time
 from typing import Any
 
+from nsbox import _wire, errors
 from nsbox.errors import NsboxError, PolicyError
 from nsbox.session import Session
 
@@ -83,22 +83,14 @@ def _ensure_private(path: str, uid: int) -> str:
 
 
 def recv_request(conn: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    fds = array.array("i")
-    msg, ancdata, _flags, _addr = conn.recvmsg(
-        MAX_REQUEST, socket.CMSG_SPACE(MAX_FDS * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    msg, fds = _wire.receive_fds(conn, MAX_REQUEST, MAX_FDS)
     if not msg:
-        return None, list(fds)
-    return json.loads(msg), list(fds)
+        return None, fds
+    return json.loads(msg), fds
 
 
 def error_reply(exc: NsboxError) -> dict[str, Any]:
-    return {"error": {"type": type(exc).__name__, "message": getattr(exc, "message", str(exc)),
-                      "text": str(exc), "step": getattr(exc, "step", None),
-                      "errno": getattr(exc, "errno", None), "hint": exc.hint,
-                      "path": getattr(exc, "path", None), "reason": getattr(exc, "reason", None)}}
+    return {"error": errors.to_wire(exc)}
 
 
 class Supervisor:

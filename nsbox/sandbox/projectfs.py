@@ -39,7 +39,7 @@ def mount_project(root: int, op: dict[str, Any], tree: int, build: str,
     """Mount the overlay of op["source"] at op["target"] of the new root (``root``).
 
     ``tree`` is a detached copy of the source (the helper's, idmapped where it could be, or the
-    child's own); the helpers of nsbox/_child.py are passed in to keep one way of mounting.
+    child's own); the helpers of nsbox/sandbox/child.py are passed in to keep one way of mounting.
     """
     _libc.mount_setattr("", _libc.MOUNT_ATTR_RDONLY | _libc.MOUNT_ATTR_NOSUID
                         | _libc.MOUNT_ATTR_NODEV, recursive=True, dirfd=tree, empty_path=True)

@@ -1,7 +1,7 @@
 """The entry point of the ``nsbox`` command: ``nsbox run`` without importing click.
 
 Importing click costs about 45 ms, several times a whole sandbox launch, so a plain
-``nsbox run [OPTIONS] [--] COMMAND...`` is parsed here by hand and handed to nsbox/_cli_run.py,
+``nsbox run [OPTIONS] [--] COMMAND...`` is parsed here by hand and handed to nsbox/cli/run.py,
 the same code the click command calls. Everything else (other commands, --help, --version, and
 any form this parser does not take: bundled short flags, ``-t5``, a bad value) goes to click,
 which parses and reports errors as usual. As in click's command, options stop at the command:
@@ -25,7 +25,7 @@ VALUE, MULTIPLE, FLAG = "value", "multiple", "flag"
 
 # (flags, parameter name, kind), grouped as in nsbox/cli.py.
 RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    # sessions: data in and out, audit (nsbox/_cli_session.py)
+    # sessions: data in and out, audit (nsbox/cli/session.py)
     (("--input",), "inputs", MULTIPLE),
     (("--collect",), "collect", MULTIPLE),
     (("--collect-dir",), "collect_dir", VALUE),
@@ -166,10 +166,11 @@ def _main() -> None:
         except _Fallback:
             params = None
         if params is not None:
-            from nsbox._helperfork import fork_helper
+            from nsbox.helper.fork import fork_helper
 
             helper = fork_helper()
-            from nsbox import _cli_run, launcher
+            from nsbox import launcher
+            from nsbox.cli import run as _cli_run
 
             launcher._helper.adopt(*helper)
             launcher._helper.reap_at_exit()
@@ -180,6 +181,6 @@ def _main() -> None:
                 pass  # click reports it; the helper ends with this process
             else:
                 sys.exit(code)
-    from nsbox.cli import main as click_main
+    from nsbox.cli.commands import main as click_main
 
     click_main()

@@ -16,7 +16,7 @@ from nsbox.errors import PolicyError
 from nsbox.policy import Network
 
 if TYPE_CHECKING:
-    from nsbox.netproxy import NetworkProxy
+    from nsbox.host.netproxy import NetworkProxy
 
 PROXY_HOST = "127.0.0.1"
 
@@ -57,7 +57,7 @@ class RunNetwork:
                 os.close(fd)
             return
         # The proxy and the rules load only for runs that use them.
-        from nsbox.netproxy import NetworkProxy, ProxyLimits
+        from nsbox.host.netproxy import NetworkProxy, ProxyLimits
         from nsbox.netrules import parse_allow_list
 
         limits = ProxyLimits(

@@ -20,7 +20,7 @@ def fork_helper() -> tuple[socket.socket, int]:
             ours.close()
             os.setsid()
             os.dup2(theirs.fileno(), 3)
-            from nsbox import _helper
+            from nsbox.helper import loop as _helper
 
             _helper.serve(3)
         finally:

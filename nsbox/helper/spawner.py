@@ -39,10 +39,11 @@ import socket
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from nsbox import _libc, _wire, cgroups
+from nsbox._wire import WirePlan
 from nsbox.cgroups import _names
 
 if TYPE_CHECKING:
-    from nsbox._helper import Helper
+    from nsbox.helper.loop import Helper
 
 # Spawners kept ready. Each is a sleeping fork of the helper (its memory shared with it) and one
 # empty cgroup per hierarchy; two cover two concurrent launches, the benchmark's case.
@@ -108,7 +109,7 @@ class Spawner:
             raise OSError(int(rest.partition(" ")[0]), error_message(reply.encode()))
         raise OSError(0, "the spawner went away before it cloned the sandbox")
 
-    def send_plan(self, plan: dict[str, Any], fds: ChildFds) -> None:
+    def send_plan(self, plan: WirePlan, fds: ChildFds) -> None:
         """The plan and the descriptors, to the sandbox child the spawner cloned."""
         layout, fd_list = fds.pack()
         _wire.send(self.sock, {"plan": plan, "layout": layout}, fd_list)  # any size
@@ -248,7 +249,7 @@ def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoR
         cgroup.attach(os.getpid())
         os.write(fd, b"ready")
         if os.read(fd, 64) == b"clone":
-            from nsbox._helper import NAMESPACES
+            from nsbox.helper.launch import NAMESPACES
 
             pid = _libc.raw_clone(NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD)
             if pid == 0:
@@ -276,7 +277,7 @@ def become_sandbox(helper: Helper, sock: socket.socket) -> NoReturn:
             plan = request["plan"]
             child = ChildFds.unpack(request["layout"], fds)
             if plan.get("session"):
-                import nsbox._sessioninit  # noqa: F401  (see Helper.start)
+                import nsbox.sandbox.sessioninit  # noqa: F401  (see Helper.start)
             helper.become_child(plan, child.stdio, child.sync_r, child.err_w, child.sources, (),
                                 child.notify, child.net)
     finally:

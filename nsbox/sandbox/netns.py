@@ -12,11 +12,12 @@ helper has already imported are used here (the code between clone and exec impor
 
 from __future__ import annotations
 
-import array
 import fcntl
 import os
 import socket
 import struct
+
+from nsbox._wire import receive_fds  # the one SCM_RIGHTS receiver (also for session.py)
 
 # <linux/sockios.h>, <net/if.h>; netdevice(7)
 SIOCGIFFLAGS = 0x8913
@@ -68,19 +69,6 @@ def setup_network(mode: str, port: int, channel_fd: int | None) -> None:
         if channel_fd is None:
             raise OSError(0, "allow mode without a channel for the proxy listener")
         send_listener(channel_fd, proxy_listener(port))
-
-
-def receive_fds(sock: socket.socket, bufsize: int, maxfds: int) -> tuple[bytes, list[int]]:
-    """recvmsg with SCM_RIGHTS; the descriptors arrive close-on-exec, so that no program the
-    receiver starts inherits them (unlike socket.recv_fds)."""
-    fds = array.array("i")
-    msg, ancdata, _flags, _addr = sock.recvmsg(
-        bufsize, socket.CMSG_SPACE(maxfds * fds.itemsize), socket.MSG_CMSG_CLOEXEC
-    )
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-    return msg, list(fds)
 
 
 def receive_listener(channel: socket.socket) -> int | None:

@@ -17,27 +17,20 @@ import resource
 import select
 import signal
 import socket
-import stat
 import time
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from nsbox import _libc, _netns, _projectfs, _wire
+from nsbox import _libc, _wire
+from nsbox._wire import SetupErrorInfo, WirePlan
+from nsbox.sandbox import netns as _netns
+from nsbox.sandbox.mounts import NEWROOT, apply_mount, stage
 
-# The staging tmpfs is mounted over /tmp (privately, in the new mount namespace) and becomes the
-# root; the host's root stays reachable under /oldroot until the final pivot, and the sandbox's
-# root is built under /newroot.
-STAGING = "/tmp"
-OLDROOT = "/oldroot"
-NEWROOT = "/newroot"
-# New mounts (tmpfs, /dev, /proc) are made here, where nothing but this process can reach, then
-# moved onto their target's descriptor: no name below the new root is looked up for them.
-BUILD = "/build"
-EMPTY = "/empty"  # an empty directory, bound read-only over parts of /proc (mask_host_files)
 CLOSE_RANGE_CLOEXEC = 4
 
 
 class Context:
-    def __init__(self, plan: dict[str, Any], sync_fd: int, err_fd: int,
+    def __init__(self, plan: WirePlan, sync_fd: int, err_fd: int,
                  source_fds: dict[int, int], cap_last: int, notify_fd: int = -1,
                  net_fd: int | None = None) -> None:
         self.plan = plan
@@ -101,7 +94,7 @@ def build_sandbox(ctx: Context) -> None:
     ctx.root_fd = stage()
     for index, op in enumerate(ctx.plan["mounts"]):
         ctx.step = f"{op['op']} {op['target']}"
-        apply_mount(ctx, index, op)
+        apply_mount(ctx.root_fd, op, ctx.source_fds.pop(index, None))
     os.close(ctx.root_fd)
     ctx.step = "pivot_root"
     enter_root()
@@ -114,7 +107,7 @@ def build_sandbox(ctx: Context) -> None:
     _netns.setup_network(net.get("mode", "none"), net.get("proxy_port", 0), ctx.net_fd)
 
 
-def finish_and_exec(ctx: Context, command: dict[str, Any]) -> NoReturn:
+def finish_and_exec(ctx: Context, command: Mapping[str, Any]) -> NoReturn:
     """The per-command steps, in order, ending with seccomp (last) and the exec.
 
     ``command`` carries argv, env, cwd, rlimits and seccomp_bpf (the plan, for one command).
@@ -242,14 +235,14 @@ def wait_for_command(command_pid: int) -> int:
                 return status
 
 
-def read_report(data: bytes) -> tuple[list[Any], dict[str, Any] | None, int | None]:
+def read_report(data: bytes) -> tuple[list[Any], SetupErrorInfo | None, int | None]:
     """The error pipe of a launch: (trace, error report, the command's wait status).
 
     Each writer writes JSON without a raw newline inside and lines apart: the command's process
     the trace before exec (send_trace) or an error report (fail), pid 1 the status last.
     """
     trace: list[Any] = []
-    error: dict[str, Any] | None = None
+    error: SetupErrorInfo | None = None
     status: int | None = None
     for line in data.split(b"\n"):
         if not line:
@@ -357,337 +350,6 @@ def die_with_launcher(ctx: Context) -> None:
             raise OSError(0, "the launch helper went away before the sandbox was set up")
 
 
-# --- mount targets ---------------------------------------------------------------------------
-#
-# A target may lie below a bind whose host directory another sandbox writes to at this very
-# moment, swapping a directory for a symlink in a loop. Looked up by name, such a target could
-# lead anywhere on the host. So every target is reached from a descriptor of the new root, one
-# directory descriptor at a time, and no symlink is followed at any component (openat2(2) with
-# RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH; a walk with O_NOFOLLOW where openat2 is missing).
-# Directories and files are made relative to their parent's descriptor, and mounts go onto the
-# descriptor itself (move_mount(2) with MOVE_MOUNT_T_EMPTY_PATH). A concurrent rename can then
-# only fail the launch, never redirect it.
-
-_RESOLVE = _libc.RESOLVE_NO_SYMLINKS | _libc.RESOLVE_BENEATH
-_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_NODE = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def stage() -> int:
-    """The staging root, with the host's root under /oldroot; a descriptor of the new root."""
-    mount_tmpfs(STAGING, 1024 * 1024, 0o755)
-    os.mkdir(STAGING + OLDROOT)
-    os.mkdir(STAGING + NEWROOT)
-    os.mkdir(STAGING + BUILD)
-    os.mkdir(STAGING + EMPTY, 0o555)
-    _libc.pivot_root(STAGING, STAGING + OLDROOT)
-    os.chdir("/")
-    mount_tmpfs(NEWROOT, 4 * 1024 * 1024, 0o755)
-    return os.open(NEWROOT, _DIR)
-
-
-def mount_tmpfs(target: str, size: int, mode: int) -> None:
-    # ``target``: a fixed place of the staging tmpfs (never below the new root).
-    _libc.mount("tmpfs", target, "tmpfs", _libc.MS_NOSUID | _libc.MS_NODEV,
-                f"size={size},mode={mode:o}")
-
-
-def _components(path: str) -> list[str]:
-    parts = path[1:].split("/")
-    # The plan normalizes targets (plan.check_target); this is the child's own guard.
-    if path[:1] != "/" or "" in parts or "." in parts or ".." in parts:
-        raise OSError(22, f"mount target {path} is not a normalized absolute path")
-    return parts
-
-
-def _not_a_directory(fd: int, name: str, path: str) -> OSError:
-    try:
-        mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
-    except OSError:
-        mode = 0
-    if stat.S_ISLNK(mode):
-        what = "a symlink"
-    elif mode and not stat.S_ISDIR(mode):
-        what = "not a directory"
-    else:
-        what = "a symlink or not a directory (it changed meanwhile)"
-    return OSError(20, f"{name} in mount target {path} is {what}: nsbox follows no symlink "
-                       "in a mount target and makes no directory in place of a file")
-
-
-def _open_dir(fd: int, name: str, path: str) -> int:
-    try:
-        return os.open(name, _DIR, dir_fd=fd)
-    except OSError as exc:
-        if exc.errno in (20, 40):  # ENOTDIR, ELOOP
-            raise _not_a_directory(fd, name, path) from None
-        raise
-
-
-def open_dir(root: int, path: str, mode: int = 0o777, target: str = "") -> int:
-    """An O_PATH descriptor of directory ``path`` of the new root, made (with its parents)
-    where missing, with no symlink followed on the way. Errors name ``target`` (the mount
-    target ``path`` leads to) or ``path``."""
-    parts = _components(path)
-    shown = target or path
-    if _libc.HAS_OPENAT2 and len(parts) > 1:
-        # A deep directory that is there: one call for the whole path. (One level down,
-        # openat with O_NOFOLLOW is the same thing.) Otherwise the walk below makes what is
-        # missing, or names the component that is in the way.
-        fd = _libc.try_openat2(root, path[1:], _DIR, _RESOLVE)
-        if fd >= 0:
-            return fd
-    fd = root
-    try:
-        for index, name in enumerate(parts):
-            try:
-                next_fd = _open_dir(fd, name, shown)
-            except FileNotFoundError:
-                try:
-                    os.mkdir(name, mode if index == len(parts) - 1 else 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass  # made meanwhile: opened below like any other
-                next_fd = _open_dir(fd, name, shown)
-            if fd != root:
-                os.close(fd)
-            fd = next_fd
-    except BaseException:
-        if fd != root:
-            os.close(fd)
-        raise
-    return fd
-
-
-def open_parent(root: int, path: str) -> tuple[int, str]:
-    """A descriptor of the directory that holds ``path`` (made if missing), and its name.
-
-    The descriptor is ``root`` itself for a target at the top: close it with ``release``."""
-    parent, _, name = path.rpartition("/")
-    _components(path)
-    return (root if not parent else open_dir(root, parent, target=path)), name
-
-
-def release(fd: int, root: int) -> None:
-    if fd != root:
-        os.close(fd)
-
-
-def open_mountpoint(root: int, path: str, is_dir: bool) -> int:
-    """An O_PATH descriptor of the place a mount goes: a directory, or a file for a file bind,
-    made if missing. A symlink there is refused, never followed."""
-    if is_dir:
-        return open_dir(root, path)
-    parent, name = open_parent(root, path)
-    try:
-        try:
-            # A new file: its own descriptor is the mount's target.
-            return os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
-                           | os.O_CLOEXEC, 0o644, dir_fd=parent)
-        except FileExistsError:
-            pass
-        fd = os.open(name, _NODE, dir_fd=parent)
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISLNK(mode) or stat.S_ISDIR(mode):
-            os.close(fd)
-            what = "directory" if stat.S_ISDIR(mode) else "symlink"
-            raise OSError(21 if stat.S_ISDIR(mode) else 40,
-                          f"mount target {path} is a {what} where a file is bound")
-        return fd
-    finally:
-        release(parent, root)
-
-
-def write_file(root: int, path: str, content: str, mode: int) -> None:
-    """``File``: made new, or an existing regular file rewritten, always through its descriptor."""
-    parent, name = open_parent(root, path)
-    try:
-        try:
-            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, mode, dir_fd=parent)
-        except FileExistsError:
-            fd = _open_existing_file(parent, name, path)
-    finally:
-        release(parent, root)
-    try:
-        data = memoryview(content.encode())
-        while data:
-            data = data[os.write(fd, data):]
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-
-
-def _open_existing_file(parent: int, name: str, path: str) -> int:
-    refused = OSError(17, f"{path} exists and is not a plain file of its own (a directory, a "
-                          "device, a FIFO, a socket or a hard link): not written")
-    try:
-        # O_NONBLOCK: a FIFO put here must not hang the launch; it is refused below.
-        fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=parent)
-    except OSError as exc:
-        if exc.errno in (6, 21):  # ENXIO: a FIFO without a reader, a socket; EISDIR
-            raise refused from None
-        raise
-    st = os.fstat(fd)
-    # A second name of the file (a hard link) could lead the write out of the tree.
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        raise refused
-    os.ftruncate(fd, 0)
-    return fd
-
-
-def apply_mount(ctx: Context, index: int, op: dict[str, Any]) -> None:
-    kind = op["op"]
-    root = ctx.root_fd
-    if kind == "bind":
-        bind(root, op, ctx.source_fds.pop(index, None))
-    elif kind == "tmpfs":
-        target = open_dir(root, op["target"])
-        mount_tmpfs(BUILD, op["size"], op["mode"])
-        move_into_place(BUILD, target)
-    elif kind == "file":
-        write_file(root, op["target"], op["content"], op["mode"])
-    elif kind == "symlink":
-        parent, name = open_parent(root, op["target"])
-        try:
-            os.symlink(op["points_to"], name, dir_fd=parent)
-        finally:
-            release(parent, root)
-    elif kind == "dir":
-        os.close(open_dir(root, op["target"], op["mode"]))
-    elif kind == "dev":
-        mount_dev(open_dir(root, op["target"]), op["devices"], op["shm_size"])
-    elif kind == "proc":
-        mount_proc(open_dir(root, op["target"]))
-    elif kind == "overlay":
-        tree = ctx.source_fds.pop(index, None)
-        _projectfs.mount_project(root, op, tree if tree is not None else
-                                 _open_source(op["source"]), BUILD, open_dir, attach,
-                                 move_into_place)
-    else:
-        raise OSError(22, f"unknown mount operation {kind!r}")
-
-
-def attach(tree: int, target: int) -> None:
-    """Move the detached mount ``tree`` onto the descriptor ``target``; both are closed."""
-    try:
-        _libc.move_mount(tree, target)
-    finally:
-        os.close(tree)
-        os.close(target)
-
-
-def bind(root: int, op: dict[str, Any], tree: int | None) -> None:
-    target = open_mountpoint(root, op["target"], op["is_dir"])
-    if tree is None:
-        # Unprivileged: the source is reached with the caller's own permissions. The plan
-        # resolved it; a symlink put in its path since then is refused, not followed.
-        tree = _open_source(op["source"])
-    # Otherwise a detached copy made by the helper when it runs as root (idmapped when
-    # writable): the sandbox's unprivileged uid need not be able to reach the source itself.
-    attrs = _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NODEV
-    if not op["writable"]:
-        attrs |= _libc.MOUNT_ATTR_RDONLY
-    try:
-        _libc.mount_setattr("", attrs, recursive=True, dirfd=tree, empty_path=True)
-    except BaseException:
-        os.close(tree)
-        os.close(target)
-        raise
-    attach(tree, target)
-
-
-def _open_source(source: str) -> int:
-    return _libc.open_tree_nofollow(
-        OLDROOT + source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE)
-
-
-def mount_dev(target: int, devices: list[str], shm_size: int) -> None:
-    path = BUILD
-    _libc.mount("tmpfs", path, "tmpfs", _libc.MS_NOSUID | _libc.MS_NOEXEC, "size=64k,mode=755")
-    for name in devices:
-        node = path + "/" + name
-        os.close(os.open(node, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644))
-        _libc.mount(f"{OLDROOT}/dev/{name}", node, None, _libc.MS_BIND)
-        _libc.mount_setattr(node, _libc.MOUNT_ATTR_NOSUID | _libc.MOUNT_ATTR_NOEXEC,
-                            recursive=False)
-    for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-        os.symlink(link, path + "/" + name)
-    shm = path + "/shm"
-    os.mkdir(shm)
-    mount_tmpfs(shm, shm_size, 0o1777)
-    mount_devpts(path)
-    _libc.mount_setattr(path, _libc.MOUNT_ATTR_RDONLY, recursive=False)
-    move_into_place(path, target)
-
-
-def mount_devpts(dev: str) -> None:
-    """The sandbox's own terminals: a new devpts instance at /dev/pts, /dev/ptmx leading to it.
-
-    ``newinstance`` makes a private set of ptys: the host's terminals are not in it, and the
-    sandbox's are not visible outside (devpts in the kernel's Documentation/filesystems). No
-    ``gid=tty``: gid 5 is not mapped in the sandbox's user namespace, so a pty belongs to the
-    group of the process that opens it.
-    """
-    pts = dev + "/pts"
-    os.mkdir(pts)
-    _libc.mount("devpts", pts, "devpts", _libc.MS_NOSUID | _libc.MS_NOEXEC,
-                "newinstance,ptmxmode=0666,mode=0620")
-    os.symlink("pts/ptmx", dev + "/ptmx")
-
-
-def mount_proc(target: int) -> None:
-    # Mounted before pivot_root: once the host's /proc is detached, the kernel refuses a new
-    # proc mount in a user namespace (mount_too_revealing in fs/namespace.c).
-    path = BUILD
-    _libc.mount("proc", path, "proc", _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC)
-    # Kernel knobs stay read-only even where the namespace would allow a write.
-    for sub in ("sys", "sysrq-trigger", "irq", "bus"):
-        sub_path = path + "/" + sub
-        try:
-            _libc.mount(sub_path, sub_path, None, _libc.MS_BIND | _libc.MS_REC)
-        except FileNotFoundError:
-            continue
-        _libc.mount_setattr(sub_path, _libc.MOUNT_ATTR_RDONLY, recursive=True)
-    mask_host_files(path)
-    move_into_place(path, target)
-
-
-def move_into_place(path: str, target: int) -> None:
-    """Move the mount built at ``path`` (with what is mounted below it) onto ``target``."""
-    try:
-        _libc.move_mount_path(path, target)
-    finally:
-        os.close(target)
-
-
-# Parts of /proc that show the whole host, not the sandbox: the host's block devices, swap
-# devices or files, the kernel's boot arguments (which name the root device), and per
-# filesystem and device, /proc/fs (ext4/vda...). /dev/null goes over each file and an empty
-# read-only directory over the directory, as container runtimes mask /proc/kcore. What the
-# kernel shows per process (mountinfo, mountstats) cannot be covered so (docs/threat-model.md).
-PROC_MASKED = ("cmdline", "partitions", "diskstats", "swaps")
-PROC_MASKED_DIRS = ("fs",)
-
-
-def mask_host_files(proc: str) -> None:
-    for name in PROC_MASKED:
-        try:
-            _libc.mount(OLDROOT + "/dev/null", proc + "/" + name, None, _libc.MS_BIND)
-        except FileNotFoundError:
-            pass  # a kernel without it (swaps without CONFIG_SWAP): nothing to cover
-    for name in PROC_MASKED_DIRS:
-        path = proc + "/" + name
-        try:
-            _libc.mount(EMPTY, path, None, _libc.MS_BIND)
-        except FileNotFoundError:
-            continue
-        _libc.mount_setattr(path, _libc.MOUNT_ATTR_RDONLY | _libc.MOUNT_ATTR_NOSUID
-                            | _libc.MOUNT_ATTR_NODEV | _libc.MOUNT_ATTR_NOEXEC, recursive=False)
-
-
 def enter_root() -> None:
     # pivot_root(".", ".") stacks the staging root (with the host's root below /oldroot) on
     # the new one; detaching it leaves only the new root (pivot_root(2), NOTES).
@@ -720,15 +382,15 @@ def reset_signals() -> None:
 
 
 def apply_setid_filter(ctx: Context) -> None:
-    """The set-id filter goes into every sandbox, before the policy's (nsbox/seccomp.py): a plan
-    without it does not run."""
+    """The set-id filter goes into every sandbox, before the policy's (nsbox/host/seccomp.py):
+    a plan without it does not run."""
     bpf = ctx.plan.get("setid_bpf")
     if not bpf:
         raise OSError(22, "the plan has no set-id filter (plan.build makes one)")
     _libc.seccomp_set_filter(bytes.fromhex(bpf))
 
 
-def apply_seccomp(ctx: Context, command: dict[str, Any]) -> None:
+def apply_seccomp(ctx: Context, command: Mapping[str, Any]) -> None:
     """The last step before exec. Any failure stops the launch (fail closed)."""
     bpf = bytes.fromhex(command["seccomp_bpf"])
     if not command.get("seccomp_notify"):

@@ -10,7 +10,7 @@ a memfd, nsbox/_wire.py):
   host -> helper, control socket:  {"plan": {...}}  with SCM_RIGHTS
                                    [launch socket, stdin, stdout, stderr]
   host -> helper, control socket:  {"pool": {"plan": {...}, "size": N}} with SCM_RIGHTS
-                                   [pool socket]: a warm pool (nsbox/_helper_pool.py);
+                                   [pool socket]: a warm pool (nsbox/helper/pool.py);
                                    commands then come over the pool socket
   helper -> host, launch socket:   {"event": "pid", "pid": N}         the sandbox's pid 1,
                                    + SCM_RIGHTS [pidfd]               its pidfd: the host's
@@ -22,11 +22,11 @@ a memfd, nsbox/_wire.py):
                                    end-of-file                        the caller is gone: kill
   a plan with a "session" key:     the child does not exec but becomes the session's init,
                                    with the session's control socket as its stdin
-                                   (nsbox/_sessioninit.py); the launch is otherwise the same
+                                   (nsbox/sandbox/sessioninit.py); the launch is otherwise the same
 
   helper <-> sandbox child:        on cgroup v1, a spawner clones the child in the run's
                                    cgroup, and the child first receives its plan and these
-                                   descriptors on the spawner's socket (nsbox/_spawner.py);
+                                   descriptors on the spawner's socket (nsbox/helper/spawner.py);
                                    sync pipe: the helper writes the id maps, then one byte;
                                    error pipe (close-on-exec): {step, errno, message} on
                                    failure; the child forks a last time and pid 1 stays as
@@ -63,107 +63,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import _child, _helper_pool, _libc, _netns, _spawner, _wire, cgroups, identity
+from nsbox import _libc, _wire, cgroups, identity
 from nsbox import limits as _limits
-from nsbox._seccomp_notify import DeniedSyscalls
+from nsbox._wire import ExitReport, WirePlan
 from nsbox.errors import HostError
+from nsbox.helper import pool as _helper_pool
+from nsbox.helper import spawner as _spawner
+from nsbox.helper.launch import NAMESPACES, Launch, StepFailed, failure_info, failure_report
+from nsbox.helper.seccomp_notify import DeniedSyscalls
+from nsbox.sandbox import child as _child
+from nsbox.sandbox import netns as _netns
 
-NAMESPACES = (
-    _libc.CLONE_NEWUSER | _libc.CLONE_NEWNS | _libc.CLONE_NEWPID | _libc.CLONE_NEWNET
-    | _libc.CLONE_NEWIPC | _libc.CLONE_NEWUTS | _libc.CLONE_NEWCGROUP
-)
 MAX_FDS = 8
 MAX_WAIT = 3600.0  # seconds: the longest single wait of the event loop
-
-
-class StepFailed(Exception):
-    """A host-side step of the launch failed before the sandbox existed."""
-
-    def __init__(self, step: str, errno: int, message: str) -> None:
-        super().__init__(message)
-        self.step, self.errno, self.message = step, errno, message
-
-
-class Launch:
-    """One sandbox, from clone to reap."""
-
-    def __init__(self, sock: socket.socket | None) -> None:
-        self.sock = sock
-        self.pid = 0
-        self.pidfd = -1
-        self.err_fd = -1
-        self.sync_fd = -1
-        self.err_data = b""
-        self.started = 0.0
-        self.deadline: float | None = None
-        self.timed_out = False
-        self.kill_reason: str | None = None
-        self.notify_sock: socket.socket | None = None  # learning mode: the listener comes here
-        self.denied: DeniedSyscalls | None = None
-        self.notify_table: dict[str, Any] | None = None
-        self.net_sock: socket.socket | None = None  # allow mode, until the listener is passed
-        self.limits: _limits.RunLimits | None = None  # the run's cgroup and rlimits
-        self.pool: _helper_pool.HelperPool | None = None  # set for a pooled sandbox
-        self.trace: list[tuple[str, int]] | None = None  # NSBOX_TRACE: helper-side steps
-        self.mnt_ns = -1  # held until the report is out (hold_namespace)
-        self.spawner: _spawner.Spawner | None = None  # the clone's spawner (nsbox/_spawner.py)
-        self.reaped = False
-        self.cloned_into_cgroup = False  # clone3 with CLONE_INTO_CGROUP: nothing to attach
-        self.internal_error: dict[str, Any] | None = None  # Launch.fail
-        # The one owner of what the launch opened (pipes, descriptors, cgroup, spawner, the
-        # child itself until reaped): closed at the reap, or when the launch fails before.
-        self.cleanup = contextlib.ExitStack()
-
-    def send(self, message: dict[str, Any]) -> None:
-        if self.sock is None:
-            return  # a pooled sandbox that has no command (and no caller) yet
-        try:
-            self.sock.send(json.dumps(message).encode())
-        except OSError:
-            pass  # the caller went away; the sandbox is killed all the same
-
-    def send_fd(self, message: dict[str, Any], fd: int) -> None:
-        if self.sock is None:
-            return
-        try:
-            socket.send_fds(self.sock, [json.dumps(message).encode()], [fd])
-        except OSError:
-            pass
-
-    def kill(self, reason: str) -> None:
-        if self.pid and self.kill_reason is None and not self.reaped:
-            self.kill_reason = reason
-            # SIGKILL to the pid namespace's init kills every process in it (pid_namespaces(7)).
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def fail(self, step: str, exc: BaseException) -> None:
-        """A helper-side failure of this launch after its clone: the sandbox is killed and its
-        report carries this error (the first one) instead of an exit status."""
-        if self.internal_error is None:
-            self.internal_error = failure_info(step, exc)
-        self.kill("setup failed")
-
-
-def failure_info(step: str, exc: BaseException) -> dict[str, Any]:
-    """``{step, errno, message}`` for any exception, as the launch's SetupError."""
-    if isinstance(exc, StepFailed):
-        return {"step": exc.step, "errno": exc.errno, "message": exc.message}
-    if isinstance(exc, OSError):
-        return {"step": step, "errno": exc.errno or 0, "message": exc.strerror or str(exc)}
-    text = f"{type(exc).__name__}: {exc}"
-    return {"step": step, "errno": 0,
-            "message": "the launch helper could not carry out this launch: " + text[:300]}
-
-
-def failure_report(exc: BaseException) -> dict[str, Any]:
-    """The exit report of a launch that failed before its sandbox existed."""
-    if isinstance(exc, HostError):
-        return {"event": "exit", "host_error": {
-            "feature": exc.feature, "message": str(exc.args[0]), "hint": exc.hint}}
-    return {"event": "exit", "setup_error": failure_info("helper", exc)}
 
 
 class Helper:
@@ -182,7 +94,7 @@ class Helper:
         self.received_ns = 0  # when the last request arrived (NSBOX_TRACE)
         self.timers: list[tuple[float, Callable[[], None]]] = []  # e.g. a pool's refill
         # v1 run cgroups are made ahead, each holding a spawner that clones the sandbox there
-        # (nsbox/_spawner.py): moving a child into a cgroup costs an RCU grace period.
+        # (nsbox/helper/spawner.py): moving a child into a cgroup costs an RCU grace period.
         self.spawners = _spawner.Spawners.for_host(self)
         if self.spawners is not None:
             self.call_later(0, self.spawners.fill)
@@ -333,7 +245,7 @@ class Helper:
 
     # --- one launch ----------------------------------------------------------------------
 
-    def start(self, launch: Launch, plan: dict[str, Any], stdio: list[int]) -> None:
+    def start(self, launch: Launch, plan: WirePlan, stdio: list[int]) -> None:
         """Clone the sandbox of ``plan`` with ``stdio`` (the caller keeps and closes those) and
         release it. What the launch opens belongs to ``launch.cleanup``. A failure before the
         sandbox exists raises (StepFailed, HostError, anything) with all of it released; one
@@ -351,7 +263,7 @@ class Helper:
         except Exception as exc:
             launch.fail("release", exc)
 
-    def clone_sandbox(self, launch: Launch, plan: dict[str, Any], stdio: list[int]) -> int:
+    def clone_sandbox(self, launch: Launch, plan: WirePlan, stdio: list[int]) -> int:
         """The run's cgroup, the child's pipes and sockets, the clone; then the child is
         watched. Returns its pid; raises StepFailed for a step that failed."""
         keep = launch.cleanup
@@ -359,9 +271,9 @@ class Helper:
             launch.trace = [("helper: receive plan", self.received_ns),
                             ("helper: create cgroup", time.monotonic_ns())]
         if plan.get("session"):
-            # A session's init serves commands instead of exec (nsbox/_sessioninit.py); it is
+            # A session's init serves commands instead of exec (nsbox/sandbox/sessioninit.py); it is
             # imported here, before the clone, because nothing can be imported after pivot_root.
-            import nsbox._sessioninit  # noqa: F401
+            import nsbox.sandbox.sessioninit  # noqa: F401
         # The run's cgroup, with its limits written, exists before the child does; the child
         # applies the rlimits, including the fallbacks for what the cgroup cannot limit here.
         try:
@@ -414,7 +326,7 @@ class Helper:
             raise StepFailed("watch the sandbox", exc.errno or 0, str(exc)) from None
         return pid
 
-    def child_sockets(self, launch: Launch, plan: dict[str, Any],
+    def child_sockets(self, launch: Launch, plan: WirePlan,
                       child_ends: contextlib.ExitStack) -> tuple[int, int | None]:
         """Learning mode's and network allow mode's socket pairs: the child's ends' fds."""
         notify_fd, net_fd = -1, None
@@ -433,7 +345,7 @@ class Helper:
             net_fd = net_child.fileno()
         return notify_fd, net_fd
 
-    def clone(self, launch: Launch, plan: dict[str, Any], fds: _spawner.ChildFds,
+    def clone(self, launch: Launch, plan: WirePlan, fds: _spawner.ChildFds,
               cgroup_fd: int | None) -> int:
         """Clone the child (through the launch's spawner, or here); in the child, go on as the
         sandbox. Raises StepFailed("create namespaces")."""
@@ -494,7 +406,7 @@ class Helper:
             except (KeyError, ValueError):
                 pass
 
-    def release(self, launch: Launch, plan: dict[str, Any], pid: int) -> None:
+    def release(self, launch: Launch, plan: WirePlan, pid: int) -> None:
         """Write the id maps, settle the cgroup, let the child go on; tell the caller."""
         step = "write id maps"
         try:
@@ -565,7 +477,7 @@ class Helper:
         launch.spawner = spawner
         return spawner.cgroup
 
-    def become_child(self, plan: dict[str, Any], stdio: list[int], sync_r: int, err_w: int,
+    def become_child(self, plan: WirePlan, stdio: list[int], sync_r: int, err_w: int,
                      source_fds: dict[int, int], parent_fds: tuple[int, ...],
                      notify_fd: int, net_fd: int | None) -> None:
         try:
@@ -579,12 +491,12 @@ class Helper:
             ctx = _child.Context(plan, sync_r, err_w, source_fds, self.cap_last, notify_fd,
                                  net_fd)
             if plan.get("session"):
-                sys.modules["nsbox._sessioninit"].main(ctx)
+                sys.modules["nsbox.sandbox.sessioninit"].main(ctx)
             _child.main(ctx)
         finally:
             os._exit(127)
 
-    def open_sources(self, plan: dict[str, Any]) -> dict[int, int]:
+    def open_sources(self, plan: WirePlan) -> dict[int, int]:
         """Decide the sandbox's identity (or refuse), pin each writable bind's directory and,
         with CAP_SYS_ADMIN of the initial user namespace, copy every bind source here as a
         detached mount the child moves in.
@@ -694,7 +606,7 @@ class Helper:
                 os.waitpid(pid, 0)
         return self.idmap_userns[key]
 
-    def write_id_maps(self, pid: int, plan: dict[str, Any]) -> None:
+    def write_id_maps(self, pid: int, plan: WirePlan) -> None:
         # The launch's pins now belong to this sandbox: reap restores the modes (restore_pins).
         self.pins[pid], self.pending_pins = self.pending_pins, []
         # Decided again from the same holdings: open_sources refused already if there is none.
@@ -788,8 +700,7 @@ class Helper:
         it failed before; either way this socket's work is done."""
         assert launch.notify_sock is not None
         try:
-            _msg, fds, _flags, _addr = socket.recv_fds(
-                launch.notify_sock, 16, 1, socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT)
+            _msg, fds = _wire.receive_fds(launch.notify_sock, 16, 1, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return
         except OSError:
@@ -856,7 +767,7 @@ class Helper:
             report = {"event": "exit", "setup_error": failure_info("reap", exc)}
         self.finish(launch, report)
 
-    def exit_report(self, launch: Launch) -> dict[str, Any]:
+    def exit_report(self, launch: Launch) -> ExitReport:
         _pid, status, rusage = os.wait4(launch.pid, 0)
         launch.reaped = True
         reaped_ns = time.monotonic_ns()
@@ -879,7 +790,7 @@ class Helper:
         child_trace, setup_error, reported = _child.read_report(launch.err_data)
         status = _child.command_status(status, reported)
         limits = self.close_limits(launch, remove=False)
-        report = {
+        report: ExitReport = {
             "event": "exit",
             "wait_status": status,
             "wall_time": wall,
@@ -896,7 +807,7 @@ class Helper:
             report["trace"] = [*launch.trace, *child_trace, ("helper: reaped", reaped_ns)]
         return report
 
-    def finish(self, launch: Launch, report: dict[str, Any]) -> None:
+    def finish(self, launch: Launch, report: ExitReport) -> None:
         """Send the launch's report, then release everything it held."""
         self.restore_pins(launch.pid)  # the bound directories' modes, before the caller hears
         self.launches.discard(launch)

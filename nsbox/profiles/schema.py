@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import rules, seccomp, units
-from nsbox.errors import PolicyError
+from nsbox import rules, units
+from nsbox.errors import PolicyError, suggest
+from nsbox.host import seccomp
 from nsbox.policy import Bind, Dir, File, Mount, SeccompArg, SeccompRule, Symlink, Tmpfs
 
 # --- where an error is reported ------------------------------------------------------------------
@@ -38,14 +39,6 @@ class Origin:
               rule: str | None = None) -> PolicyError:
         line = self._line_of(key) if self._line_of else None
         return PolicyError(message, key=key, file=self.file, line=line, hint=hint, rule=rule)
-
-
-def suggest(word: str, choices: Iterable[str]) -> str | None:
-    """A "did you mean" hint for a misspelled key or value."""
-    import difflib  # only on the error path
-
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f'did you mean "{close[0]}"?' if close else None
 
 
 # --- value parsers: (origin, key, raw TOML value) -> Policy value --------------------------------
@@ -399,7 +392,7 @@ def native_syscall_names() -> frozenset[str]:
 
 
 def action(origin: Origin, key: str, raw: Any) -> str:
-    """allow, kill or errno:NAME, as the filter compiler (nsbox/seccomp.py) reads them."""
+    """allow, kill or errno:NAME, as the filter compiler (nsbox/host/seccomp.py) reads them."""
     value = string(origin, key, raw)
     try:
         seccomp.parse_action(value, key)

@@ -19,8 +19,9 @@ from typing import Any, NoReturn
 
 import click
 
-from nsbox import _cli_run, limits
-from nsbox._cli_run import EXIT_SETUP, fail_code
+from nsbox import limits
+from nsbox.cli import run as _cli_run
+from nsbox.cli.run import EXIT_SETUP, fail_code
 from nsbox.errors import NsboxError, PolicyError
 from nsbox.policy import Policy
 from nsbox.units import parse_duration, parse_size
@@ -162,7 +163,7 @@ def main() -> None:
               "Repeatable.")
 # --- end profiles -------------------------------------------------------------------------------
 @_limit_options
-# --- sessions: data in and out, audit (nsbox/_cli_session.py) ---
+# --- sessions: data in and out, audit (nsbox/cli/session.py) ---
 @click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
               help="Mount a host file or directory read-only at /input/NAME.")
 @click.option("--collect", multiple=True, metavar="GLOB",
@@ -192,8 +193,8 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
     Example:
       nsbox run --time 10 -- python3 -c 'print("hello from the sandbox")'
     """
-    # The work is done without click (nsbox/_cli_run.py), so that the fast path of
-    # nsbox/_fastcli.py, which parses the same options by hand, does exactly the same.
+    # The work is done without click (nsbox/cli/run.py), so that the fast path of
+    # nsbox/cli/fast.py, which parses the same options by hand, does exactly the same.
     options = {k: v for k, v in locals().items() if k != "limit_values"}
     options.update(limit_values)
     try:
@@ -211,7 +212,7 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
 
 def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ...],
                  binds: list[tuple[str, str, bool]]) -> Policy:
-    """The profile with the options applied (nsbox/_cli_run.py, shared with the fast path of
+    """The profile with the options applied (nsbox/cli/run.py, shared with the fast path of
     nsbox run); a malformed --set or bind is a usage error."""
     try:
         _cli_run.check({"ro_bind": (), "rw_bind": (), "env": (), "settings": settings})
@@ -284,8 +285,8 @@ def doctor(as_json: bool, profile: str) -> None:
 # --- end profiles and doctor --------------------------------------------------------------------
 
 
-# --- sessions (nsbox/_cli_session.py) ---
-from nsbox._cli_session import session  # noqa: E402
+# --- sessions (nsbox/cli/session.py) ---
+from nsbox.cli.session import session  # noqa: E402
 
 main.add_command(session)
 # --- end sessions ---
@@ -296,7 +297,7 @@ main.add_command(session)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(args: tuple[str, ...]) -> None:
     """Measure launch latency against the peers (python -m bench; --help for its options)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if not os.path.isfile(os.path.join(root, "bench", "__main__.py")):
         click.echo("nsbox: bench: the benchmark ships with the source tree only; run it from "
                    "a checkout (python -m bench)", err=True)
@@ -340,7 +341,7 @@ def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ..
       nsbox mcp --profile python --input data.csv
     """
     from nsbox import mcp_server
-    from nsbox.network import from_options
+    from nsbox.host.network import from_options
 
     try:
         if review_id is not None:

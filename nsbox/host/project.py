@@ -2,7 +2,7 @@
 applied by the host.
 
 The sandbox sees the project at /workspace, writable; its writes land in an overlayfs upper
-layer on a tmpfs of the sandbox (nsbox/_projectfs.py), so the host directory is never written
+layer on a tmpfs of the sandbox (nsbox/sandbox/projectfs.py), so the host directory is never written
 while the sandbox runs. The host lists what changed through the capability-less file worker
 (``Session.changes``), and writes the chosen changes itself, with the caller's identity
 (``Session.apply``): per file a temporary file in the same directory (O_EXCL, O_NOFOLLOW),
@@ -36,7 +36,7 @@ from nsbox.errors import FileTransferError, PolicyError, SetupError
 if TYPE_CHECKING:
     from nsbox.policy import Policy
 
-UPPER = "/.nsbox-project/upper"  # the sandbox's upper layer (nsbox/_projectfs.py UPPER)
+UPPER = "/.nsbox-project/upper"  # the sandbox's upper layer (nsbox/sandbox/projectfs.py UPPER)
 MAX_ENTRIES = 200_000  # project entries recorded at start; more is refused
 MAX_CHANGES = 20_000  # changed entries listed
 DIFF_MAX = 1024 * 1024  # text files up to this size get a unified diff
@@ -273,7 +273,7 @@ class Project:
     # --- the changes -------------------------------------------------------------------------
 
     def changes(self, listing: list[dict[str, Any]]) -> list[Change]:
-        """The changes the upper layer's ``listing`` (nsbox/_projectfs.py) makes to the
+        """The changes the upper layer's ``listing`` (nsbox/sandbox/projectfs.py) makes to the
         project as the session found it."""
         upper = {str(e["path"]): e for e in listing}
         out: dict[str, Change] = {}

@@ -1,11 +1,11 @@
 """``nsbox doctor``: check the host once, and say what each missing feature costs and how to fix it.
 
-Every check reads the host through a HostFacts (nsbox/hostfacts.py), so the same checks run on
-the real host and on a fake /proc and /sys tree; on the real host the cgroup check asks the
-launch's own backend (nsbox.cgroups.describe_host). A check is ``ok``, ``info`` (worth knowing),
-``warn`` (the sandbox runs, with a weaker guarantee that the Result reports as degraded) or
-``fail`` (the profile cannot run safely). The library returns a Report; the CLI picks the exit
-status from ``Report.ok``.
+Every check reads the host through a HostFacts (nsbox/doctor/hostfacts.py), so the same checks
+run on the real host and on a fake /proc and /sys tree; on the real host the cgroup check asks
+the launch's own backend (nsbox.cgroups.describe_host). A check is ``ok``, ``info`` (worth
+knowing), ``warn`` (the sandbox runs, with a weaker guarantee that the Result reports as
+degraded) or ``fail`` (the profile cannot run safely). The library returns a Report; the CLI
+picks the exit status from ``Report.ok``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nsbox import identity
+from nsbox.doctor.hostfacts import HostFacts, kernel_release
 from nsbox.errors import CommandNotFound, HostError, NsboxError
-from nsbox.hostfacts import HostFacts, kernel_release
 from nsbox.policy import Policy
 from nsbox.result import Result
 

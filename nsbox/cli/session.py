@@ -1,7 +1,7 @@
 """``nsbox session ...`` and the session-backed parts of ``nsbox run`` (--collect).
 
 A command-line session outlives ``nsbox session start``: a detached supervisor process holds it
-(nsbox/_supervisor.py documents its protocol); the other subcommands talk to that supervisor
+(nsbox/cli/supervisor.py documents its protocol); the other subcommands talk to that supervisor
 over a unix socket in the user's private runtime directory.
 """
 
@@ -20,8 +20,9 @@ from typing import Any
 
 import click
 
-from nsbox import _cli_run, errors
-from nsbox._supervisor import runtime_dir
+from nsbox import errors
+from nsbox.cli import run as _cli_run
+from nsbox.cli.supervisor import runtime_dir
 from nsbox.errors import NsboxError
 from nsbox.policy import Policy
 from nsbox.result import Result, Status
@@ -32,7 +33,7 @@ REMOTE_RE = re.compile(r"^([0-9a-f]{12}):(.*)$", re.S)
 
 
 def _cli() -> Any:
-    from nsbox import cli  # the shared helpers (_fail, option parsers)
+    from nsbox.cli import commands as cli  # the shared helpers (_fail, option parsers)
 
     return cli
 
@@ -70,16 +71,7 @@ def request(session_id: str, message: dict[str, Any], fds: tuple[int, ...] | lis
 
 def _error_from(info: dict[str, Any]) -> NsboxError:
     """The supervisor's error reply as the exception the library raised there."""
-    cls = getattr(errors, str(info.get("type")), None)
-    if isinstance(cls, type) and issubclass(cls, errors.SetupError):
-        setup: type[errors.SetupError] = cls
-        return setup(info["step"], info["errno"] or 0, info["message"], hint=info.get("hint"))
-    if cls is errors.FileTransferError:
-        return errors.FileTransferError(info.get("path") or "", info.get("reason") or "")
-    if cls in (errors.SessionClosed, errors.LaunchError):
-        return cls(info.get("message") or "session error")  # type: ignore[no-any-return]
-    error = NsboxError(info.get("text") or info.get("message") or "session error")
-    return error
+    return errors.from_wire(info)
 
 
 def _records() -> list[dict[str, Any]]:
@@ -100,11 +92,11 @@ def _records() -> list[dict[str, Any]]:
 def _supervisor_env() -> dict[str, str] | None:
     """The supervisor's environment: this one, plus the one-file CLI's archive on the path.
 
-    ``python -m nsbox._supervisor`` finds the package on the interpreter's own path; when nsbox
+    ``python -m nsbox.cli.supervisor`` finds the package on the interpreter's own path; when nsbox
     runs from nsbox.pyz, the package lives inside that file, which the new interpreter would
     not look into.
     """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(_cli_run.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_cli_run.__file__))))
     if not os.path.isfile(root):
         return None  # an installed or checked-out package: found as usual
     paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -114,7 +106,7 @@ def _supervisor_env() -> dict[str, str] | None:
 def _alive(record: dict[str, Any]) -> bool:
     try:
         with open(f"/proc/{int(record['pid'])}/cmdline", "rb") as f:
-            return b"nsbox._supervisor" in f.read()
+            return b"nsbox.cli.supervisor" in f.read()
     except (OSError, KeyError, ValueError):
         return False
 
@@ -226,7 +218,7 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
     Example:
       ID=$(nsbox session start --time 30 --memory 512M)
     """
-    from nsbox.network import from_options
+    from nsbox.host.network import from_options
 
     cli = _cli()
     overrides: dict[str, Any] = {
@@ -253,7 +245,7 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
         "audit": os.path.abspath(audit) if audit else None,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nsbox._supervisor"], stdin=subprocess.PIPE,
+        [sys.executable, "-m", "nsbox.cli.supervisor"], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/",
         env=_supervisor_env())
     assert proc.stdin is not None and proc.stdout is not None

@@ -1,7 +1,7 @@
 """What ``nsbox run`` does once its options are parsed, without click.
 
 Both doors lead here: the click command in nsbox/cli.py, and the hand-written fast path of
-nsbox/_fastcli.py that serves ``nsbox run`` without importing click. ``options`` holds the click
+nsbox/cli/fast.py that serves ``nsbox run`` without importing click. ``options`` holds the click
 command's parameters by name (the option table in _fastcli.py is checked against click's by
 tests/test_perf.py). Prints, and returns the exit code (nsbox/cli.py documents them).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import nsbox
 from nsbox.errors import CommandNotFound, NsboxError, PolicyError, SetupError
-from nsbox.network import from_options
+from nsbox.host.network import from_options
 from nsbox.policy import Policy
 from nsbox.result import Result, Status
 
@@ -243,20 +243,20 @@ def _execute(options: dict[str, Any]) -> int:
             return 0
         if not o["command"]:
             raise OptionError("missing COMMAND (or --print-profile)", None)
-        # --- sessions: data in and out, audit (nsbox/_cli_session.py) ---
+        # --- sessions: data in and out, audit (nsbox/cli/session.py) ---
         if o["inputs"]:
             from nsbox.session import input_mount
 
             policy = policy.replace(
                 mounts=policy.mounts + tuple(input_mount(s) for s in o["inputs"]))
         if policy.project is not None or o.get("ask"):
-            from nsbox._cli_session import run_in_project
+            from nsbox.cli.session import run_in_project
 
             result = run_in_project(list(o["command"]), policy, stdin=None if as_json else 0,
                                     cwd=o["cwd"], passthrough=not as_json, audit=o["audit"],
                                     ask=bool(o.get("ask")))
         elif o["collect"]:
-            from nsbox._cli_session import run_and_collect
+            from nsbox.cli.session import run_and_collect
 
             result, collected, skipped = run_and_collect(
                 list(o["command"]), policy, patterns=o["collect"], dest=o["collect_dir"],

@@ -5,7 +5,7 @@ keyed by the seccomp policy, the built-in rules, the architecture, the libseccom
 nsbox version: in memory, and on disk under ``$XDG_CACHE_HOME/nsbox/seccomp`` (or
 ``~/.cache/nsbox/seccomp``). A hit only reads bytes; pyseccomp is imported on a miss alone,
 because its import runs ldconfig (about 35 ms). The child applies the program as the last step
-before execve (nsbox/_child.py). docs/seccomp.md explains every rule.
+before execve (nsbox/sandbox/child.py). docs/seccomp.md explains every rule.
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ class Program:
     With ``listener`` (learning mode) every errno action is a user notification instead: the
     child loads the filter with SECCOMP_FILTER_FLAG_NEW_LISTENER and hands the listener to the
     helper, which answers each notification with ``notify``'s errno (never lets the syscall
-    run) and records the syscall (nsbox/_seccomp_notify.py).
+    run) and records the syscall (nsbox/helper/seccomp_notify.py).
     """
 
     bpf: bytes
@@ -348,7 +348,7 @@ def libseccomp_version() -> str:
 
 
 def cache_key(seccomp: Seccomp) -> str:
-    from nsbox import __version__
+    from nsbox.version import VERSION as __version__
 
     blob = json.dumps(
         {
@@ -366,7 +366,7 @@ def cache_key(seccomp: Seccomp) -> str:
 
 
 def _setid_key() -> str:
-    from nsbox import __version__
+    from nsbox.version import VERSION as __version__
 
     # "compiler" changes with compile_setid's options (a program of the same rules, built anew)
     blob = json.dumps({"format": _FORMAT, "setid": _SETID_DIGEST, "compiler": 2,

@@ -161,13 +161,13 @@ class HostFacts:
     def libseccomp_version(self) -> str | None:
         if self._libseccomp != "real":
             return self._libseccomp
-        from nsbox.seccomp import libseccomp_version
+        from nsbox.host.seccomp import libseccomp_version
 
         version = libseccomp_version()
         return None if version == "unknown" else version
 
     def probe(self) -> dict[str, object] | None:
-        """The live probe's outcome (see nsbox/_probe.py); None on a simulated host unless the
+        """The live probe's outcome (see nsbox/doctor/probe.py); None on a simulated host unless the
         test gave one."""
         if self.simulated:
             return self._probe
@@ -175,9 +175,9 @@ class HostFacts:
 
 
 def run_probe() -> dict[str, object]:
-    package_parent = str(Path(__file__).resolve().parent.parent)
+    package_parent = str(Path(__file__).resolve().parent.parent.parent)
     code = (f"import sys; sys.path.insert(0, {package_parent!r}); "
-            "from nsbox._probe import main; sys.exit(main())")
+            "from nsbox.doctor.probe import main; sys.exit(main())")
     try:
         done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
                               timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL, check=False)

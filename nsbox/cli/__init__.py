@@ -1,0 +1,1 @@
+"""The command line: the only place that prints and picks exit codes (docs/cli.md)."""

@@ -1,0 +1,301 @@
+"""A session's file operations (get, put, list), each run by the session's init in a forked
+child (nsbox/sandbox/sessioninit.py).
+
+File operations (``op``) run in a forked child with no capabilities at all, as the sandbox's
+uid, inside the sandbox's root: they can only reach what a command could. They never follow a
+symlink (each path component is opened with O_NOFOLLOW), open with O_NONBLOCK and check with
+fstat that what they opened is a regular file before reading, and read at most st_size bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import hashlib
+import json
+import os
+import signal
+import stat
+from typing import Any
+
+from nsbox import _libc
+from nsbox.sandbox import child as _child
+from nsbox.sandbox import projectfs
+
+WORKSPACE = "/workspace"
+_CHUNK = 65536
+_MAX_DEPTH = 64
+
+
+# --- file operations, run in a forked child without capabilities -------------------------------
+
+
+class FileOpError(Exception):
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(reason)
+        self.path, self.reason = path, reason
+
+
+def run_file_op(ctx: _child.Context, op: dict[str, Any]) -> int:
+    """Run one file operation; its data goes to stdout, a JSON error to stderr (exit 1)."""
+    ctx.step = "drop capabilities"
+    _libc.close_range(3)
+    _libc.drop_all_capabilities(ctx.cap_last)
+    _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    ctx.step = f"file {op.get('kind')}"
+    try:
+        if op["kind"] == "get":
+            get_file(op["path"], op["max_size"])
+        elif op["kind"] == "put":
+            put_file(op["path"], op["mode"])
+        elif op["kind"] == "list":
+            list_files(op)
+        elif op["kind"] == "changes":
+            _write_all(1, projectfs.run_changes(op))
+        elif op["kind"] == "getmany":
+            for path in op["paths"]:  # one after the other; the host splits by the sizes
+                get_file(path, op["max_size"])
+        else:
+            raise FileOpError("", f"unknown file operation {op['kind']!r}")
+    except FileOpError as exc:
+        _write_all(2, json.dumps({"path": exc.path, "reason": exc.reason}).encode())
+        return 1
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        _write_all(2, json.dumps({"path": op.get("path", ""), "reason": reason,
+                                  "errno": exc.errno or 0}).encode())
+        return 1
+    return 0
+
+
+def _components(path: str) -> list[str]:
+    """The components of a sandbox path; relative paths are relative to the workspace."""
+    if "\0" in path:
+        raise FileOpError(path, "the path contains a NUL byte")
+    full = path if path.startswith("/") else f"{WORKSPACE}/{path}"
+    parts = [p for p in full.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise FileOpError(path, "'..' is not allowed in a path")
+    return parts
+
+
+def _open_dir(parts: list[str], path: str, create: bool = False) -> int:
+    """Walk from / to the directory ``parts`` without following any symlink."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                next_fd = os.open(part, flags, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, 0o755, dir_fd=fd)
+                next_fd = os.open(part, flags, dir_fd=fd)
+            except (OSError) as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise FileOpError(path, f"{part} is a symlink or not a directory") from None
+                raise
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_regular(name: str, dir_fd: int, path: str) -> tuple[int, os.stat_result]:
+    """Open ``name`` for reading only if it is a regular file, never following a symlink and
+    never blocking on a FIFO (open(2): O_NOFOLLOW, O_NONBLOCK)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FileOpError(path, "a symlink (not followed)") from None
+        if exc.errno in (errno.ENXIO, errno.EACCES, errno.EPERM, errno.EOPNOTSUPP):
+            raise FileOpError(path, f"cannot be opened: {os.strerror(exc.errno)}") from None
+        raise
+    st = os.fstat(fd)
+    reason = _not_copyable(st)
+    if reason:
+        os.close(fd)
+        raise FileOpError(path, reason)
+    return fd, st
+
+
+def _not_copyable(st: os.stat_result) -> str | None:
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink (not followed)"
+    if stat.S_ISFIFO(st.st_mode):
+        return "a FIFO, not a regular file"
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return "a device node, not a regular file"
+    if stat.S_ISSOCK(st.st_mode):
+        return "a socket, not a regular file"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_nlink > 1:
+        return f"a hard link ({st.st_nlink} names)"
+    return None
+
+
+def _read_exactly(fd: int, size: int, sink: int | None) -> str:
+    """Read at most ``size`` bytes (the size fstat saw), hash them, copy them to ``sink``."""
+    digest = hashlib.sha256()
+    left = size
+    while left > 0:
+        chunk = os.read(fd, min(_CHUNK, left))
+        if not chunk:
+            break
+        digest.update(chunk)
+        left -= len(chunk)
+        if sink is not None:
+            _write_all(sink, chunk)
+    return digest.hexdigest()
+
+
+def get_file(path: str, max_size: int) -> None:
+    parts = _components(path)
+    if not parts:
+        raise FileOpError(path, "not a file")
+    dir_fd = _open_dir(parts[:-1], path)
+    try:
+        fd, st = _open_regular(parts[-1], dir_fd, path)
+    finally:
+        os.close(dir_fd)
+    try:
+        if st.st_size > max_size:
+            raise FileOpError(path, f"too large: {st.st_size} bytes, the limit is {max_size}")
+        os.set_blocking(fd, True)
+        _read_exactly(fd, st.st_size, 1)
+    finally:
+        os.close(fd)
+
+
+def put_file(path: str, mode: int) -> None:
+    parts = _components(path)
+    if not parts:
+        raise FileOpError(path, "not a file")
+    dir_fd = _open_dir(parts[:-1], path, create=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(parts[-1], flags, mode & 0o777, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise FileOpError(path, "a symlink is in the way (not followed)") from None
+            if exc.errno == errno.ENXIO:
+                raise FileOpError(path, "a FIFO is in the way") from None
+            raise
+    finally:
+        os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileOpError(path, "something other than a regular file is in the way")
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+        os.fchmod(fd, mode & 0o777)
+        while chunk := os.read(0, _CHUNK):
+            _write_all(fd, chunk)
+    finally:
+        os.close(fd)
+
+
+def list_files(op: dict[str, Any]) -> None:
+    """List the regular files below ``root`` matching ``patterns``, with size and SHA-256.
+
+    Output: one JSON object {"files": [...], "skipped": [...]}, paths relative to the root.
+    """
+    root = op["path"]
+    patterns = op.get("patterns") or ["*"]
+    limits = {"files": op["max_files"], "size": op["max_size"], "total": op["max_total"]}
+    state = {"count": 0, "total": 0}
+    files: list[dict[str, Any]] = []
+    skipped = _Skipped(2 * op["max_files"])
+    root_fd = _open_dir(_components(root), root)
+
+    def want(rel: str) -> bool:
+        return any(fnmatch.fnmatchcase(rel, p) for p in patterns)
+
+    def walk(dir_fd: int, prefix: str, depth: int) -> None:
+        with os.scandir(dir_fd) as entries:
+            names = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in entries)
+        for name, is_dir in names:
+            rel = f"{prefix}{name}"
+            if is_dir:
+                if depth >= _MAX_DEPTH:
+                    skipped.append({"path": rel, "reason": "too deep"})
+                    continue
+                try:
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                  | os.O_CLOEXEC, dir_fd=dir_fd)
+                except OSError as exc:
+                    skipped.append({"path": rel + "/", "reason": os.strerror(exc.errno or 0)})
+                    continue
+                try:
+                    walk(sub, rel + "/", depth + 1)
+                finally:
+                    os.close(sub)
+                continue
+            if not want(rel):
+                continue
+            try:
+                fd, st = _open_regular(name, dir_fd, rel)
+            except FileOpError as exc:
+                skipped.append({"path": rel, "reason": exc.reason})
+                continue
+            except OSError as exc:
+                skipped.append({"path": rel, "reason": os.strerror(exc.errno or 0)})
+                continue
+            try:
+                reason = None
+                if st.st_size > limits["size"]:
+                    reason = f"too large: {st.st_size} bytes, the limit is {limits['size']}"
+                elif state["count"] >= limits["files"]:
+                    reason = f"over the limit of {limits['files']} files"
+                elif state["total"] + st.st_size > limits["total"]:
+                    reason = f"over the limit of {limits['total']} bytes in all"
+                if reason:
+                    skipped.append({"path": rel, "reason": reason})
+                    continue
+                os.set_blocking(fd, True)
+                digest = _read_exactly(fd, st.st_size, None)
+            finally:
+                os.close(fd)
+            state["count"] += 1
+            state["total"] += st.st_size
+            files.append({"path": rel, "size": st.st_size, "sha256": digest,
+                          "mode": stat.S_IMODE(st.st_mode), "mtime": st.st_mtime})
+
+    try:
+        walk(root_fd, "", 0)
+    finally:
+        os.close(root_fd)
+    _write_all(1, json.dumps({"files": files, "skipped": skipped}).encode())
+
+
+class _Skipped(list):  # type: ignore[type-arg]
+    """The list of skipped files, bounded: a workspace of a million FIFOs gives one line for
+    the rest."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.more = 0
+
+    def append(self, item: Any) -> None:
+        if len(self) < self.limit:
+            super().append(item)
+            return
+        self.more += 1
+        if self.more == 1:
+            super().append({"path": "...", "reason": "more files skipped, not listed"})
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
