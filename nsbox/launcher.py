@@ -250,10 +250,26 @@ def build_plan(policy: Policy, argv: list[str], **kwargs: Any) -> planmod.Plan:
         return planmod.build(policy, argv, **kwargs)
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""
-        error = SetupError("prepare", exc.errno or 0, f"{exc.strerror or exc}{where}")
-        if exc.errno in (errno.EMFILE, errno.ENFILE):
-            error.hint = _out_of_descriptors("", exc).hint
+        message = f"{exc.strerror or exc}{where}"
+        out = exc.errno in (errno.EMFILE, errno.ENFILE)
+        if not out and _descriptors_exhausted():
+            # Some libraries hide EMFILE behind an error of their own (tempfile, which the
+            # seccomp compiler's library lookup uses: "No usable temporary directory").
+            out = True
+            message += " (this process is out of descriptors: Too many open files)"
+        error = SetupError("prepare", exc.errno or 0, message)
+        if out:
+            error.hint = _out_of_descriptors("", OSError(errno.EMFILE, "")).hint
         raise error from None
+
+
+def _descriptors_exhausted() -> bool:
+    """Whether this process cannot open one more descriptor right now."""
+    try:
+        os.close(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as exc:
+        return exc.errno in (errno.EMFILE, errno.ENFILE)
+    return False
 
 
 # --- NSBOX_TRACE=1: where the time of a launch goes (docs/performance.md) ----------------------
