@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import platform
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,29 +276,18 @@ def load(seccomp: Seccomp, *, untrusted_dirs: Iterable[str] = ()) -> Program:
     could plant a weaker program there for the next run.
     """
     key = cache_key(seccomp)
-    program = _memory.get(key)
-    if program is not None:
-        stats.memory_hits += 1
-        return program
-    directory = cache_dir()
-    if directory is not None and _inside_any(directory, untrusted_dirs):
-        directory = None
-    program = _read_entry(directory, key) if directory else None
-    if program is not None:
-        stats.disk_hits += 1
-    else:
-        program = compile_program(seccomp, key)
-        if directory:
-            _write_entry(directory, program)
-    if len(_memory) >= _MEMORY_MAX:  # an embedder with ever new policies: forget the oldest
-        del _memory[next(iter(_memory))]
-    _memory[key] = program
-    return program
+    return _cached(key, untrusted_dirs, lambda: compile_program(seccomp, key))
 
 
 def load_setid(*, untrusted_dirs: Iterable[str] = ()) -> Program:
     """The set-id filter (SETID_RULES), compiled once and cached like the policy's program."""
     key = _setid_key()
+    return _cached(key, untrusted_dirs, lambda: compile_setid(key))
+
+
+def _cached(key: str, untrusted_dirs: Iterable[str], compile_: Callable[[], Program]) -> Program:
+    """The program of ``key``: from memory, else from the disk cache (unless it lies in a
+    directory the sandbox can write), else compiled and written to both."""
     program = _memory.get(key)
     if program is not None:
         stats.memory_hits += 1
@@ -310,9 +299,11 @@ def load_setid(*, untrusted_dirs: Iterable[str] = ()) -> Program:
     if program is not None:
         stats.disk_hits += 1
     else:
-        program = compile_setid(key)
+        program = compile_()
         if directory:
             _write_entry(directory, program)
+    if len(_memory) >= _MEMORY_MAX:  # an embedder with ever new policies: forget the oldest
+        del _memory[next(iter(_memory))]
     _memory[key] = program
     return program
 
