@@ -74,8 +74,12 @@ def inside(module: str) -> str:
 
 def main() -> None:
     modules = sys.argv[1:] or list(MODULES)
-    workdir = tempfile.mkdtemp(prefix="nsbox-cpython-")
-    os.chmod(workdir, 0o777)
+    with tempfile.TemporaryDirectory(prefix="nsbox-cpython-") as workdir:
+        os.chmod(workdir, 0o777)
+        compare(modules, workdir)
+
+
+def compare(modules: list[str], workdir: str) -> None:
     for module in modules:
         host, box = outcomes(on_host(module, workdir)), outcomes(inside(module))
         counts = {side: {kind: sum(1 for x in found.values() if x.startswith(kind))
