@@ -63,13 +63,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import _libc, _wire, cgroups, identity
+from nsbox import _libc, _wire, identity
 from nsbox import limits as _limits
 from nsbox._wire import ExitReport, WirePlan
 from nsbox.errors import HostError
+from nsbox.helper import clone as _clone
 from nsbox.helper import pool as _helper_pool
-from nsbox.helper import spawner as _spawner
-from nsbox.helper.launch import NAMESPACES, Launch, StepFailed, failure_info, failure_report
+from nsbox.helper.launch import ChildFds, Launch, StepFailed, failure_info, failure_report
 from nsbox.helper.seccomp_notify import DeniedSyscalls
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import netns as _netns
@@ -93,11 +93,9 @@ class Helper:
         self.idmap_userns: dict[tuple[int, int, int, int], int] = {}
         self.received_ns = 0  # when the last request arrived (NSBOX_TRACE)
         self.timers: list[tuple[float, Callable[[], None]]] = []  # e.g. a pool's refill
-        # v1 run cgroups are made ahead, each holding a spawner that clones the sandbox there
-        # (nsbox/helper/spawner.py): moving a child into a cgroup costs an RCU grace period.
-        self.spawners = _spawner.Spawners.for_host(self)
-        if self.spawners is not None:
-            self.call_later(0, self.spawners.fill)
+        # How a sandbox is born in its cgroup on this host, and what its child runs
+        # (nsbox/helper/clone.py): moving a child into a cgroup costs an RCU grace period.
+        self.cloner = _clone.choose(self, self.cap_last)
         if self.identity.privileged:
             # No supplementary group of root's may reach a sandbox. Where setgroups is denied
             # (inside a user namespace that wrote "deny"), the groups are fixed already.
@@ -239,8 +237,7 @@ class Helper:
                 launch.cleanup.close()
             except Exception:
                 pass
-        if self.spawners is not None:
-            self.spawners.close()
+        self.cloner.close()
         sys.exit(0)
 
     # --- one launch ----------------------------------------------------------------------
@@ -278,12 +275,13 @@ class Helper:
         # applies the rlimits, including the fallbacks for what the cgroup cannot limit here.
         try:
             limits = launch.limits = _limits.RunLimits(
-                plan["cgroup"], plan["rlimits"], create=functools.partial(self.make_cgroup, launch))
+                plan["cgroup"], plan["rlimits"],
+                create=functools.partial(self.cloner.make_cgroup, launch))
         except BaseException:
-            self.end_spawner(launch)  # one make_cgroup took
+            self.cloner.abandon(launch)  # e.g. the spawner make_cgroup took
             raise
         keep.callback(self.close_limits, launch)
-        keep.callback(self.end_spawner, launch)  # until it has left (release)
+        keep.callback(self.cloner.abandon, launch)  # until settled (release)
         plan["rlimits"] = limits.rlimits
         plan["degraded"] = limits.degraded  # a session's init reports them with each command
         with contextlib.ExitStack() as child_ends:  # closed here once the child has them
@@ -291,11 +289,9 @@ class Helper:
             try:
                 # On cgroup v2 the child is cloned into its cgroup; elsewhere it is born in a
                 # spawner's cgroup, or moved into the run's cgroup after the clone (attach).
-                cgroup_fd = None
-                if limits.cgroup and launch.spawner is None:
-                    cgroup_fd = limits.cgroup.clone_fd()  # None: attach after the clone
-                    if cgroup_fd is not None:
-                        child_ends.callback(os.close, cgroup_fd)
+                cgroup_fd = self.cloner.cgroup_fd(launch)
+                if cgroup_fd is not None:
+                    child_ends.callback(os.close, cgroup_fd)
                 if launch.trace is not None:
                     launch.trace.append(("helper: open bind sources", time.monotonic_ns()))
                 source_fds = self.open_sources(plan)
@@ -314,9 +310,11 @@ class Helper:
             launch.started = time.monotonic()
             if launch.trace is not None:
                 launch.trace.append(("helper: clone", time.monotonic_ns()))
-            fds = _spawner.ChildFds(stdio, sync_r, err_w, source_fds, notify_fd, net_fd)
-            pid = self.clone(launch, plan, fds, cgroup_fd)
-            launch.cloned_into_cgroup = cgroup_fd is not None and launch.spawner is None
+            fds = ChildFds(stdio, sync_r, err_w, source_fds, notify_fd, net_fd)
+            try:
+                pid = self.cloner.clone(launch, plan, fds, cgroup_fd)
+            except OSError as exc:
+                raise StepFailed("create namespaces", exc.errno or 0, str(exc)) from None
             keep.callback(self.end_child, launch)
         if launch.trace is not None:
             launch.trace.append(("helper: write id maps", time.monotonic_ns()))
@@ -344,39 +342,6 @@ class Helper:
             child_ends.callback(net_child.close)
             net_fd = net_child.fileno()
         return notify_fd, net_fd
-
-    def clone(self, launch: Launch, plan: WirePlan, fds: _spawner.ChildFds,
-              cgroup_fd: int | None) -> int:
-        """Clone the child (through the launch's spawner, or here); in the child, go on as the
-        sandbox. Raises StepFailed("create namespaces")."""
-        try:
-            if launch.spawner is not None:
-                try:
-                    pid = launch.spawner.clone()
-                except OSError:
-                    # It died before it cloned (killed from outside, say): clone here and
-                    # attach instead; its cgroup, with the run's limits, stays the run's.
-                    dead, launch.spawner = launch.spawner, None  # ended here, whatever happens
-                    dead.leave(kill=True)
-            if launch.spawner is not None:
-                try:
-                    # The child waits for its plan first, then for the id maps like any other.
-                    launch.spawner.send_plan(plan, fds)
-                except OSError:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    raise
-            elif cgroup_fd is not None:
-                pid = _libc.clone_into_cgroup(NAMESPACES, signal.SIGCHLD, cgroup_fd)
-            else:
-                pid = _libc.raw_clone(NAMESPACES | signal.SIGCHLD)
-        except OSError as exc:
-            raise StepFailed("create namespaces", exc.errno or 0, str(exc)) from None
-        if pid == 0:
-            self.become_child(plan, fds.stdio, fds.sync_r, fds.err_w, fds.sources,
-                              (launch.sync_fd, launch.err_fd), fds.notify, fds.net)
-        launch.pid = pid
-        return pid
 
     def watch(self, launch: Launch) -> None:
         """Watch the child's exit, its error pipe and the launch's sockets."""
@@ -412,14 +377,7 @@ class Helper:
         try:
             self.write_id_maps(pid, plan)
             step = "attach to cgroup"
-            spawner, launch.spawner = launch.spawner, None  # ended here, whatever happens next
-            if launch.trace is not None and (spawner is not None or not launch.cloned_into_cgroup):
-                launch.trace.append(("helper: spawner exits" if spawner else
-                                     "helper: attach to cgroup", time.monotonic_ns()))
-            if spawner is not None:
-                spawner.leave()  # it exits once it has cloned
-            elif launch.limits is not None and not launch.cloned_into_cgroup:
-                launch.limits.attach(pid)  # before the child runs anything of its own
+            self.cloner.settle(launch)
         except OSError as exc:
             launch.fail(step, exc)
             return
@@ -444,11 +402,6 @@ class Helper:
             pass
         os.close(fd)
 
-    def end_spawner(self, launch: Launch) -> None:
-        spawner, launch.spawner = launch.spawner, None
-        if spawner is not None:
-            spawner.end(kill=True)
-
     def end_child(self, launch: Launch) -> None:
         """A child that was never reaped (its launch failed on the way) is killed and
         waited for here."""
@@ -459,42 +412,6 @@ class Helper:
                 os.waitpid(launch.pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
-
-    def make_cgroup(self, launch: Launch, request: cgroups.Request) -> cgroups.RunCgroup:
-        """The run's cgroup: a ready spawner's, made ahead (then ``launch.spawner`` is set),
-        or a new one."""
-        if self.spawners is None:
-            return cgroups.get_backend().create(request)
-        spawner = self.spawners.take()
-        if spawner is None:
-            return cgroups.get_backend().create(request)
-        try:
-            spawner.prepare(request)
-        except OSError:
-            # A broken spare (removed from outside, say) must not cost the run its cgroup.
-            self.spawners.discard(spawner)
-            return cgroups.get_backend().create(request)
-        launch.spawner = spawner
-        return spawner.cgroup
-
-    def become_child(self, plan: WirePlan, stdio: list[int], sync_r: int, err_w: int,
-                     source_fds: dict[int, int], parent_fds: tuple[int, ...],
-                     notify_fd: int, net_fd: int | None) -> None:
-        try:
-            for fd in parent_fds:
-                os.close(fd)
-            for target, fd in enumerate(stdio):
-                os.dup2(fd, target)
-            if plan.get("pooled"):
-                _child.keep_only({0, 1, 2, sync_r, err_w, notify_fd, *source_fds.values(),
-                                  *([net_fd] if net_fd is not None else [])})
-            ctx = _child.Context(plan, sync_r, err_w, source_fds, self.cap_last, notify_fd,
-                                 net_fd)
-            if plan.get("session"):
-                sys.modules["nsbox.sandbox.sessioninit"].main(ctx)
-            _child.main(ctx)
-        finally:
-            os._exit(127)
 
     def open_sources(self, plan: WirePlan) -> dict[int, int]:
         """Decide the sandbox's identity (or refuse), pin each writable bind's directory and,
@@ -814,8 +731,7 @@ class Helper:
         launch.send(report)
         try:
             self.remove_cgroup(launch)
-            if self.spawners is not None:
-                self.spawners.refill_later()
+            self.cloner.ended()
             if launch.pool is not None:  # a pooled sandbox: the pool prepares what follows
                 launch.pool.ended(launch, report.get("setup_error"))
         finally:
