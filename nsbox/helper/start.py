@@ -52,7 +52,7 @@ def clone_sandbox(helper: Helper, launch: Launch, plan: WirePlan, stdio: list[in
     begin_trace(launch, plan, helper.received_ns)
     import_session_init(plan)
     create_cgroup(launch, plan, helper.cloner)
-    with contextlib.ExitStack() as child_ends:
+    with contextlib.ExitStack() as child_ends:  # closed here once the child has its copies
         cgroup_fd = open_cgroup(launch, helper.cloner, child_ends)
         sources = open_sources(helper, launch, plan, child_ends)
         sync_r, err_w = create_pipes(helper, launch, child_ends)
