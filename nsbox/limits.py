@@ -26,16 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from nsbox import cgroups
 from nsbox.errors import HostError, PolicyError
-from nsbox.limittable import (  # noqa: F401 (the parsers: the API of the option values)
-    BY_NAME,
+from nsbox.limittable import (  # noqa: F401 (the parsers of option values, also from here)
     COUNT,
-    DURATION,
     FLAG,
     LIMITS,
-    OPTION_LIMITS,
-    SHARE,
     SIZE,
-    LimitSpec,
     parse_count,
     parse_cpus,
     parse_duration,

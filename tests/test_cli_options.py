@@ -11,7 +11,7 @@ from typing import Any
 import click
 import pytest
 
-from nsbox import limits
+from nsbox import limits, limittable
 from nsbox.cli import commands as cli
 from nsbox.cli import fast as _fastcli
 from nsbox.cli import options as _options
@@ -100,22 +100,22 @@ def test_options_become_their_profile_keys():
 
 def test_every_limits_field_is_in_the_table_of_limits():
     assert [f.name for f in dataclasses.fields(Limits)] == sorted(
-        limits.BY_NAME, key=[f.name for f in dataclasses.fields(Limits)].index)
-    assert set(limits.BY_NAME) == {f.name for f in dataclasses.fields(Limits)}
+        limittable.BY_NAME, key=[f.name for f in dataclasses.fields(Limits)].index)
+    assert set(limittable.BY_NAME) == {f.name for f in dataclasses.fields(Limits)}
 
 
 def test_the_schema_and_the_options_come_from_the_table_of_limits():
-    for spec in limits.LIMITS:
+    for spec in limittable.LIMITS:
         assert _schema.FIELDS[spec.key].attr == ("limits", spec.name)
-    flagged = {spec.flag: spec.name for spec in limits.LIMITS if spec.flag}
+    flagged = {spec.flag: spec.name for spec in limittable.LIMITS if spec.flag}
     run_limits = {o.flags[0]: o.name for o in _options.for_door(_options.RUN) if o.limit}
     assert run_limits == flagged
     assert cli._LIMIT_PARSERS.keys() == set(flagged.values())
 
 
 def test_a_limit_added_to_the_table_gets_its_profile_key(monkeypatch: pytest.MonkeyPatch):
-    added = limits.LimitSpec("threads", limits.COUNT, nullable=True, flag="--threads")
-    monkeypatch.setattr(limits, "LIMITS", (*limits.LIMITS, added))
+    added = limittable.LimitSpec("threads", limittable.COUNT, nullable=True, flag="--threads")
+    monkeypatch.setattr(limittable, "LIMITS", (*limittable.LIMITS, added))
     fields = _schema.limit_fields("limits.")
     origin = _schema.Origin("test.toml")
     assert fields["limits.threads"].attr == ("limits", "threads")

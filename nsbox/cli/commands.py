@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import click
 
-from nsbox import limits
+from nsbox import limittable
 from nsbox.cli import options as _options
 from nsbox.cli import run as _cli_run
 from nsbox.cli.run import EXIT_SETUP, fail_code
@@ -46,9 +46,9 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 
 
 # --- resource limit options (limits.py; docs/limits.md) ---------------------------------------
-# Declared in nsbox/limits.py's table and nsbox/cli/options.py; a bad value (``--memory 0``,
+# Declared in nsbox/limittable.py and nsbox/cli/options.py; a bad value (``--memory 0``,
 # ``--memory lots``) is a usage error that names the option and says what to write.
-_LIMIT_PARSERS: dict[str, Any] = {spec.name: spec.parse_option for spec in limits.OPTION_LIMITS}
+_LIMIT_PARSERS: dict[str, Any] = {spec.name: spec.parse_option for spec in limittable.OPTION_LIMITS}
 _limit_options = _options.click_options(_options.START, lambda option: option.limit is not None)
 
 

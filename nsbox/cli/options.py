@@ -3,7 +3,7 @@
 Three doors read this table: the click commands (``click_options``), the hand-written fast path
 of nsbox/cli/fast.py (``for_door``, ``convert``), and nsbox/cli/run.py, which turns the values
 into overrides of the profile's keys (``Option.key``). The limit options come from the table of
-limits in nsbox/limits.py. An option added here appears in every door that lists it, with the
+limits in nsbox/limittable.py. An option added here appears in every door that lists it, with the
 same flags, value checks and default; tests/test_cli_options.py checks that.
 
 This module is imported by the fast path on every ``nsbox run``: no click at import time (it is
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from nsbox import limittable as limits
+from nsbox import limittable
 from nsbox.units import parse_duration, parse_size
 
 TYPE_CHECKING = False
@@ -43,7 +43,7 @@ class Option:
                  value: str | None = None, metavar: str | None = None,
                  help: str | dict[str, str] = "", default: str | None = None,
                  doors: tuple[str, ...] = (RUN,), key: str | None = None,
-                 choices: tuple[str, ...] = (), limit: limits.LimitSpec | None = None) -> None:
+                 choices: tuple[str, ...] = (), limit: limittable.LimitSpec | None = None) -> None:
         self.flags, self.name, self.kind, self.value = flags, name, kind, value
         self.metavar, self.help, self.default, self.doors = metavar, help, default, doors
         self.key, self.choices, self.limit = key, choices, limit
@@ -52,7 +52,7 @@ class Option:
         return self.help if isinstance(self.help, str) else self.help.get(door, "")
 
 
-def _limit_option(spec: limits.LimitSpec) -> Option:
+def _limit_option(spec: limittable.LimitSpec) -> Option:
     assert spec.flag is not None
     return Option((spec.flag,), spec.name, value="limit", metavar=spec.metavar, help=spec.help,
                   doors=(RUN, START), key=spec.key, limit=spec)
@@ -112,8 +112,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--allow-rule",), "allow_rules", MULTIPLE, metavar="NAME", key="allow_rules",
            help="Lift one rule of the rule book for a trusted use (docs/rules.md). "
            "Repeatable."),
-    # limits (nsbox/limits.py)
-    *(_limit_option(spec) for spec in limits.OPTION_LIMITS),
+    # limits (nsbox/limittable.py)
+    *(_limit_option(spec) for spec in limittable.OPTION_LIMITS),
     # sessions: data in and out, audit (nsbox/cli/session.py)
     Option(("--input",), "inputs", MULTIPLE, metavar="HOST_PATH[:NAME]",
            help="Mount a host file or directory read-only at /input/NAME."),

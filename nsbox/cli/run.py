@@ -263,12 +263,12 @@ def overrides_from_options(o: dict[str, Any]) -> dict[str, Any]:
 
 def policy_from_options(o: dict[str, Any]) -> Policy:
     """The profile with the options applied: keys, binds, limits, then the network."""
-    from nsbox import limits
+    from nsbox import limittable
 
     binds = [("--ro-bind", spec, False) for spec in o["ro_bind"]]
     binds += [("--bind", spec, True) for spec in o["rw_bind"]]
     policy = load_policy(o["profile"], overrides_from_options(o), o["settings"], binds)
-    limit_changes = {spec.name: o[spec.name] for spec in limits.OPTION_LIMITS
+    limit_changes = {spec.name: o[spec.name] for spec in limittable.OPTION_LIMITS
                      if o.get(spec.name) is not None}
     if limit_changes:
         policy = policy.with_limits(**limit_changes)

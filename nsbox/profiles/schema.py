@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import limits, rules, units
+from nsbox import limittable, rules, units
 from nsbox.errors import PolicyError, suggest
 from nsbox.host import seccomp
-from nsbox.limits import LimitSpec
+from nsbox.limittable import LimitSpec
 from nsbox.policy import Bind, Dir, File, Mount, SeccompArg, SeccompRule, Symlink, Tmpfs
 from nsbox.profiles.writers import _none_or, format_duration, format_size
 
@@ -425,20 +425,20 @@ class Field:
     to_toml: Callable[[Any], Any] = lambda value: value
 
 
-# The parser and TOML form of each kind of limit in nsbox/limits.py's table.
+# The parser and TOML form of each kind of limit in nsbox/limittable.py.
 _LIMIT_KINDS: dict[str, tuple[Callable[[LimitSpec], Parser], Callable[[Any], Any]]] = {
-    limits.SIZE: (lambda spec: size(spec.low), format_size),
-    limits.DURATION: (lambda spec: duration, format_duration),
-    limits.COUNT: (lambda spec: integer(spec.low, spec.high), int),
-    limits.SHARE: (lambda spec: number, float),
-    limits.FLAG: (lambda spec: boolean, bool),
+    limittable.SIZE: (lambda spec: size(spec.low), format_size),
+    limittable.DURATION: (lambda spec: duration, format_duration),
+    limittable.COUNT: (lambda spec: integer(spec.low, spec.high), int),
+    limittable.SHARE: (lambda spec: number, float),
+    limittable.FLAG: (lambda spec: boolean, bool),
 }
 
 
 def limit_fields(prefix: str) -> dict[str, Field]:
     """The keys of the limits whose key starts with ``prefix``, from the table of limits."""
     fields = {}
-    for spec in limits.LIMITS:
+    for spec in limittable.LIMITS:
         if not spec.key.startswith(prefix):
             continue
         make, fmt = _LIMIT_KINDS[spec.kind]
