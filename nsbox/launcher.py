@@ -11,15 +11,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
-import json
 import os
-import selectors
-import signal
 import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from nsbox import _wire, cgroups, inputs, limits
@@ -27,10 +23,15 @@ from nsbox import plan as planmod
 from nsbox._wire import SetupErrorInfo
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
 from nsbox.host.network import RunNetwork
+from nsbox.host.output import (  # noqa: F401 (_Stream, _send_kill: sessions use them from here)
+    HOST_GRACE,
+    _out_of_descriptors,
+    _send_kill,
+    _Stream,
+    _supervise,
+)
 from nsbox.policy import Network, Policy
 from nsbox.result import Result, Status
-
-_READ_CHUNK = 65536
 
 
 class _HelperClient:
@@ -139,15 +140,6 @@ class _HelperClient:
                 pass
 
 
-def _out_of_descriptors(what: str, exc: OSError) -> LaunchError:
-    """A LaunchError for a failed open or send; with a hint when descriptors ran out."""
-    error = LaunchError(f"{what}: {exc.strerror or exc}")
-    if exc.errno in (errno.EMFILE, errno.ENFILE):
-        error.hint = ("this process has too many open descriptors (ulimit -n): close some, "
-                      "raise the limit, or run fewer sandboxes at once")
-    return error
-
-
 _helper = _HelperClient()
 
 
@@ -159,16 +151,6 @@ def use_forked_helper() -> None:
     _helper.reap_at_exit()
 
 
-
-
-@dataclass
-class _Stream:
-    fd: int
-    sink: int | None  # pass through to this fd as it arrives (CLI); None: keep in memory
-    kept: bytearray = field(default_factory=bytearray)
-    total: int = 0
-    truncated: bool = False
-    head_limit: int = 0  # with a sink: also keep this many first bytes (the audit record)
 
 
 def _stdin_fd(stdin: bytes | int | None) -> tuple[int, bool]:
@@ -361,167 +343,6 @@ def _submit_with_streams(submit: Any, wire: dict[str, Any], stdin: bytes | int |
         submit(wire, [their_sock.fileno(), in_fd, out_w, err_w])
         ours.pop_all()  # the caller owns them now
     return out_r, err_r, sock
-
-
-# After the deadline the helper kills the sandbox; should the helper not get to run then
-# (stopped, starved of CPU), this process kills it this much later, by the pidfd the helper
-# sent with the pid (pidfd_send_signal(2): no pid-reuse race).
-HOST_GRACE = 0.3
-
-
-def _supervise(sock: socket.socket, streams: list[_Stream], cap: int, net: RunNetwork,
-               wall_time: float | None = None) -> tuple[dict[str, Any], int]:
-    """Copy the run's output under the cap and follow the helper's messages until its report;
-    returns the report and the sandbox's host pid."""
-    try:
-        selector = selectors.DefaultSelector()
-    except OSError as exc:  # epoll_create1: EMFILE
-        for each in streams:
-            os.close(each.fd)
-        raise _out_of_descriptors("cannot watch the run", exc) from None
-    for each in streams:
-        selector.register(each.fd, selectors.EVENT_READ, each)
-    selector.register(sock, selectors.EVENT_READ, None)
-    watch = _Watch(sock, selector, cap, net, wall_time)
-    try:
-        while selector.get_map() and watch.wait():
-            pass
-    finally:
-        selector.close()
-        for stream in streams:
-            os.close(stream.fd)
-        if watch.pidfd >= 0:
-            os.close(watch.pidfd)
-    report = watch.report
-    if report is None:
-        raise LaunchError("the launch helper ended the run without a report")
-    status = report.get("wait_status")
-    if watch.host_killed and isinstance(status, int) and os.WIFSIGNALED(status) and (
-            os.WTERMSIG(status) == signal.SIGKILL):
-        report["timed_out"] = True  # the SIGKILL was this process's, at the deadline
-    return report, watch.pid
-
-
-@dataclass
-class _Watch:
-    """What the supervision of one run has seen so far (see _supervise)."""
-
-    sock: socket.socket
-    selector: selectors.BaseSelector
-    cap: int
-    net: RunNetwork
-    wall_time: float | None
-    report: dict[str, Any] | None = None
-    pid: int = 0
-    pidfd: int = -1
-    host_deadline: float | None = None
-    host_killed: bool = False
-    kept: int = 0
-    drain_until: float | None = None
-
-    def wait(self) -> bool:
-        """One wait and what came of it; False once the run is over and its output drained."""
-        until = self.drain_until if self.drain_until is not None else self.host_deadline
-        # At most an hour per wait: epoll_wait(2) takes an int of milliseconds.
-        timeout = None if until is None else min(max(0.0, until - time.monotonic()), 3600.0)
-        events = self.selector.select(timeout)
-        if not events and self.drain_until is not None:
-            return False  # the sandbox is gone; whoever still holds a pipe is not ours to wait for
-        if (self.host_deadline is not None and self.report is None
-                and time.monotonic() >= self.host_deadline):
-            self.host_killed = _kill_by_pidfd(self.pidfd)
-            self.host_deadline = None
-        for key, _mask in events:
-            if key.data is None:
-                self.on_helper()
-            else:
-                self.on_output(key.data)
-        return True
-
-    def on_helper(self) -> None:
-        try:
-            data, fds = _wire.receive_fds(self.sock, 65536, 1)
-        except ConnectionResetError:
-            # The peer closed with our "kill" unread. The kernel reports that before the
-            # messages still queued (the report among them): read on.
-            return
-        if not data:
-            self.selector.unregister(self.sock)
-            if self.report is None and self.pid == 0:
-                # It never started the sandbox: the request was lost on the way in (the helper
-                # out of descriptors), or the helper died.
-                raise LaunchError("the launch helper could not take the request "
-                                  "(out of descriptors, or it died)")
-            if self.report is None:
-                raise LaunchError("the launch helper died during the run")
-            return
-        self.on_message(json.loads(data), fds)
-
-    def on_message(self, message: dict[str, Any], fds: list[int]) -> None:
-        if message["event"] == "proxy":
-            self.net.serve(fds)
-            return
-        if message["event"] == "pid" and fds and self.pidfd < 0:
-            self.pidfd = fds.pop()
-            if isinstance(self.wall_time, (int, float)):
-                self.host_deadline = time.monotonic() + self.wall_time + HOST_GRACE
-        for fd in fds:
-            os.close(fd)
-        if message["event"] == "pid":
-            self.pid = message["pid"]
-        elif message["event"] == "exit":
-            self.report = message
-            self.host_deadline = None
-            self.drain_until = time.monotonic() + 2.0
-
-    def on_output(self, stream: _Stream) -> None:
-        chunk = os.read(stream.fd, _READ_CHUNK)
-        if not chunk:
-            self.selector.unregister(stream.fd)
-            return
-        stream.total += len(chunk)
-        room = max(0, self.cap - self.kept)
-        if len(chunk) > room:
-            chunk = chunk[:room]
-            if not stream.truncated:
-                stream.truncated = True
-                _send_kill(self.sock, "output")
-        self.kept += len(chunk)
-        if stream.sink is not None:
-            _write_all(stream.sink, chunk)
-            if len(stream.kept) < stream.head_limit:
-                stream.kept += chunk[:stream.head_limit - len(stream.kept)]
-        else:
-            stream.kept += chunk
-
-
-def _kill_by_pidfd(pidfd: int) -> bool:
-    """SIGKILL to the sandbox's pid 1 (its whole pid namespace dies with it)."""
-    if pidfd < 0:
-        return False
-    try:
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except ProcessLookupError:
-        return False  # it has ended already
-    except OSError:
-        return False  # not ours to signal: the helper's own deadline stays the guard
-    return True
-
-
-def _send_kill(sock: socket.socket, reason: str) -> None:
-    try:
-        sock.send(json.dumps({"cmd": "kill", "reason": reason}).encode())
-    except OSError:
-        pass
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except BrokenPipeError:
-            return
 
 
 _HINTS = {

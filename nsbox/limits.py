@@ -24,8 +24,18 @@ import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nsbox import cgroups, units
+from nsbox import cgroups
 from nsbox.errors import HostError, PolicyError
+from nsbox.limittable import (  # noqa: F401 (the parsers of option values, also from here)
+    COUNT,
+    FLAG,
+    LIMITS,
+    SIZE,
+    parse_count,
+    parse_cpus,
+    parse_duration,
+    parse_size,
+)
 
 if TYPE_CHECKING:  # the launch helper imports this module: keep its start small
     from nsbox.policy import Limits
@@ -52,17 +62,13 @@ def _rlimit(resource_id: int, value: int) -> list[int]:
     return [resource_id, value, value]
 
 
-# Fields of Limits that must be a positive number when set, and whether a whole one.
-_POSITIVE = {
-    "memory": int, "pids": int, "cpus": float, "cpu_time": float, "open_files": int,
-    "file_size": int, "tmp_size": int, "workspace_size": int, "shm_size": int,
-}
-
-
 def check_limits(limits: Limits) -> None:
     """A zero, negative or mistyped limit is an error, never a sandbox that cannot run (memory 0)
     or a silently missing limit."""
-    for name, kind in _POSITIVE.items():
+    for spec in LIMITS:
+        if spec.kind == FLAG or spec.low <= 0:
+            continue
+        name, kind = spec.name, (int if spec.kind in (SIZE, COUNT) else float)
         value = getattr(limits, name)
         if value is None:
             continue
@@ -265,51 +271,3 @@ def apply_outcome(result: Result, outcome: dict[str, Any]) -> None:
         result.status = Status.TO
         result.timed_out = True
         result.extra["limit"] = "cpu_time"
-
-
-# --- option values: sizes, durations, counts ----------------------------------------------------
-# The syntax is nsbox.units' (shared with profiles); a limit also has to be more than zero, and a
-# bad value is a PolicyError naming the option.
-
-
-def _positive(parse: Callable[[str], Any], text: str, key: str, what: str, example: str) -> Any:
-    try:
-        value = parse(text)
-    except ValueError as exc:
-        message = str(exc)
-        hint = None if "e.g." in message else f"write {what}, e.g. {example}"
-        raise PolicyError(message, key=key, hint=hint) from None
-    if not value > 0 or math.isinf(value):
-        raise PolicyError(f"{text!r} must be more than zero", key=key,
-                          hint="to have no limit, leave the option out")
-    return value
-
-
-def parse_size(text: str, *, key: str = "size") -> int:
-    """``256M``, ``1.5G``, ``64KiB``, ``4096`` -> bytes, more than zero."""
-    return int(_positive(units.parse_size, text, key, "a size", "64K, 256M, 1.5G"))
-
-
-def parse_duration(text: str, *, key: str = "duration") -> float:
-    """``10s``, ``500ms``, ``2m``, ``2.5`` -> seconds, more than zero."""
-    return float(_positive(units.parse_duration, text, key, "a duration", "10, 10s, 500ms, 2m"))
-
-
-def _number(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            return kind(str(text).strip())
-        except ValueError:
-            raise ValueError(f"{text!r} is not a number") from None
-
-    return parse
-
-
-def parse_cpus(text: str, *, key: str = "cpus") -> float:
-    """A share of cores: ``0.5``, ``2``."""
-    return float(_positive(_number(float), text, key, "a share of cores", "0.5"))
-
-
-def parse_count(text: str, *, key: str = "count") -> int:
-    """A whole number of processes or files: ``64``."""
-    return int(_positive(_number(int), text, key, "a whole number", "64"))

@@ -19,7 +19,6 @@ from nsbox import rules
 from nsbox._wire import WirePlan
 from nsbox.errors import PolicyError, SetupError
 from nsbox.host import network as netmod
-from nsbox.host import project
 from nsbox.host import seccomp as seccompmod
 from nsbox.limits import plan_limits
 from nsbox.policy import Bind, Dir, File, Mount, Policy, Symlink, Tmpfs
@@ -180,6 +179,8 @@ def build(
         {"op": "tmpfs", "target": "/tmp", "size": policy.limits.tmp_size, "mode": 0o1777},
     ]
     if policy.project is not None:
+        from nsbox.host import project  # its copy-on-write machinery: only for a project
+
         mounts.append(project.plan_op(policy, allow, host))
     elif policy.workspace is None:
         mounts.append({"op": "tmpfs", "target": WORKSPACE, "size": policy.limits.workspace_size,

@@ -7,7 +7,6 @@ Plan. The field defaults here are the schema defaults documented in docs/profile
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -242,5 +241,7 @@ class Policy:
 
     def digest(self) -> str:
         """A stable hash of the policy (for caches and the audit record)."""
+        import hashlib  # not at import: `nsbox run` has no use for it (docs/performance.md)
+
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()

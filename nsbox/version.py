@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 
 VERSION = "0.1.0"
 
@@ -19,6 +18,8 @@ def commit() -> str:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not os.path.isdir(os.path.join(repo, ".git")):
         return "unknown"
+    import subprocess  # only for `nsbox --version`: it costs every launch several ms
+
     try:
         out = subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"],
                              capture_output=True, text=True, check=True, timeout=5)

@@ -228,76 +228,7 @@ def test_trace_names_every_step_in_order(monkeypatch: pytest.MonkeyPatch):
     assert "trace" not in nsbox.run(["true"]).extra
 
 
-# --- the command line: one schema, two doors ---------------------------------------------------
-
-
-def test_fast_path_declares_exactly_the_click_options():
-    from nsbox.cli import commands as cli
-    from nsbox.cli import fast as _fastcli
-
-    click_options = {}
-    for param in cli.run.params:
-        if param.name == "command":
-            continue
-        kind = "flag" if param.is_flag else ("multiple" if param.multiple else "value")
-        click_options[param.name] = (tuple(sorted(param.opts + param.secondary_opts)), kind)
-    fast = {name: (tuple(sorted(flags)), kind) for flags, name, kind in _fastcli.RUN_OPTIONS}
-    assert fast == click_options
-    with cli.run.make_context("run", ["true"]) as ctx:
-        defaults = {k: v for k, v in ctx.params.items()
-                    if k != "command" and v not in (None, False, ())}
-    assert defaults == _fastcli.DEFAULTS
-
-
-def test_both_doors_know_the_same_limit_options():
-    from nsbox import limits
-    from nsbox.cli import commands as cli
-    from nsbox.cli import fast as _fastcli
-    from nsbox.cli import run as _cli_run
-
-    assert {name: getattr(limits, parser) for name, parser in _fastcli.LIMIT_PARSERS.items()} \
-        == cli._LIMIT_PARSERS
-    assert set(_cli_run.LIMIT_NAMES) == set(cli._LIMIT_PARSERS)
-
-
-@pytest.mark.parametrize("args", [
-    ["--", "/bin/true"],
-    ["true"],
-    ["-t", "1.5", "--output-limit", "1K", "--", "sh", "-c", "echo hi"],
-    ["--time=2m", "-w", "/tmp", "--ro-bind", "/etc:/hostetc", "--ro-bind=/opt", "--bind",
-     "/tmp:/scratch", "-e", "A=1", "--env=B=2", "--pass-env", "HOME", "--cwd", "/tmp",
-     "--json", "--seccomp-log", "--net", "loopback", "--", "ls", "-la"],
-    ["--net=allow", "--allow-host", "example.org:443", "--allow-host=*.test", "echo", "x"],
-    ["-p", "python", "--set", "limits.memory=64M", "--set=hostname=box", "--print-profile", "--",
-     "true"],
-    ["--profile=minimal", "true"],
-    ["echo", "--json"], ["ls", "-w", "data", "--", "-t", "1"], ["--json", "python3", "-c", "1"],
-    ["--input", "/etc/hostname:h", "--collect", "*.txt", "--collect-dir=out", "--audit",
-     "/tmp/audit.jsonl", "--", "true"],
-    ["--memory", "256M", "--pids=64", "--cpus", "0.5", "--cpu-time", "10s", "--open-files", "99",
-     "--file-size", "1M", "--tmp-size=8M", "--workspace-size", "16M", "--", "true"],
-])
-def test_fast_path_and_click_parse_the_same(args: list[str]):
-    from nsbox.cli import commands as cli
-    from nsbox.cli import fast as _fastcli
-
-    with cli.run.make_context("run", list(args)) as ctx:
-        by_click = dict(ctx.params)
-    by_hand = _fastcli.parse_run(list(args))
-    assert by_hand == by_click
-
-
-@pytest.mark.parametrize("args", [
-    ["--help"], ["-h", "true"], ["-t5", "true"], ["--time", "0", "true"], ["--time", "x", "true"],
-    ["--net", "everything", "true"], ["--json=1", "true"], ["--unknown", "true"], [],
-    ["--cwd"], ["--output-limit", "lots", "true"], ["--memory", "0", "true"],
-    ["--pids", "many", "true"], ["--print-profile"],
-])
-def test_fast_path_leaves_the_rest_to_click(args: list[str]):
-    from nsbox.cli import fast as _fastcli
-
-    with pytest.raises(_fastcli._Fallback):
-        _fastcli.parse_run(list(args))
+# --- the command line (its option table: tests/test_cli_options.py) ----------------------------
 
 
 def nsbox_cli(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -25,8 +25,6 @@ COMPLEX = {
         "the doctor is being moved onto the production cgroup detection, which removes it",
     "nsbox/doctor/hostfacts.py:HostFacts.cgroups":
         "a second parser of the cgroup layout; goes with the doctor's move to cgroups.detect",
-    "nsbox/cli/run.py:_execute":
-        "one branch per run option; goes when the options come from one table",
     "nsbox/cli/supervisor.py:Supervisor.dispatch":
         "one branch per session operation (diff, apply, discard came with project workspaces); "
         "to become a table of handlers",
@@ -40,10 +38,8 @@ LONG = {
     "nsbox/host/seccomp.py": "the built-in rules, the compiler and the cache, to be three",
     "nsbox/host/netproxy.py": "the proxy's HTTP parsing and its relay, to be two",
     "nsbox/rules.py": "the rule book and the resolved-path checks, to be two",
-    "nsbox/launcher.py": "the helper client and the output supervision, to leave for host/",
     "nsbox/ray.py": "the executor actors and the client, to be two",
     "nsbox/mcp_server.py": "the tools and the server loop, to be two",
-    "nsbox/profiles/schema.py": "the value parsers and the TOML writers, to be two",
     "nsbox/cli/session.py": "the session commands and the project review commands, to be two",
     "nsbox/doctor/__init__.py": "the checks and the verdicts per guarantee, to be two",
 }

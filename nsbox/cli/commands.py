@@ -19,12 +19,12 @@ from typing import Any, NoReturn
 
 import click
 
-from nsbox import limits
+from nsbox import limittable
+from nsbox.cli import options as _options
 from nsbox.cli import run as _cli_run
 from nsbox.cli.run import EXIT_SETUP, fail_code
-from nsbox.errors import NsboxError, PolicyError
+from nsbox.errors import NsboxError
 from nsbox.policy import Policy
-from nsbox.units import parse_duration, parse_size
 
 
 def _fail(error: NsboxError) -> NoReturn:
@@ -32,25 +32,9 @@ def _fail(error: NsboxError) -> NoReturn:
     sys.exit(fail_code(error))
 
 
-def _size(_ctx: Any, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param=param) from None
-
-
-def _duration(_ctx: Any, param: click.Parameter, value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param=param) from None
-    if seconds <= 0:
-        raise click.BadParameter("must be more than 0", param=param)
-    return seconds
+# The checks of the option table, for the session commands' own options.
+_size = _options.click_callback("size")
+_duration = _options.click_callback("duration")
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -62,40 +46,10 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 
 
 # --- resource limit options (limits.py; docs/limits.md) ---------------------------------------
-# One parser per kind of value, shared by every option of that kind; a bad value (``--memory 0``,
+# Declared in nsbox/limittable.py and nsbox/cli/options.py; a bad value (``--memory 0``,
 # ``--memory lots``) is a usage error that names the option and says what to write.
-_LIMIT_PARSERS: dict[str, Any] = {
-    "memory": limits.parse_size, "pids": limits.parse_count, "cpus": limits.parse_cpus,
-    "cpu_time": limits.parse_duration, "open_files": limits.parse_count,
-    "file_size": limits.parse_size, "tmp_size": limits.parse_size,
-    "workspace_size": limits.parse_size,
-}
-
-
-def _limit(_ctx: Any, param: click.Parameter, value: str | None) -> Any:
-    if value is None or param.name is None:
-        return None
-    try:
-        return _LIMIT_PARSERS[param.name](value, key=param.opts[0])
-    except PolicyError as exc:
-        hint = f" ({exc.hint})" if exc.hint else ""
-        raise click.BadParameter(f"{exc.message}{hint}", param=param) from None
-
-
-def _limit_options(command: Any) -> Any:
-    specs = [
-        ("--memory", "SIZE", "Memory limit, swap off (e.g. 256M); past it: OOM kill (ML)."),
-        ("--pids", "N", "Most processes and threads at once."),
-        ("--cpus", "SHARE", "Share of cores (e.g. 0.5)."),
-        ("--cpu-time", "DURATION", "Total CPU time (e.g. 10s); over it the run ends (TO)."),
-        ("--open-files", "N", "Most open file descriptors per process."),
-        ("--file-size", "SIZE", "Largest file a process may write."),
-        ("--tmp-size", "SIZE", "Size of the tmpfs at /tmp."),
-        ("--workspace-size", "SIZE", "Size of the tmpfs at /workspace (without --workspace)."),
-    ]
-    for flag, metavar, text in reversed(specs):
-        command = click.option(flag, callback=_limit, metavar=metavar, help=text)(command)
-    return command
+_LIMIT_PARSERS: dict[str, Any] = {spec.name: spec.parse_option for spec in limittable.OPTION_LIMITS}
+_limit_options = _options.click_options(_options.START, lambda option: option.limit is not None)
 
 
 def _with_limits(policy: Policy, values: dict[str, Any]) -> Policy:
@@ -116,73 +70,9 @@ def main() -> None:
 # (``ls -w``, ``python3 -c``) are never taken for nsbox's.
 @main.command(context_settings={"ignore_unknown_options": False,
                                 "allow_interspersed_args": False})
-@click.option("-t", "--time", "wall_time", callback=_duration, metavar="SECONDS",
-              help="Wall-clock limit; the whole sandbox is killed at the deadline.")
-@click.option("--output-limit", callback=_size, metavar="BYTES",
-              help="Cap on stdout+stderr; the sandbox is stopped past it (status OL).")
-@click.option("-w", "--workspace", type=click.Path(file_okay=False),
-              help="Host directory bound read-write at /workspace (default: a fresh tmpfs).")
-@click.option("--project", type=click.Path(file_okay=False),
-              help="Host directory seen copy-on-write at /workspace; its changes are listed "
-              "after the run and never written to it (docs/agents.md).")
-@click.option("--ro-bind", multiple=True, metavar="SRC[:DST]", help="Bind a host path read-only.")
-@click.option("--bind", "rw_bind", multiple=True, metavar="SRC[:DST]",
-              help="Bind a host path read-write.")
-@click.option("-e", "--env", multiple=True, metavar="KEY=VAL",
-              help="Set a variable inside (the caller's environment never passes by itself).")
-@click.option("--pass-env", multiple=True, metavar="NAME",
-              help="Pass the caller's variable NAME through.")
-@click.option("--cwd", metavar="DIR", help="Working directory inside (default /workspace).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Capture the output and print the result as one JSON object.")
-@click.option("--seccomp-log", is_flag=True,
-              help="Learning mode: report the syscalls the seccomp filter denied (still "
-              "denied).")
-@click.option("-q", "--quiet", is_flag=True,
-              help="Do not say on stderr which limits this host could only approximate.")
-# --- network (docs/network.md) ---
-@click.option("--net", "net_mode", type=click.Choice(["none", "loopback", "allow"]),
-              help="none (default): no network; loopback: lo only; allow: lo plus a proxy to "
-              "the --allow-host entries.")
-@click.option("--allow-host", multiple=True, metavar="HOST[:PORT]",
-              help="Reachable through the proxy (implies --net allow); '*.example.org' for "
-              "sub-domains. Repeatable.")
-@click.option("--ask", is_flag=True,
-              help="With --net allow: ask on the terminal before a host not on the list is "
-              "reached (each answer holds for the run; no terminal: refused).")
-# --- end network ---
-# --- profiles (nsbox/profiles.py) ---------------------------------------------------------------
-@click.option("-p", "--profile", default="default", show_default=True, metavar="NAME|FILE",
-              help="A shipped profile's name or a profile file (see `nsbox profiles`).")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="Override any profile key: --set limits.memory=1G --set network.mode=loopback.")
-@click.option("--print-profile", is_flag=True,
-              help="Print the effective policy (profile plus options) as TOML and exit.")
-@click.option("--allow-rule", "allow_rules", multiple=True, metavar="NAME",
-              help="Lift one rule of the rule book for a trusted use (docs/rules.md). "
-              "Repeatable.")
-# --- end profiles -------------------------------------------------------------------------------
-@_limit_options
-# --- sessions: data in and out, audit (nsbox/cli/session.py) ---
-@click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
-              help="Mount a host file or directory read-only at /input/NAME.")
-@click.option("--collect", multiple=True, metavar="GLOB",
-              help="Copy the workspace's regular files matching GLOB out after the run.")
-@click.option("--collect-dir", default="nsbox-output", show_default=True, metavar="DIR",
-              help="Where --collect puts the files.")
-@click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Append a JSON record of the run to FILE (--env values redacted).")
-# --- end sessions ---
+@_options.click_options(_options.RUN)
 @click.argument("command", nargs=-1)
-def run(wall_time: float | None, output_limit: int | None, workspace: str | None,
-        project: str | None,
-        ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
-        pass_env: tuple[str, ...], cwd: str | None, as_json: bool, seccomp_log: bool,
-        quiet: bool, net_mode: str | None, allow_host: tuple[str, ...], ask: bool, profile: str,
-        settings: tuple[str, ...], print_profile: bool, allow_rules: tuple[str, ...],
-        inputs: tuple[str, ...],
-        collect: tuple[str, ...], collect_dir: str, audit: str | None,
-        command: tuple[str, ...], **limit_values: Any) -> None:
+def run(command: tuple[str, ...], **values: Any) -> None:
     """Run COMMAND in a new sandbox.
 
     Options go before COMMAND: its first argument that is not an option starts it, and every
@@ -195,8 +85,7 @@ def run(wall_time: float | None, output_limit: int | None, workspace: str | None
     """
     # The work is done without click (nsbox/cli/run.py), so that the fast path of
     # nsbox/cli/fast.py, which parses the same options by hand, does exactly the same.
-    options = {k: v for k, v in locals().items() if k != "limit_values"}
-    options.update(limit_values)
+    options = {**values, "command": command}
     try:
         _cli_run.check(options)
         code = _cli_run.execute(options)

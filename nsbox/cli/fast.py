@@ -7,111 +7,32 @@ any form this parser does not take: bundled short flags, ``-t5``, a bad value) g
 which parses and reports errors as usual. As in click's command, options stop at the command:
 everything after its first word is the command's own.
 
-One schema, two doors: RUN_OPTIONS lists ``nsbox run``'s options as click declares them in
-nsbox/cli.py (flags, parameter name, kind). tests/test_perf.py checks that the two lists are the
-same and that both parsers give the same parameters for the same command lines, so an option
-added to the click command without being added here fails the tests.
+One table, three doors: the options are declared once, in nsbox/cli/options.py, which builds
+the click commands' options too; tests/test_cli_options.py checks that both parsers give the same
+parameters for the same command lines.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from typing import Any
 
-from nsbox.units import parse_duration, parse_size
+from nsbox.cli import options as _options
 
-VALUE, MULTIPLE, FLAG = "value", "multiple", "flag"
-
-# (flags, parameter name, kind), grouped as in nsbox/cli.py.
-RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    # sessions: data in and out, audit (nsbox/cli/session.py)
-    (("--input",), "inputs", MULTIPLE),
-    (("--collect",), "collect", MULTIPLE),
-    (("--collect-dir",), "collect_dir", VALUE),
-    (("--audit",), "audit", VALUE),
-    # profiles (nsbox/profiles.py)
-    (("-p", "--profile"), "profile", VALUE),
-    (("--set",), "settings", MULTIPLE),
-    (("--print-profile",), "print_profile", FLAG),
-    (("--allow-rule",), "allow_rules", MULTIPLE),
-    (("-t", "--time"), "wall_time", VALUE),
-    (("--output-limit",), "output_limit", VALUE),
-    (("-w", "--workspace"), "workspace", VALUE),
-    (("--project",), "project", VALUE),
-    (("--ro-bind",), "ro_bind", MULTIPLE),
-    (("--bind",), "rw_bind", MULTIPLE),
-    (("-e", "--env"), "env", MULTIPLE),
-    (("--pass-env",), "pass_env", MULTIPLE),
-    (("--cwd",), "cwd", VALUE),
-    (("--json",), "as_json", FLAG),
-    (("-q", "--quiet"), "quiet", FLAG),
-    (("--seccomp-log",), "seccomp_log", FLAG),
-    (("--net",), "net_mode", VALUE),
-    (("--allow-host",), "allow_host", MULTIPLE),
-    (("--ask",), "ask", FLAG),
-    # limits (nsbox/limits.py)
-    (("--memory",), "memory", VALUE),
-    (("--pids",), "pids", VALUE),
-    (("--cpus",), "cpus", VALUE),
-    (("--cpu-time",), "cpu_time", VALUE),
-    (("--open-files",), "open_files", VALUE),
-    (("--file-size",), "file_size", VALUE),
-    (("--tmp-size",), "tmp_size", VALUE),
-    (("--workspace-size",), "workspace_size", VALUE),
-)
-# The parser of each limit option (the same as cli._LIMIT_PARSERS), by name in nsbox.limits.
-LIMIT_PARSERS = {
-    "memory": "parse_size", "pids": "parse_count", "cpus": "parse_cpus",
-    "cpu_time": "parse_duration", "open_files": "parse_count", "file_size": "parse_size",
-    "tmp_size": "parse_size", "workspace_size": "parse_size",
-}
-NET_MODES = ("none", "loopback", "allow")
-# The click options' defaults other than None, (), False.
-DEFAULTS = {"profile": "default", "collect_dir": "nsbox-output"}
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class _Fallback(Exception):
     """Not a form the fast path takes: click parses it (and reports any error)."""
 
 
-def _convert(name: str, flag: str, value: str) -> Any:
-    """The same conversions as the click options' callbacks and types."""
-    if name in LIMIT_PARSERS:
-        from nsbox import limits
-        from nsbox.errors import PolicyError
-
-        try:
-            return getattr(limits, LIMIT_PARSERS[name])(value, key=flag)
-        except PolicyError:
-            raise _Fallback from None
-    try:
-        if name == "wall_time":
-            seconds = parse_duration(value)
-            if seconds <= 0:
-                raise _Fallback
-            return seconds
-        if name == "output_limit":
-            return parse_size(value)
-    except ValueError:
-        raise _Fallback from None
-    if name in ("workspace", "project") and os.path.exists(value) and not os.path.isdir(value):
-        raise _Fallback  # click.Path(file_okay=False) refuses it
-    if name == "audit" and os.path.isdir(value):
-        raise _Fallback  # click.Path(dir_okay=False) refuses it
-    if name == "net_mode" and value not in NET_MODES:
-        raise _Fallback
-    return value
-
-
 def parse_run(args: list[str]) -> dict[str, Any]:
     """The parameters of ``nsbox run`` for ``args`` (what follows ``run``), as click would
     give them; raises _Fallback for anything this parser leaves to click."""
-    by_flag = {flag: (name, kind) for flags, name, kind in RUN_OPTIONS for flag in flags}
-    params: dict[str, Any] = {}
-    for _flags, name, kind in RUN_OPTIONS:
-        params[name] = () if kind == MULTIPLE else (False if kind == FLAG else None)
-    params.update(DEFAULTS)
+    table = _options.for_door(_options.RUN)
+    by_flag = {flag: option for option in table for flag in option.flags}
+    params = _options.defaults(_options.RUN)
     i = 0
     while i < len(args):
         arg = args[i]
@@ -123,11 +44,11 @@ def parse_run(args: list[str]) -> dict[str, Any]:
         flag, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
         if flag not in by_flag:
             raise _Fallback  # --help, -h, unknown options, -t5, bundled flags
-        name, kind = by_flag[flag]
-        if kind == FLAG:
+        option = by_flag[flag]
+        if option.kind == _options.FLAG:
             if eq:
                 raise _Fallback
-            params[name] = True
+            params[option.name] = True
             i += 1
             continue
         if eq:
@@ -138,11 +59,14 @@ def parse_run(args: list[str]) -> dict[str, Any]:
                 raise _Fallback
             value = args[i + 1]
             i += 2
-        converted = _convert(name, flag, value)
-        if kind == MULTIPLE:
-            params[name] = (*params[name], converted)
+        try:
+            converted = _options.convert(option, flag, value)
+        except _options.BadValue:
+            raise _Fallback from None  # click says what is wrong
+        if option.kind == _options.MULTIPLE:
+            params[option.name] = (*params[option.name], converted)
         else:
-            params[name] = converted
+            params[option.name] = converted
     command = tuple(args[i:])
     if not command:
         raise _Fallback  # click says what is missing
@@ -166,6 +90,12 @@ def _main() -> None:
         except _Fallback:
             params = None
         if params is not None:
+            # What both the command line and the launch helper need, imported once, before
+            # the fork (the helper inherits it): about 20 ms of CPU less per run than importing
+            # it on each side of the fork, the same wall-clock time (docs/performance.md).
+            import selectors  # noqa: F401
+
+            from nsbox import _wire, limits  # noqa: F401
             from nsbox.helper.fork import fork_helper
 
             helper = fork_helper()

@@ -1,9 +1,9 @@
 """What ``nsbox run`` does once its options are parsed, without click.
 
-Both doors lead here: the click command in nsbox/cli.py, and the hand-written fast path of
-nsbox/cli/fast.py that serves ``nsbox run`` without importing click. ``options`` holds the click
-command's parameters by name (the option table in _fastcli.py is checked against click's by
-tests/test_perf.py). Prints, and returns the exit code (nsbox/cli.py documents them).
+Both doors lead here: the click command in nsbox/cli/commands.py, and the hand-written fast
+path of nsbox/cli/fast.py that serves ``nsbox run`` without importing click. ``options`` holds
+the command's parameters by name, as declared once in nsbox/cli/options.py. Prints, and returns
+the exit code (nsbox/cli/commands.py documents them).
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ EXIT_TIMEOUT = 124
 EXIT_SETUP = 125
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
-# The limit options of nsbox run, by Limits field (cli._LIMIT_PARSERS has their parsers).
-LIMIT_NAMES = ("memory", "pids", "cpus", "cpu_time", "open_files", "file_size", "tmp_size",
-               "workspace_size")
 
 
 class OptionError(ValueError):
@@ -212,29 +209,12 @@ def _stopped(signum: int) -> int:
     return 128 + signum
 
 
-def _execute(options: dict[str, Any]) -> int:
-    o = options
-    env_set = parse_env(o["env"])
-    overrides: dict[str, Any] = {
-        "limits.wall_time": o["wall_time"], "limits.output": o["output_limit"],
-        "workspace.path": o["workspace"], "environment.set": env_set or None,
-        "workspace.project": os.path.abspath(o["project"]) if o.get("project") else None,
-        "environment.passthrough": o["pass_env"] or None,
-        "seccomp.log_denied": True if o["seccomp_log"] else None,
-        "allow_rules": list(o["allow_rules"]) or None,
-    }
-    binds = [("--ro-bind", spec, False) for spec in o["ro_bind"]]
-    binds += [("--bind", spec, True) for spec in o["rw_bind"]]
+def _execute(o: dict[str, Any]) -> int:
+    """The named steps of ``nsbox run``: the policy, the launch, the report."""
     as_json = o["as_json"]
+    collected: list[Any] = []
     try:
-        policy = load_policy(o["profile"], overrides, o["settings"], binds)
-        limit_changes = {k: o[k] for k in LIMIT_NAMES if o.get(k) is not None}
-        if limit_changes:
-            policy = policy.with_limits(**limit_changes)
-        # --- network (docs/network.md) ---
-        policy = policy.replace(network=from_options(policy.network, o["net_mode"],
-                                                     o["allow_host"]))
-        # --- end network ---
+        policy = policy_from_options(o)
         if o["print_profile"]:
             from nsbox.profiles import to_toml
 
@@ -243,59 +223,117 @@ def _execute(options: dict[str, Any]) -> int:
             return 0
         if not o["command"]:
             raise OptionError("missing COMMAND (or --print-profile)", None)
-        # --- sessions: data in and out, audit (nsbox/cli/session.py) ---
-        if o["inputs"]:
-            from nsbox.session import input_mount
-
-            policy = policy.replace(
-                mounts=policy.mounts + tuple(input_mount(s) for s in o["inputs"]))
-        if policy.project is not None or o.get("ask"):
-            from nsbox.cli.session import run_in_project
-
-            result = run_in_project(list(o["command"]), policy, stdin=None if as_json else 0,
-                                    cwd=o["cwd"], passthrough=not as_json, audit=o["audit"],
-                                    ask=bool(o.get("ask")))
-        elif o["collect"]:
-            from nsbox.cli.session import run_and_collect
-
-            result, collected, skipped = run_and_collect(
-                list(o["command"]), policy, patterns=o["collect"], dest=o["collect_dir"],
-                stdin=None if as_json else 0, cwd=o["cwd"], passthrough=not as_json,
-                audit=o["audit"])
-            for path, why in skipped:
-                echo(f"nsbox: not collected: {json.dumps(path)}: {why}", err=True)
-        else:
-            result = nsbox.run(
-                list(o["command"]), policy, stdin=None if as_json else 0, cwd=o["cwd"],
-                passthrough=not as_json, audit=o["audit"],
-            )
-        # --- end sessions ---
+        result, collected = _launch(o, _with_inputs(policy, o["inputs"]))
     except (NsboxError, OSError) as raised:
-        # An OSError is the host refusing something the options name (a path this user may
-        # not resolve, say): a message, not a traceback.
-        error = raised if isinstance(raised, NsboxError) else NsboxError(
-            f"{raised.strerror or raised}" + (f": {raised.filename}" if raised.filename else ""))
-        if as_json:
-            echo(json.dumps({"status": Status.XX.value, "error": str(error)}))
-        return fail_code(error)
+        return _failed(raised, as_json)
     if as_json:
         echo(json.dumps({**result.to_dict(with_output=True),
                          **({"files": collected} if o["collect"] else {})}))
-        return exit_code(result)
+    else:
+        _report(result, quiet=bool(o.get("quiet")))
+    return exit_code(result)
+
+
+# How an option's value becomes the value of its profile key (Option.key), where it is not the
+# value itself: a flag sets its key only when given, a list only when not empty.
+_OVERRIDE_VALUES: dict[str, Any] = {
+    "env": lambda items: parse_env(items) or None,
+    "project": lambda path: os.path.abspath(path) if path else None,
+    "seccomp_log": lambda given: True if given else None,
+}
+
+
+def overrides_from_options(o: dict[str, Any]) -> dict[str, Any]:
+    """The profile keys the options set (the option table's ``key``), limits aside."""
+    from nsbox.cli import options as _options
+
+    overrides: dict[str, Any] = {}
+    for option in _options.for_door(_options.RUN):
+        if option.key is None or option.limit is not None:
+            continue
+        value = o.get(option.name)
+        convert = _OVERRIDE_VALUES.get(option.name)
+        if convert is not None:
+            value = convert(value)
+        elif option.kind == _options.MULTIPLE:
+            value = list(value or ()) or None
+        overrides[option.key] = value
+    return overrides
+
+
+def policy_from_options(o: dict[str, Any]) -> Policy:
+    """The profile with the options applied: keys, binds, limits, then the network."""
+    from nsbox import limittable
+
+    binds = [("--ro-bind", spec, False) for spec in o["ro_bind"]]
+    binds += [("--bind", spec, True) for spec in o["rw_bind"]]
+    policy = load_policy(o["profile"], overrides_from_options(o), o["settings"], binds)
+    limit_changes = {spec.name: o[spec.name] for spec in limittable.OPTION_LIMITS
+                     if o.get(spec.name) is not None}
+    if limit_changes:
+        policy = policy.with_limits(**limit_changes)
+    # --- network (docs/network.md) ---
+    return policy.replace(network=from_options(policy.network, o["net_mode"], o["allow_host"]))
+
+
+def _with_inputs(policy: Policy, specs: tuple[str, ...]) -> Policy:
+    """--input: each host path mounted read-only at /input/NAME."""
+    if not specs:
+        return policy
+    from nsbox.session import input_mount
+
+    return policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in specs))
+
+
+def _launch(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
+    """One run: in a session where the run needs one (a project, --ask, --collect), else by
+    ``nsbox.run``; the files collected, if any."""
+    as_json = o["as_json"]
+    common: dict[str, Any] = {"stdin": None if as_json else 0, "cwd": o["cwd"],
+                              "passthrough": not as_json, "audit": o["audit"]}
+    command = list(o["command"])
+    if policy.project is not None or o.get("ask"):
+        from nsbox.cli.session import run_in_project
+
+        return run_in_project(command, policy, ask=bool(o.get("ask")), **common), []
+    if o["collect"]:
+        from nsbox.cli.session import run_and_collect
+
+        result, collected, skipped = run_and_collect(
+            command, policy, patterns=o["collect"], dest=o["collect_dir"], **common)
+        for path, why in skipped:
+            echo(f"nsbox: not collected: {json.dumps(path)}: {why}", err=True)
+        return result, collected
+    return nsbox.run(command, policy, **common), []
+
+
+def _failed(raised: NsboxError | OSError, as_json: bool) -> int:
+    # An OSError is the host refusing something the options name (a path this user may not
+    # resolve, say): a message, not a traceback.
+    error = raised if isinstance(raised, NsboxError) else NsboxError(
+        f"{raised.strerror or raised}" + (f": {raised.filename}" if raised.filename else ""))
+    if as_json:
+        echo(json.dumps({"status": Status.XX.value, "error": str(error)}))
+    return fail_code(error)
+
+
+_LIMIT_REASONS = {"memory": "memory limit reached (OOM kill); raise it with --memory",
+                  "cpu_time": "CPU-time limit reached; raise it with --cpu-time"}
+
+
+def _report(result: Result, quiet: bool) -> None:
+    """What the user should know about the run, on stderr."""
     for line in refused_connections(result):
         echo(line, err=True)
-    if result.degraded and not o.get("quiet"):
+    if result.degraded and not quiet:
         echo(degraded_line(result), err=True)
     if "seccomp_denied" in result.extra:
         denied = ", ".join(result.extra["seccomp_denied"]) or "nothing"
         echo(f"nsbox: seccomp denied: {denied}", err=True)
     elif result.status in (Status.TO, Status.OL, Status.ML):
-        reason = {"memory": "memory limit reached (OOM kill); raise it with --memory",
-                  "cpu_time": "CPU-time limit reached; raise it with --cpu-time"}.get(
-                      result.extra.get("limit", ""))
+        reason = _LIMIT_REASONS.get(result.extra.get("limit", ""))
         echo(f"nsbox: {result.status.value}: "
              + (reason or ("wall-clock limit reached; raise it with --time"
                            if result.status is Status.TO
                            else "output limit reached; raise it with --output-limit")),
              err=True)
-    return exit_code(result)

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from nsbox import errors
+from nsbox.cli import options as _options
 from nsbox.cli import run as _cli_run
 from nsbox.cli.supervisor import runtime_dir
 from nsbox.errors import NsboxError
@@ -267,14 +268,7 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
 # Options stop at ID: everything after it is the command's (as for nsbox run).
 @session.command(name="exec", context_settings={"ignore_unknown_options": False,
                                                 "allow_interspersed_args": False})
-@click.option("-t", "--time", "wall_time", callback=_duration_opt, metavar="SECONDS",
-              help="Wall-clock limit of this command (default: the session's).")
-@click.option("--output-limit", callback=_size_opt, metavar="BYTES")
-@click.option("-e", "--env", multiple=True, metavar="KEY=VAL")
-@click.option("--cwd", metavar="DIR", help="Working directory inside (default /workspace).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option("-q", "--quiet", is_flag=True,
-              help="Do not say on stderr which limits this host could only approximate.")
+@_options.click_options(_options.EXEC)
 @click.argument("session_id", metavar="ID")
 @click.argument("command", nargs=-1, required=True)
 def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...],

@@ -28,7 +28,7 @@ from typing import Any
 from nsbox import rules as rule_book
 from nsbox.errors import PolicyError
 from nsbox.policy import Mount, Policy, SeccompRule
-from nsbox.profiles import schema
+from nsbox.profiles import schema, writers
 from nsbox.profiles import tomltext as _tomltext
 
 if sys.version_info >= (3, 11):
@@ -343,7 +343,7 @@ def apply_overrides(policy: Policy, overrides: Mapping[str, Any]) -> Policy:
             raise PolicyError("not an option that can be overridden", key=name,
                               hint=schema.suggest(name, known))
         if key == "filesystem.mounts":  # API callers may pass Bind(...) and friends
-            value = [schema.mount_to_toml(m) if isinstance(m, Mount) else m
+            value = [writers.mount_to_toml(m) if isinstance(m, Mount) else m
                      for m in value]
         section, _, leaf = key.rpartition(".")
         (data.setdefault(section, {}) if section else data)[leaf] = (
@@ -377,9 +377,9 @@ def to_toml(policy: Policy) -> str:
         if section == "environment":
             parts.append("\n" + _tomltext.table("environment.set", env))
         if section == "filesystem":
-            parts += ["\n" + _tomltext.table("filesystem.mounts", schema.mount_to_toml(m),
+            parts += ["\n" + _tomltext.table("filesystem.mounts", writers.mount_to_toml(m),
                                              array=True) for m in policy.mounts]
         if section == "seccomp":
-            parts += ["\n" + _tomltext.table("seccomp.rules", schema.rule_to_toml(r),
+            parts += ["\n" + _tomltext.table("seccomp.rules", writers.rule_to_toml(r),
                                              array=True) for r in policy.seccomp.rules]
     return "\n".join(parts) + "\n"

@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import rules, units
+from nsbox import limittable, rules, units
 from nsbox.errors import PolicyError, suggest
 from nsbox.host import seccomp
+from nsbox.limittable import LimitSpec
 from nsbox.policy import Bind, Dir, File, Mount, SeccompArg, SeccompRule, Symlink, Tmpfs
+from nsbox.profiles.writers import _none_or, format_duration, format_size
 
 # --- where an error is reported ------------------------------------------------------------------
 
@@ -316,40 +318,6 @@ def check_exists(origin: Origin, key: str, mount: Mount) -> None:
                            "fix the path, or set optional = true to skip it when missing")
 
 
-def mount_to_toml(item: Mount) -> dict[str, Any]:
-    entries: dict[str, Any] = {"type": item.kind}
-    if isinstance(item, Bind):
-        entries.update(source=item.source, target=item.target)
-        if item.writable:
-            entries["writable"] = True
-        if item.optional:
-            entries["optional"] = True
-    elif isinstance(item, Tmpfs):
-        entries.update(target=item.target, size=format_size(item.size), mode=f"{item.mode:04o}")
-    elif isinstance(item, File):
-        entries.update(target=item.target, content=item.content, mode=f"{item.mode:04o}")
-    elif isinstance(item, Symlink):
-        entries.update(target=item.target, points_to=item.points_to)
-    else:
-        entries.update(target=item.target, mode=f"{item.mode:04o}")
-    return entries
-
-
-_SIZE_FACTORS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def format_size(value: int) -> str | int:
-    for unit in ("T", "G", "M", "K"):
-        factor = _SIZE_FACTORS[unit]
-        if value >= factor and value % factor == 0:
-            return f"{value // factor}{unit}"
-    return value
-
-
-def format_duration(value: float) -> str:
-    return f"{value:g}s"
-
-
 # --- seccomp -------------------------------------------------------------------------------------
 
 ACTIONS = ("allow", "kill")  # and errno:NAME
@@ -430,16 +398,6 @@ def rule_arg(origin: Origin, key: str, raw: Any) -> SeccompArg:
     return SeccompArg(index, op, value, mask)
 
 
-def rule_to_toml(item: SeccompRule) -> dict[str, Any]:
-    entries: dict[str, Any] = {"syscall": item.syscall, "action": item.action}
-    if item.args:
-        entries["args"] = [
-            {"index": a.index, "op": a.op, "value": a.value, **({"mask": a.mask} if a.mask else {})}
-            for a in item.args
-        ]
-    return entries
-
-
 # --- network -------------------------------------------------------------------------------------
 
 def allow_list(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
@@ -467,8 +425,28 @@ class Field:
     to_toml: Callable[[Any], Any] = lambda value: value
 
 
-def _none_or(fmt: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: "none" if value is None else fmt(value)
+# The parser and TOML form of each kind of limit in nsbox/limittable.py.
+_LIMIT_KINDS: dict[str, tuple[Callable[[LimitSpec], Parser], Callable[[Any], Any]]] = {
+    limittable.SIZE: (lambda spec: size(spec.low), format_size),
+    limittable.DURATION: (lambda spec: duration, format_duration),
+    limittable.COUNT: (lambda spec: integer(spec.low, spec.high), int),
+    limittable.SHARE: (lambda spec: number, float),
+    limittable.FLAG: (lambda spec: boolean, bool),
+}
+
+
+def limit_fields(prefix: str) -> dict[str, Field]:
+    """The keys of the limits whose key starts with ``prefix``, from the table of limits."""
+    fields = {}
+    for spec in limittable.LIMITS:
+        if not spec.key.startswith(prefix):
+            continue
+        make, fmt = _LIMIT_KINDS[spec.kind]
+        parse = make(spec)
+        if spec.nullable:
+            parse, fmt = nullable(parse), _none_or(fmt)
+        fields[spec.key] = Field(("limits", spec.name), parse, fmt)
+    return fields
 
 
 FIELDS: dict[str, Field] = {
@@ -486,19 +464,7 @@ FIELDS: dict[str, Field] = {
     # Never host uid/gid 0: a kernel bug that leaks a file must land as nobody (DESIGN.md).
     "identity.host_uid": Field(("host_uid",), integer(1, 2**32 - 2)),
     "identity.host_gid": Field(("host_gid",), integer(1, 2**32 - 2)),
-    "limits.wall_time": Field(("limits", "wall_time"), nullable(duration),
-                              _none_or(format_duration)),
-    "limits.cpu_time": Field(("limits", "cpu_time"), nullable(duration),
-                             _none_or(format_duration)),
-    "limits.memory": Field(("limits", "memory"), nullable(size()), _none_or(format_size)),
-    "limits.pids": Field(("limits", "pids"), nullable(integer(1)), _none_or(int)),
-    "limits.cpus": Field(("limits", "cpus"), nullable(number), _none_or(float)),
-    "limits.output": Field(("limits", "output"), size(0), format_size),
-    "limits.open_files": Field(("limits", "open_files"), integer(3, 1 << 20)),
-    "limits.file_size": Field(("limits", "file_size"), nullable(size()), _none_or(format_size)),
-    "limits.tmp_size": Field(("limits", "tmp_size"), size(), format_size),
-    "limits.shm_size": Field(("limits", "shm_size"), size(), format_size),
-    "limits.require_cgroup": Field(("limits", "require_cgroup"), boolean),
+    **limit_fields("limits."),
     "network.mode": Field(("network", "mode"), choice("none", "loopback", "allow")),
     "network.allow": Field(("network", "allow"), allow_list, list),
     "network.proxy_port": Field(("network", "proxy_port"), integer(1, 65535)),
@@ -510,7 +476,7 @@ FIELDS: dict[str, Field] = {
     "seccomp.default_action": Field(("seccomp", "default_action"), action),
     "seccomp.log_denied": Field(("seccomp", "log_denied"), boolean),
     "workspace.path": Field(("workspace",), nullable(host_dir), _none_or(str)),
-    "workspace.size": Field(("limits", "workspace_size"), size(), format_size),
+    **limit_fields("workspace."),
     "workspace.project": Field(("project",), nullable(host_dir), _none_or(str)),
     "workspace.secrets": Field(("project_secrets",), patterns, list),
 }
