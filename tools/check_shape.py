@@ -21,10 +21,6 @@ MAX_LINES = 500
 
 # "path:function" -> why it is over MAX_COMPLEXITY for now.
 COMPLEX = {
-    "nsbox/doctor/__init__.py:_simulated_cgroups":
-        "the doctor is being moved onto the production cgroup detection, which removes it",
-    "nsbox/doctor/hostfacts.py:HostFacts.cgroups":
-        "a second parser of the cgroup layout; goes with the doctor's move to cgroups.detect",
     "nsbox/cli/run.py:_execute":
         "one branch per run option; goes when the options come from one table",
     "nsbox/cli/supervisor.py:Supervisor.dispatch":
@@ -47,7 +43,6 @@ LONG = {
     "nsbox/mcp_server.py": "the tools and the server loop, to be two",
     "nsbox/profiles/schema.py": "the value parsers and the TOML writers, to be two",
     "nsbox/cli/session.py": "the session commands and the project review commands, to be two",
-    "nsbox/doctor/__init__.py": "the checks and the verdicts per guarantee, to be two",
 }
 
 
