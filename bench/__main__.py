@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="duration of each throughput measurement (default 3)")
     parser.add_argument("--pool-size", type=int, default=2)
     parser.add_argument("--out", default=RESULTS, help="directory for the JSON and the PNG")
-    parser.add_argument("--no-peers", action="store_true", help="nsbox and bwrap only")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="nsbox and bwrap (with its seccomp and cgroup rows) only")
     args = parser.parse_args(argv)
     # The command line is measured as an installed one would run: from compiled bytecode
     # (PYTHONDONTWRITEBYTECODE would make it compile every module on every run).
@@ -133,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     skipped: dict[str, str] = {}
     found = methods.peers(skipped)
     if args.no_peers:
+        # The bwrap rows stay: they are the peers of the targets (bench/targets.py).
+        kept = ("subprocess", "bwrap", "bwrap+seccomp", "bwrap+seccomp+cgroup")
         for method in found:
-            if method.name not in ("subprocess", "bwrap"):
-                method.close()  # e.g. bwrap+seccomp's BPF file
-        found = [m for m in found if m.name in ("subprocess", "bwrap")]
+            if method.name not in kept:
+                method.close()  # e.g. crun's bundle
+        found = [m for m in found if m.name in kept]
     nsboxes = methods.nsbox_methods(args.pool_size)
     everything = []
     for method in found + nsboxes:
