@@ -427,6 +427,13 @@ def test_bench_quick_writes_valid_json(tmp_path: Path):
         # Each nsbox row has its ratio to the peer doing the same work, from the same run.
         assert set(rows["nsbox API cold"]["x_peers"]) >= {"bwrap+seccomp"}
         assert report["targets"]["pool_x_bwrap_seccomp"]["met"] in (True, False)
+    if "bwrap+seccomp+cgroup" in rows:
+        # The caller-made cgroups of that row are removed after every launch.
+        from bench.soak import _cgroup_dirs
+
+        left = [name for top in _cgroup_dirs() for _root, dirs, _files in os.walk(top)
+                for name in dirs if name.startswith("bench-bwrap-")]
+        assert left == []
 
 
 def test_bench_cpu_splits_the_cpu_of_a_launch_by_process():
