@@ -2,9 +2,12 @@
 
 Measures, in one run and interleaved, the per-launch latency of /bin/true and of
 ``python3 -c pass`` through plain subprocess, unshare, bubblewrap, the other installed peers,
-and nsbox (API cold, warm pool, CLI); throughput with 1 and 2 concurrent launchers; the
-per-step breakdown of one nsbox launch; and a leak soak. Writes JSON (and a PNG chart when
-matplotlib is installed) to bench/results/. See docs/performance.md.
+and nsbox (API cold, without limits, warm pool, CLI); throughput with 1 and 2 concurrent
+launchers; the CPU of one launch in all its processes; the per-step breakdown of one nsbox
+launch; and a leak soak. Each nsbox row has its ratio to the peer that does the same work
+(bwrap with nsbox's seccomp program, and that in a fresh cgroup with the same limits), and the
+targets are judged from those (bench/targets.py). Writes JSON (and a PNG chart when matplotlib
+is installed) to bench/results/. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ import time
 from typing import Any
 
 import nsbox
-from bench import chart, measure, methods, soak
+from bench import chart, cpu, measure, methods, soak, targets
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 PAYLOADS = {"/bin/true": ["/bin/true"], "python3 -c pass": ["/usr/bin/python3", "-c", "pass"]}
+# The launchers whose CPU per launch is counted (the pool's work happens between the launches).
+CPU_ROWS = ("bwrap", "bwrap+seccomp", "bwrap+seccomp+cgroup", "nsbox API cold",
+            "nsbox API no limits")
 
 
 def machine() -> dict[str, Any]:
@@ -50,46 +56,29 @@ def machine() -> dict[str, Any]:
     }
 
 
-def targets(report: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets, reached or not, from this run's figures."""
-    rows = report["latency"].get("/bin/true", {})
-    out: dict[str, Any] = {}
-
-    def ratio(name: str) -> float | None:
-        return rows.get(name, {}).get("x_bwrap")
-
-    for key, name, limit in (("api_cold_x_bwrap", "nsbox API cold", 0.8),
-                             ("pool_x_bwrap", "nsbox pool", 0.25),
-                             ("cli_x_bwrap", "nsbox CLI", 2.0)):
-        value = ratio(name)
-        out[key] = {"value": value, "target": f"<= {limit}",
-                    "met": value is not None and value <= limit}
-    rates = report.get("throughput", {})
-    if "nsbox API cold" in rates and "bwrap" in rates:
-        value = rates["nsbox API cold"].get("x_bwrap_2")
-        out["throughput_2_x_bwrap"] = {"value": value, "target": ">= 1.5",
-                                       "met": value is not None and value >= 1.5}
-    if "soak" in report:
-        out["soak"] = {"value": report["soak"]["rss_growth_mib"],
-                       "left_behind": report["soak"]["left_behind"],
-                       "target": "nothing left, RSS growth < 5 MiB", "met": report["soak"]["ok"]}
-    return out
-
-
 def table(report: dict[str, Any]) -> str:
     lines = []
     for payload, rows in report["latency"].items():
-        lines.append(f"\n{payload}  (median, p10-p90, ms; ratio to bwrap)")
+        lines.append(f"\n{payload}  (median, p10-p90, ms; ratio to bwrap; to the peer doing "
+                     "the same work)")
         for name, row in sorted(rows.items(), key=lambda item: item[1]["median_ms"]):
             ratio = row.get("x_bwrap")
-            lines.append(f"  {name:<16} {row['median_ms']:8.2f}  {row['p10_ms']:7.2f}-"
-                         f"{row['p90_ms']:<7.2f}" + (f"  {ratio:5.2f}x" if ratio else ""))
+            lines.append(f"  {name:<20} {row['median_ms']:8.2f}  {row['p10_ms']:7.2f}-"
+                         f"{row['p90_ms']:<7.2f}" + (f"  {ratio:5.2f}x" if ratio else "")
+                         + _peers(row))
     if report.get("throughput"):
         lines.append("\nthroughput, /bin/true launches/s (1 and 2 concurrent launchers)")
         for name, rates in report["throughput"].items():
             lines.append(f"  {name:<16} {rates['1']:8.1f} {rates['2']:8.1f}"
                          + (f"  ({rates['x_bwrap_2']:.2f}x bwrap at 2)"
                             if "x_bwrap_2" in rates else ""))
+    if report.get("cpu"):
+        lines.append("\nCPU of one launch of /bin/true, all processes (ms; getrusage of this "
+                     "process and its children, the helper's with its children)")
+        for name, row in sorted(report["cpu"].items(), key=lambda item: item[1]["cpu_ms"]):
+            ratio = row.get("x_bwrap")
+            lines.append(f"  {name:<20} {row['cpu_ms']:8.2f}  over {row['launches']} launches"
+                         + (f"  {ratio:5.2f}x" if ratio else "") + _peers(row))
     for kind, data in report.get("breakdown", {}).items():
         lines.append(f"\nwhere the time goes, {kind} (median of {data['launches']}; "
                      f"total {data['total_median_ms']} ms)")
@@ -99,9 +88,17 @@ def table(report: dict[str, Any]) -> str:
         s = report["soak"]
         lines.append(f"\nsoak: {s['launches']} launches through {s['through']} in {s['seconds']} s;"
                      f" left behind: {s['left_behind'] or 'nothing'}; launcher RSS growth "
-                     f"{s['rss_growth_mib']} MiB")
-    lines.append("\ntargets: " + json.dumps(report["targets"]))
+                     f"{s['rss_growth_mib']} MiB, helper "
+                     f"{round(s['delta']['rss_kib_helper'] / 1024, 2)} MiB")
+    if report.get("skipped"):
+        lines.append("\nskipped:")
+        lines += [f"  {name}: {why}" for name, why in report["skipped"].items()]
+    lines += targets.table(report["targets"])
     return "\n".join(lines)
+
+
+def _peers(row: dict[str, Any]) -> str:
+    return "".join(f"  {ratio:5.2f}x {peer}" for peer, ratio in row.get("x_peers", {}).items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="duration of each throughput measurement (default 3)")
     parser.add_argument("--pool-size", type=int, default=2)
     parser.add_argument("--out", default=RESULTS, help="directory for the JSON and the PNG")
-    parser.add_argument("--no-peers", action="store_true", help="nsbox and bwrap only")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="nsbox and bwrap (with its seccomp and cgroup rows) only")
     args = parser.parse_args(argv)
     # The command line is measured as an installed one would run: from compiled bytecode
     # (PYTHONDONTWRITEBYTECODE would make it compile every module on every run).
@@ -125,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
     compileall.compile_dir(os.path.dirname(nsbox.__file__), quiet=2)
     rounds = args.rounds if args.rounds is not None else (3 if args.quick else 100)
+    cpu_launches = 40 if args.quick else 400
     soak_n = args.soak if args.soak is not None else (50 if args.quick else 10000)
     seconds = args.seconds if args.seconds is not None else (0.3 if args.quick else 3.0)
     traced = 10 if args.quick else 200
@@ -135,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     skipped: dict[str, str] = {}
     found = methods.peers(skipped)
     if args.no_peers:
+        # The bwrap rows stay: they are the peers of the targets (bench/targets.py).
+        kept = ("subprocess", "bwrap", "bwrap+seccomp", "bwrap+seccomp+cgroup")
         for method in found:
-            if method.name not in ("subprocess", "bwrap"):
-                method.close()  # e.g. bwrap+seccomp's BPF file
-        found = [m for m in found if m.name in ("subprocess", "bwrap")]
+            if method.name not in kept:
+                method.close()  # e.g. crun's bundle
+        found = [m for m in found if m.name in kept]
     nsboxes = methods.nsbox_methods(args.pool_size)
     everything = []
     for method in found + nsboxes:
@@ -168,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         fast = [m for m in everything if m.name in ("subprocess", "bwrap", "nsbox API cold",
                                                     "nsbox pool")]
         report["throughput"] = measure.throughput(fast, ["/bin/true"], seconds)
+        say(f"CPU of one launch: {cpu_launches} launches each")
+        counted = [m for m in everything if m.name in CPU_ROWS]
+        report["cpu"] = cpu.per_launch(counted, ["/bin/true"], cpu_launches)
     finally:
         for method in everything:
             method.close()
@@ -177,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"soak: {soak_n} launches")
         report["soak"] = soak.soak(["/bin/true"], soak_n, warmup=20 if args.quick else 200,
                                    progress=say)
-    report["targets"] = targets(report)
+    report["targets"] = targets.judge(report)
     os.makedirs(args.out, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = os.path.join(args.out, f"bench-{stamp}.json")

@@ -7,19 +7,25 @@ deferred cleanup of network namespaces) per launch, and the parts of the host pr
 launch helper, and of the helper's reaped children (the sandboxes and, on v1 hosts, the
 spawners, nsbox/helper/spawner.py). Run it on a quiet machine: other tenants' work counts
 too. With 1 and 2 threads launching at once.
+
+``per_launch`` is the row of ``python -m bench``: every process's CPU (getrusage and the
+helper's /proc/PID/stat) per launch, nsbox against its peers in one run.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import nsbox
-from bench.methods import BWRAP_FLAGS, _checked
+from bench.measure import add_ratios
+from bench.methods import BWRAP_FLAGS, Method, _checked
 from nsbox import launcher
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -36,6 +42,41 @@ def _process_seconds(pid: int) -> tuple[float, float]:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / TICK, (int(fields[13]) + int(fields[14])) / TICK
+
+
+def _all_seconds(helper: int | None) -> float:
+    """CPU seconds so far of every process a launch uses: this one, its reaped children (bwrap
+    and all it reaped, getrusage(2) RUSAGE_CHILDREN), and the launch helper with its reaped
+    children (the sandboxes and spawners)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    if helper:
+        total += sum(_process_seconds(helper))
+    return total
+
+
+def per_launch(methods: list[Method], argv: list[str], launches: int,
+               blocks: int = 4) -> dict[str, dict[str, Any]]:
+    """The CPU of one launch, all its processes, per method: the methods take turns in
+    ``blocks`` blocks of back-to-back launches, so that load changes fall on all of them. Not
+    counted: kernel threads' deferred work (the network namespace's cleanup), which
+    ``python -m bench.cpu`` shows in the machine's figure. The helper's figure comes in clock
+    ticks (``TICK`` per second): use some hundreds of launches."""
+    helper = launcher._helper._pid
+    per_block = max(1, launches // blocks)
+    spent: dict[str, float] = dict.fromkeys((m.name for m in methods), 0.0)
+    for _ in range(blocks):
+        for method in methods:
+            before = _all_seconds(helper)
+            for _ in range(per_block):
+                method.run(argv)
+            spent[method.name] += _all_seconds(helper) - before
+    rows = {name: {"launches": per_block * blocks,
+                   "cpu_ms": round(seconds / (per_block * blocks) * 1e3, 3)}
+            for name, seconds in spent.items()}
+    add_ratios(rows, "cpu_ms")
+    return rows
 
 
 def measure(name: str, launch: Callable[[], object], launches: int, threads: int,

@@ -53,12 +53,34 @@ def latency(methods: list[Method], payloads: dict[str, list[str]], rounds: int,
     out: dict[str, dict[str, Any]] = {}
     for name in payloads:
         rows = {m.name: summary(samples[(name, m.name)]) for m in methods}
-        reference = rows.get("bwrap")
-        for row in rows.values():
-            if reference:
-                row["x_bwrap"] = round(row["median_ms"] / reference["median_ms"], 3)
+        add_ratios(rows, "median_ms")
         out[name] = rows
     return out
+
+
+# Each nsbox row against the peer that does the same work (all from the same run): the default
+# policy against bwrap with nsbox's seccomp program, and against that bwrap in a fresh cgroup
+# with the same limits; nsbox without limits against bwrap+seccomp; the command line against
+# plain bwrap (the figure of the targets).
+PEERS = {
+    "nsbox API cold": ("bwrap+seccomp", "bwrap+seccomp+cgroup"),
+    "nsbox API no limits": ("bwrap+seccomp",),
+    "nsbox pool": ("bwrap+seccomp",),
+    "nsbox CLI": ("bwrap",),
+    "nsbox CLI -I -S": ("bwrap",),
+}
+
+
+def add_ratios(rows: dict[str, dict[str, Any]], key: str) -> None:
+    """``x_bwrap`` on every row and ``x_peers`` ({peer: ratio}) on nsbox's, from ``key``."""
+    reference = rows.get("bwrap")
+    for name, row in rows.items():
+        if reference:
+            row["x_bwrap"] = round(row[key] / reference[key], 3)
+        peers = {peer: round(row[key] / rows[peer][key], 3)
+                 for peer in PEERS.get(name, ()) if peer in rows and rows[peer][key]}
+        if peers:
+            row["x_peers"] = peers
 
 
 def throughput(methods: list[Method], argv: list[str], seconds: float,

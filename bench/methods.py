@@ -71,6 +71,9 @@ def peers(skipped: dict[str, str]) -> list[Method]:
                             "all namespaces, tmpfs root, /usr+/etc ro, /proc, /dev, /tmp; "
                             "no seccomp; as root, capabilities kept inside"))
         found.append(_bwrap_like_nsbox(bwrap))
+        in_cgroup = _bwrap_in_cgroup(bwrap, skipped)
+        if in_cgroup:
+            found.append(in_cgroup)
     else:
         skipped["bwrap"] = "bubblewrap not installed (apt-get install bubblewrap)"
     firejail = shutil.which("firejail")
@@ -95,26 +98,61 @@ def peers(skipped: dict[str, str]) -> list[Method]:
     return found
 
 
-def _bwrap_like_nsbox(bwrap: str) -> Method:
-    """bwrap plus what nsbox adds by default: its seccomp program and no capabilities."""
+SECCOMP_FLAGS = [*BWRAP_FLAGS, "--cap-drop", "ALL", "--seccomp"]
+
+
+def _seccomp_blob() -> str:
+    """A file holding nsbox's default seccomp program (BPF), for bwrap's --seccomp FD."""
     from nsbox.host import seccomp
 
     program = seccomp.load(nsbox.Policy().seccomp)
     blob = tempfile.NamedTemporaryFile(prefix="nsbox-bench-", suffix=".bpf", delete=False)
     blob.write(program.bpf)
     blob.close()
-    flags = [*BWRAP_FLAGS, "--cap-drop", "ALL", "--seccomp"]
+    return blob.name
+
+
+def _bwrap_seccomp(bwrap: str, blob: str, argv: list[str], **popen: object) -> None:
+    fd = os.open(blob, os.O_RDONLY)  # bwrap reads the program from this fd
+    try:
+        _checked([bwrap, *SECCOMP_FLAGS, str(fd), *argv], pass_fds=(fd,), **popen)
+    finally:
+        os.close(fd)
+
+
+def _bwrap_like_nsbox(bwrap: str) -> Method:
+    """bwrap plus what nsbox adds by default: its seccomp program and no capabilities."""
+    blob = _seccomp_blob()
+    return Method("bwrap+seccomp", "bwrap " + " ".join(SECCOMP_FLAGS) + " FD ARGV  (FD: nsbox's "
+                  "BPF)", lambda argv: _bwrap_seccomp(bwrap, blob, argv),
+                  "as bwrap, plus nsbox's seccomp program and all capabilities dropped",
+                  close=lambda: os.unlink(blob))
+
+
+def _bwrap_in_cgroup(bwrap: str, skipped: dict[str, str]) -> Method | None:
+    """bwrap+seccomp in a fresh cgroup with the default policy's memory and pids limits, made
+    by the caller (bench/cgroup_peer.py): the work of nsbox's default policy."""
+    from bench import cgroup_peer
+
+    found = cgroup_peer.bases()
+    if isinstance(found, str):
+        skipped["bwrap+seccomp+cgroup"] = found
+        return None
+    version, bases = found
+    blob = _seccomp_blob()
 
     def run(argv: list[str]) -> None:
-        fd = os.open(blob.name, os.O_RDONLY)  # bwrap reads the program from this fd
-        try:
-            _checked([bwrap, *flags, str(fd), *argv], pass_fds=(fd,))
-        finally:
-            os.close(fd)
+        cgroup_peer.in_fresh_cgroup(version, bases, lambda attach: _bwrap_seccomp(
+            bwrap, blob, argv, preexec_fn=attach))
 
-    return Method("bwrap+seccomp", "bwrap " + " ".join(flags) + " FD ARGV  (FD: nsbox's BPF)", run,
-                  "as bwrap, plus nsbox's seccomp program and all capabilities dropped",
-                  close=lambda: os.unlink(blob.name))
+    limits = nsbox.Policy().limits
+    return Method("bwrap+seccomp+cgroup",
+                  f"mkdir a cgroup ({version}) below ours in {sorted(set(bases.values()))}, "
+                  f"write memory {limits.memory} (no swap) and pids {limits.pids}, "
+                  "subprocess.run(bwrap+seccomp ..., preexec_fn=<write own pid to "
+                  "cgroup.procs>), rmdir", run,
+                  "as bwrap+seccomp, in a cgroup of its own with the default policy's memory "
+                  "and pids limits", close=lambda: os.unlink(blob))
 
 
 def _crun(skipped: dict[str, str]) -> Method | None:
@@ -182,12 +220,22 @@ def nsbox_methods(pool_size: int) -> list[Method]:
         # limits happen inside this call.
         _ok(nsbox.run(argv, nsbox.Policy()))
 
+    # Limits switched off: no cgroup at all (memory, pids and the CPU-time accounting are what
+    # make one), the same isolation work as bwrap+seccomp.
+    unlimited = nsbox.Policy().with_limits(memory=None, pids=None, cpu_time=None)
+
+    def no_limits(argv: list[str]) -> None:
+        _ok(nsbox.run(argv, unlimited))
+
     pool = nsbox.Pool(nsbox.Policy(), size=pool_size)
     cli = _nsbox_cli()
     methods = [
         Method("nsbox API cold", "nsbox.run(argv, nsbox.Policy())  # helper warm, nothing "
                "prepared", cold, "all namespaces, tmpfs root, /proc, /dev, seccomp, the policy's "
                "limits, no capabilities"),
+        Method("nsbox API no limits", "nsbox.run(argv, nsbox.Policy().with_limits(memory=None, "
+               "pids=None, cpu_time=None))  # helper warm", no_limits,
+               "as nsbox API cold, without a cgroup (no memory, pids or CPU-time limit)"),
         Method("nsbox pool", f"nsbox.Pool(nsbox.Policy(), size={pool_size}).run(argv)  "
                "# measured with the pool refilled (wait_ready, untimed)",
                lambda argv: _ok(pool.run(argv)), "as nsbox API cold",

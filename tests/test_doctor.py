@@ -12,6 +12,7 @@ from pathlib import Path
 from conftest import PYTHON, require
 
 from nsbox.cgroups import describe_host
+from nsbox.cgroups._host import read_layout
 from nsbox.doctor import Check, Report, run_doctor
 from nsbox.doctor.hostfacts import HostFacts
 from nsbox.profiles import load_profile
@@ -102,8 +103,9 @@ def test_a_well_equipped_v2_host(tmp_path: Path) -> None:
         "project workspace": "ok", "live probe": "info"}
     assert checks["identity"].detail.startswith(f"the sandbox's user is host uid {UID}, ")
     assert checks["kernel"].detail == "Linux 6.8.0-45-generic"
-    assert checks["cgroups"].detail.startswith(
-        "v2 layout; controllers: cpu, cpuset, io, memory, pids; writable here: memory (v2)")
+    # The backend that nsbox.cgroups picks for the simulated host and uid, as a run would.
+    assert checks["cgroups"].detail == (
+        "v2 layout; backend v2: cpu_accounting, cpus, kill, memory, pids")
     assert checks["live probe"].detail == "not run (simulated host)"
 
 
@@ -188,9 +190,10 @@ def test_cgroup_v1_only_not_writable(tmp_path: Path) -> None:
     assert report.ok  # rlimits are the fallback; the default profile does not require cgroups
     assert check.status == "warn"
     assert check.detail.startswith(
-        "v1 layout; controllers: cpu, cpuacct, memory, pids; not writable by uid 1000: "
-        "memory, pids, cpu; instead: memory: RLIMIT_AS per process")
-    assert check.detail.endswith("; cpus: not limited")
+        "v1 layout; backend none; the v1 cgroups of this process (cpu, cpuacct, memory, pids) "
+        "are not writable by uid 1000; instead: memory: RLIMIT_AS per process")
+    assert "; cpus: not limited; CPU time: RLIMIT_CPU per process" in check.detail
+    assert check.detail.endswith("; kill: SIGKILL of the sandbox's pid 1 (ends its PID namespace)")
     # The remedy names the cgroup directories of this process that root must delegate.
     remedy = check.remedy or ""
     assert remedy.startswith("run as root, or have root create a cgroup owned by uid 1000 in "
@@ -204,23 +207,29 @@ def test_cgroup_v1_only_not_writable(tmp_path: Path) -> None:
 def test_cgroup_v1_writable(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, cgroups="v1"))))["cgroups"]
     assert check.status == "ok"
-    assert check.detail.endswith(
-        "writable here: memory (v1), pids (v1), cpu (v1)")
+    assert check.detail == "v1 layout; backend v1: cpu_accounting, cpus, kill, memory, pids"
 
 
 def test_hybrid_layout_uses_v1_controllers(tmp_path: Path) -> None:
-    host = facts(fake_host(tmp_path, cgroups="hybrid"))
-    info = host.cgroups()
-    assert info.layout == "hybrid"
-    assert info.v2_controllers == ()
-    assert info.v1["memory"] == ("/sys/fs/cgroup/memory/nsbox", True)
-    assert by_name(run_doctor(host))["cgroups"].status == "ok"
+    root = fake_host(tmp_path, cgroups="hybrid")
+    host = facts(root)
+    # The production layout reader, pointed at the simulated tree.
+    layout = read_layout(view=host.cgroup_view())
+    assert layout.kind == "hybrid"
+    assert layout.v1["memory"].own_dir == f"{root}/sys/fs/cgroup/memory/nsbox"
+    check = by_name(run_doctor(host))["cgroups"]
+    assert (check.status, check.detail) == (
+        "ok", "hybrid layout; backend v1: cpu_accounting, cpus, kill, memory, pids")
+    # The cgroup2 mount has no controllers here; it still gives cgroup.kill to the v1 backend.
+    assert check.facts["unified"] == (f"{root}/sys/fs/cgroup/unified/user.slice/user-1000.slice/"
+                                      "user@1000.service/app.slice/nsbox.scope")
 
 
 def test_pure_v2_without_delegation(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, writable=False))))["cgroups"]
     assert check.status == "warn"
-    assert "not writable by uid 1000: memory, pids, cpu" in check.detail
+    assert check.detail.startswith("v2 layout; backend none; cgroup /sys/fs/cgroup/user.slice/")
+    assert "nsbox.scope is not writable by uid 1000 (no delegation)" in check.detail
     # No systemd user manager on this fake host: root must delegate the cgroup, named in full.
     remedy = check.remedy or ""
     assert remedy.startswith("no systemd user manager runs here (systemd-run --user --scope")
@@ -247,15 +256,22 @@ def test_pure_v2_delegation_needs_subtree_control(tmp_path: Path) -> None:
     control.chmod(0o644)  # the directory and cgroup.procs stay writable
     check = by_name(run_doctor(facts(root)))["cgroups"]
     assert check.status == "warn"
-    assert "not writable by uid 1000: memory, pids, cpu" in check.detail
+    assert "nsbox.scope is not writable by uid 1000 (no delegation)" in check.detail
+    assert check.facts["missing"] == ["cpu_accounting", "cpus", "kill", "memory", "pids"]
 
 
 def test_pure_v2_with_missing_controllers(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, controllers="memory"))))["cgroups"]
     assert check.status == "warn"
-    assert check.detail == ("v2 layout; controllers: memory; not available: pids, cpu; "
-                            "instead: pids: RLIMIT_NPROC (counts the sandbox's own tasks from "
-                            "Linux 5.14 on, all of the mapped uid's before); cpus: not limited")
+    scope = "/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice/nsbox.scope"
+    assert check.detail == (f"v2 layout; backend v2: cpu_accounting, kill, memory; {scope} does "
+                            "not offer the controllers pids, cpu; instead: pids: RLIMIT_NPROC "
+                            "(counts the sandbox's own tasks from Linux 5.14 on, all of the "
+                            "mapped uid's before); cpus: not limited")
+    parent = scope.rsplit("/", 1)[0]
+    assert check.remedy == (f"have the owner of {parent} enable the controllers for it: 'echo "
+                            f"+memory +pids +cpu > {parent}/cgroup.subtree_control' (each must "
+                            "be enabled in every ancestor)")
     assert check.affects == ["process-count limit (cgroup pids)",
                              "CPU share limit (cgroup cpu)"]
 
@@ -361,10 +377,10 @@ def test_doctor_on_this_host_unprivileged(public_tree: Path) -> None:
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
     assert checks["live probe"]["status"] == ("ok" if _unshare_works(*drop) else "fail")
     # Where uid 65534 cannot write its cgroups (test(1) says so), doctor must not say "ok".
-    info = HostFacts().cgroups()
-    dirs = [info.v1[c][0] for c in ("memory", "pids", "cpu") if c in info.v1]
-    if info.v2_path and not info.v1:
-        dirs = [info.v2_path]
+    layout = read_layout()
+    dirs = [layout.v1[c].own_dir for c in ("memory", "pids", "cpu") if c in layout.v1]
+    if layout.kind == "v2" and layout.unified:
+        dirs = [layout.unified.own_dir]
     can_write = all(subprocess.run([*drop, "test", "-w", d], check=False).returncode == 0
                     for d in dirs) and bool(dirs)
     if not can_write:

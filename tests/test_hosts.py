@@ -20,6 +20,7 @@ import pytest
 from conftest import require
 
 from nsbox.cgroups import _fs, describe_host, get_backend
+from nsbox.cgroups._host import read_layout
 from nsbox.cgroups._v2 import V2Backend
 
 # Runs doctor, then one run per limit, and prints what each reported as one JSON object.
@@ -301,3 +302,80 @@ def test_v2_cgroup_shared_with_other_processes(public_tree: Path) -> None:
             if leaf.is_dir():
                 leaf.rmdir()
         base.rmdir()
+
+
+DROP_TO_65534 = [SETPRIV or "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+LIMIT_GUARANTEES = ("memory", "pids", "cpus", "cpu_time")
+
+
+def _require_pure_v2_root() -> V2Backend:
+    """This process's backend on a pure cgroup v2 host as root, its controllers enabled for the
+    children of its base (as a first run would enable them); skips elsewhere."""
+    info = describe_host()
+    if info["layout"] != "v2" or os.geteuid() != 0 or not SETPRIV:
+        pytest.skip(f"needs a pure cgroup v2 host as root, and setpriv (this host: "
+                    f"{info['layout']}, uid {os.geteuid()}); .ci/run runs it in the VM")
+    backend = get_backend()
+    assert isinstance(backend, V2Backend), backend.reason
+    backend.prepare()
+    return backend
+
+
+def _remove_tree(top: Path) -> None:
+    """Remove a test cgroup and the cgroups nsbox left below it (an emptied leaf), deepest
+    first, once their last process has left (a moment after it was reaped)."""
+    def empty() -> bool:
+        return "populated 0" in (top / "cgroup.events").read_text()
+
+    assert _fs.wait_until(empty), (top / "cgroup.procs").read_text()
+    for directory in sorted((p for p in top.rglob("*") if p.is_dir()),
+                            key=lambda p: len(p.parts), reverse=True):
+        directory.rmdir()
+    top.rmdir()
+
+
+@pytest.mark.cgroup2
+@pytest.mark.needs_host("a pure cgroup v2 host as root (runs in the VM)")
+def test_v2_user_without_delegation(public_tree: Path) -> None:
+    """uid 65534 in a cgroup it cannot write: every limit is an rlimit, the runs agree, and
+    doctor names the cgroup that root would delegate."""
+    _require_pure_v2_root()
+    layout = read_layout()
+    assert layout.unified is not None
+    own = layout.unified.own_dir  # the row's process starts in this process's cgroup
+    data = run_row(DROP_TO_65534, public_tree)
+    guarantees = check_row(data)
+    assert [guarantees[k] for k in LIMIT_GUARANTEES] == ["rlimit", "rlimit", "none", "rlimit"]
+    cgroups = {c["name"]: c for c in data["doctor"]["checks"]}["cgroups"]
+    assert cgroups["status"] == "warn"
+    assert "not writable by uid 65534 (no delegation)" in cgroups["detail"]
+    # No systemd user manager in the VM: root delegates by hand, the commands name the cgroup.
+    assert cgroups["remedy"].startswith("no systemd user manager runs here")
+    assert f"mkdir {own}/nsbox && chown 65534 {own}/nsbox {own}/nsbox/cgroup.procs" in (
+        cgroups["remedy"])
+
+
+@pytest.mark.cgroup2
+@pytest.mark.needs_host("a pure cgroup v2 host as root (runs in the VM)")
+def test_v2_user_with_delegation(public_tree: Path) -> None:
+    """root delegates a cgroup to uid 65534 (cgroup-v2.rst, "Delegation": the directory, its
+    cgroup.procs, cgroup.subtree_control and cgroup.threads), and the user starts from a shell
+    moved into it: doctor says cgroup for every limit, and the runs are limited by it."""
+    backend = _require_pure_v2_root()
+    delegated = Path(backend.base) / "nsbox-test-delegated"
+    delegated.mkdir()
+    try:
+        for name in ("", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"):
+            os.chown(delegated / name, 65534, 65534)
+        enter = f'echo $$ > {delegated}/cgroup.procs && exec "$@"'
+        data = run_row(["sh", "-c", enter, "sh", *DROP_TO_65534], public_tree)
+        guarantees = check_row(data)
+        assert [guarantees[k] for k in LIMIT_GUARANTEES] == ["cgroup"] * 4
+        cgroups = {c["name"]: c for c in data["doctor"]["checks"]}["cgroups"]
+        assert (cgroups["status"], cgroups["detail"]) == (
+            "ok", "v2 layout; backend v2: cpu_accounting, cpus, kill, memory, pids")
+        assert cgroups["facts"]["cgroup"] == str(delegated)
+        runs = data["runs"]
+        assert [runs[k]["status"] for k in ("memory", "pids", "cpu_time")] == ["ML", "RE", "TO"]
+    finally:
+        _remove_tree(delegated)

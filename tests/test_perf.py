@@ -351,8 +351,20 @@ def test_bench_quick_writes_valid_json(tmp_path: Path):
     assert report["soak"]["launches"] == 20
     assert report["soak"]["left_behind"] == {}
     assert {s["step"] for s in report["breakdown"]["cold"]["steps"]} >= {"helper: clone", "exec"}
-    assert set(report["targets"]) >= {"api_cold_x_bwrap", "pool_x_bwrap", "cli_x_bwrap"} or \
-        "bwrap" in report["skipped"]
+    assert report["cpu"]["nsbox API cold"]["cpu_ms"] > 0
+    assert set(report["targets"]) >= {"api_cold_x_bwrap_seccomp", "api_cold_x_bwrap_cgroup",
+                                      "pool_x_bwrap_seccomp", "cli_x_bwrap", "cpu_x_bwrap"}
+    if "bwrap" not in report["skipped"]:
+        # Each nsbox row has its ratio to the peer doing the same work, from the same run.
+        assert set(rows["nsbox API cold"]["x_peers"]) >= {"bwrap+seccomp"}
+        assert report["targets"]["pool_x_bwrap_seccomp"]["met"] in (True, False)
+    if "bwrap+seccomp+cgroup" in rows:
+        # The caller-made cgroups of that row are removed after every launch.
+        from bench.soak import _cgroup_dirs
+
+        left = [name for top in _cgroup_dirs() for _root, dirs, _files in os.walk(top)
+                for name in dirs if name.startswith("bench-bwrap-")]
+        assert left == []
 
 
 def test_bench_cpu_splits_the_cpu_of_a_launch_by_process():

@@ -21,10 +21,6 @@ MAX_LINES = 500
 
 # "path:function" -> why it is over MAX_COMPLEXITY for now.
 COMPLEX = {
-    "nsbox/doctor/__init__.py:_simulated_cgroups":
-        "the doctor is being moved onto the production cgroup detection, which removes it",
-    "nsbox/doctor/hostfacts.py:HostFacts.cgroups":
-        "a second parser of the cgroup layout; goes with the doctor's move to cgroups.detect",
     "nsbox/cli/supervisor.py:Supervisor.dispatch":
         "one branch per session operation (diff, apply, discard came with project workspaces); "
         "to become a table of handlers",
@@ -41,7 +37,6 @@ LONG = {
     "nsbox/ray.py": "the executor actors and the client, to be two",
     "nsbox/mcp_server.py": "the tools and the server loop, to be two",
     "nsbox/cli/session.py": "the session commands and the project review commands, to be two",
-    "nsbox/doctor/__init__.py": "the checks and the verdicts per guarantee, to be two",
 }
 
 

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox.cgroups._host import Layout, read_layout
+from nsbox.cgroups._host import THIS_HOST, HostView, Layout, read_layout
 
 # What a backend can enforce or measure; ``supports`` returns a subset of these.
 MEMORY = "memory"  # a hard memory limit without swap, with an OOM-kill count
@@ -140,8 +140,9 @@ def helper_paths() -> list[str]:
     return [os.path.dirname(list(spec.submodule_search_locations)[0])]
 
 
-def detect(layout: Layout | None = None) -> Backend:
-    """Choose the backend for this host and user. Reads the host, changes nothing.
+def detect(layout: Layout | None = None, view: HostView = THIS_HOST) -> Backend:
+    """Choose the backend for this host and user (or for the simulated host and uid of
+    ``view``). Reads the host, changes nothing.
 
     The backend that can enforce the most wins: the unified hierarchy when its own cgroup offers
     the controllers (pure v2, or a hybrid host that moved them there), else the v1 controllers;
@@ -151,12 +152,12 @@ def detect(layout: Layout | None = None) -> Backend:
     from nsbox.cgroups._v1 import V1Backend
     from nsbox.cgroups._v2 import V2Backend
 
-    layout = layout if layout is not None else read_layout()
+    layout = layout if layout is not None else read_layout(view=view)
     candidates: list[Backend] = []
     if layout.unified is not None:
-        candidates.append(V2Backend(layout.unified))
+        candidates.append(V2Backend(layout.unified, view))
     if layout.v1:
-        candidates.append(V1Backend(layout.v1, layout.unified))
+        candidates.append(V1Backend(layout.v1, layout.unified, view))
     # On a hybrid host some controllers may sit on each side: take the backend that can do the
     # most (v2 first on a tie).
     usable = [b for b in candidates if b.supports()]
@@ -181,11 +182,13 @@ def get_backend() -> Backend:
     return _backend
 
 
-def describe_host(layout: Layout | None = None) -> dict[str, Any]:
+def describe_host(layout: Layout | None = None, view: HostView = THIS_HOST) -> dict[str, Any]:
     """What `nsbox doctor` shows about cgroups: the layout, the backend that would be used, the
-    controllers it can use, whether this user can write a cgroup, and why not. Read-only."""
-    layout = layout if layout is not None else read_layout()
-    backend = detect(layout)
+    controllers it can use, whether this user can write a cgroup, and why not. Read-only.
+    ``view``: a simulated host and uid instead of this one (the layout is read there)."""
+    layout = layout if layout is not None else read_layout(view=view)
+    backend = detect(layout, view)
+    uid = os.getuid() if view.uid is None else view.uid
     info: dict[str, Any] = {
         "layout": layout.kind,
         "backend": backend.kind,
@@ -195,9 +198,7 @@ def describe_host(layout: Layout | None = None) -> dict[str, Any]:
         "reason": backend.reason,
         # A systemd user manager can give an unprivileged user a delegated cgroup:
         # `systemd-run --user --scope -p Delegate=yes <launcher>` (systemd.resource-control(5)).
-        "systemd_user_manager": os.path.exists(
-            f"/run/user/{os.getuid()}/systemd/private"
-        ),
+        "systemd_user_manager": os.path.exists(view.path(f"/run/user/{uid}/systemd/private")),
     }
     info.update(backend.describe())
     from nsbox.cgroups import _fs
@@ -217,6 +218,6 @@ def describe_host(layout: Layout | None = None) -> dict[str, Any]:
 
 
 __all__ = [
-    "ALL_FEATURES", "CPUS", "CPU_ACCOUNTING", "KILL", "MEMORY", "PIDS", "Backend", "Request",
-    "RunCgroup", "Usage", "describe_host", "detect", "get_backend",
+    "ALL_FEATURES", "CPUS", "CPU_ACCOUNTING", "KILL", "MEMORY", "PIDS", "THIS_HOST", "Backend",
+    "HostView", "Request", "RunCgroup", "Usage", "describe_host", "detect", "get_backend",
 ]

@@ -8,6 +8,8 @@ import os
 import signal
 import time
 
+from nsbox.cgroups._host import THIS_HOST, HostView
+
 
 def read(path: str) -> str:
     with open(path) as f:
@@ -100,9 +102,8 @@ def rmdir(directory: str) -> None:
             raise OSError(exc.errno, f"rmdir {directory}: {os.strerror(exc.errno or 0)}") from None
 
 
-def writable(directory: str) -> bool:
-    """Can this process create children here and move processes in? (cgroups(7), "Cgroups
-    delegation": the directory and its cgroup.procs must be writable.)"""
-    return os.access(directory, os.W_OK) and os.access(
-        os.path.join(directory, "cgroup.procs"), os.W_OK
-    )
+def writable(directory: str, view: HostView = THIS_HOST) -> bool:
+    """Can this process (or the uid of a simulated ``view``) create children here and move
+    processes in? (cgroups(7), "Cgroups delegation": the directory and its cgroup.procs must be
+    writable.)"""
+    return view.can_write(directory) and view.can_write(os.path.join(directory, "cgroup.procs"))

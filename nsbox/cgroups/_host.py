@@ -1,18 +1,58 @@
 """Reading the host's cgroup layout: which hierarchies are mounted where, and where we are.
 
 Only /proc/self/mountinfo and /proc/self/cgroup are read (proc(5)), so a test can point this at
-fake copies of both to simulate another kind of host.
+fake copies of both to simulate another kind of host; ``HostView`` carries such a host (a tree
+standing for "/" and the uid whose write access counts) into the backends' detection, which is
+how `nsbox doctor` judges a simulated host with the code a run uses.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 
 # The v1 controllers nsbox uses. cpu and cpuacct are often co-mounted ("cpu,cpuacct").
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
 # The v2 controllers a run cgroup needs enabled in its parent's cgroup.subtree_control.
 V2_CONTROLLERS = ("memory", "pids", "cpu")
+
+
+@dataclass(frozen=True)
+class HostView:
+    """Where the detection reads the host, and whose write access it judges.
+
+    The default is this host as this process. A simulated host (`nsbox doctor`'s tests) is a
+    tree that stands for "/" and an imagined uid.
+    """
+
+    root: str = "/"
+    uid: int | None = None  # None: this process, asked through access(2) (groups, ACLs count)
+
+    @property
+    def euid(self) -> int:
+        return os.geteuid() if self.uid is None else self.uid
+
+    def path(self, name: str) -> str:
+        """Where the host's file ``name`` lies in this view."""
+        return os.path.join(self.root, name.lstrip("/"))
+
+    def can_write(self, path: str) -> bool:
+        """Whether the viewed uid may write the file, or create entries in the directory."""
+        if self.uid is None:
+            return os.access(path, os.W_OK)
+        try:
+            info = os.stat(path)
+        except OSError:
+            return False
+        # A simulated host carries the owner and the mode bits that matter: no groups, no ACLs.
+        return self.uid == 0 or bool(
+            (info.st_uid == self.uid and info.st_mode & stat.S_IWUSR)
+            or info.st_mode & stat.S_IWOTH
+        )
+
+
+THIS_HOST = HostView()
 
 
 @dataclass(frozen=True)
@@ -82,9 +122,14 @@ def _relative(own_path: str, mount_root: str) -> str | None:
 
 
 def read_layout(
-    mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/proc/self/cgroup"
+    mountinfo: str = "/proc/self/mountinfo",
+    proc_cgroup: str = "/proc/self/cgroup",
+    view: HostView = THIS_HOST,
 ) -> Layout:
-    """Inspect the host once. Unreadable files mean "no cgroups" (a layout of kind ``none``)."""
+    """Inspect the host once. Unreadable files mean "no cgroups" (a layout of kind ``none``).
+    ``view``: a simulated host; its files are read there and its mount points lie below it."""
+    if view.root != "/":
+        mountinfo, proc_cgroup = view.path(mountinfo), view.path(proc_cgroup)
     try:
         v2_path, v1_paths = _own_paths(proc_cgroup)
         with open(mountinfo) as f:
@@ -99,7 +144,7 @@ def read_layout(
         if len(fields) < 5 or len(rfields) < 3:
             continue
         fstype, options = rfields[0], rfields[2].split(",")
-        root, mount_point = _unescape(fields[3]), _unescape(fields[4])
+        root, mount_point = _unescape(fields[3]), view.path(_unescape(fields[4]))
         if fstype == "cgroup2" and v2_path is not None and unified is None:
             rel = _relative(v2_path, root)
             if rel is not None:

@@ -31,7 +31,7 @@ from nsbox.cgroups import (
     _fs,
     _names,
 )
-from nsbox.cgroups._host import Hierarchy
+from nsbox.cgroups._host import THIS_HOST, Hierarchy, HostView
 
 CFS_PERIOD_US = 100_000
 
@@ -146,12 +146,16 @@ class V1Run(RunCgroup):
 class V1Backend(Backend):
     kind = "v1"
 
-    def __init__(self, v1: dict[str, Hierarchy], unified: Hierarchy | None) -> None:
+    def __init__(
+        self, v1: dict[str, Hierarchy], unified: Hierarchy | None, view: HostView = THIS_HOST
+    ) -> None:
         self.bases = {
-            name: h.own_dir for name, h in v1.items() if _fs.writable(h.own_dir)
+            name: h.own_dir for name, h in v1.items() if _fs.writable(h.own_dir, view)
         }
         self.unified_base = (
-            unified.own_dir if unified is not None and _fs.writable(unified.own_dir) else None
+            unified.own_dir
+            if unified is not None and _fs.writable(unified.own_dir, view)
+            else None
         )
         self.reason = ""
         if not self.supports():
@@ -165,7 +169,7 @@ class V1Backend(Backend):
             else:
                 self.reason = (
                     f"the v1 cgroups of this process ({', '.join(sorted(v1))}) are not "
-                    f"writable by uid {os.geteuid()}"
+                    f"writable by uid {view.euid}"
                 )
         elif importlib.util.find_spec("cgroupspy") is None:
             # The launcher puts cgroupspy on the helper's path; an interpreter without it

@@ -42,7 +42,7 @@ from nsbox.cgroups import (
     _fs,
     _names,
 )
-from nsbox.cgroups._host import V2_CONTROLLERS, Hierarchy
+from nsbox.cgroups._host import THIS_HOST, V2_CONTROLLERS, Hierarchy, HostView
 
 CPU_PERIOD_US = 100_000
 _FEATURE = {"memory": MEMORY, "pids": PIDS, "cpu": CPUS}
@@ -136,7 +136,8 @@ class V2Run(RunCgroup):
 class V2Backend(Backend):
     kind = "v2"
 
-    def __init__(self, hierarchy: Hierarchy) -> None:
+    def __init__(self, hierarchy: Hierarchy, view: HostView = THIS_HOST) -> None:
+        self.view = view
         self.base = hierarchy.own_dir
         if _names.is_leaf(os.path.basename(self.base)):
             # Started from a process that an earlier helper moved into its leaf: the base is
@@ -161,14 +162,14 @@ class V2Backend(Backend):
             self.controllers = []
         elif not self._writable():
             self.reason = (
-                f"cgroup {self.base} is not writable by uid {os.geteuid()} (no delegation); "
-                f"run under a delegated cgroup, e.g. `{delegate_command()}`"
+                f"cgroup {self.base} is not writable by uid {view.euid} (no delegation); "
+                f"run under a delegated cgroup, e.g. `{delegate_command(view.euid)}`"
             )
             self.controllers = []
 
     def _writable(self) -> bool:
-        return _fs.writable(self.base) and os.access(
-            os.path.join(self.base, "cgroup.subtree_control"), os.W_OK
+        return _fs.writable(self.base, self.view) and self.view.can_write(
+            os.path.join(self.base, "cgroup.subtree_control")
         )
 
     def supports(self) -> frozenset[str]:

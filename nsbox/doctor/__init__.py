@@ -1,93 +1,57 @@
 """``nsbox doctor``: check the host once, and say what each missing feature costs and how to fix it.
 
 Every check reads the host through a HostFacts (nsbox/doctor/hostfacts.py), so the same checks
-run on the real host and on a fake /proc and /sys tree; on the real host the cgroup check asks
-the launch's own backend (nsbox.cgroups.describe_host). A check is ``ok``, ``info`` (worth
-knowing), ``warn`` (the sandbox runs, with a weaker guarantee that the Result reports as
-degraded) or ``fail`` (the profile cannot run safely). The library returns a Report; the CLI
-picks the exit status from ``Report.ok``.
+run on the real host and on a fake /proc and /sys tree; the cgroup check asks the launch's own
+detection (nsbox.cgroups.describe_host) through the same root. A check is ``ok``, ``info``
+(worth knowing), ``warn`` (the sandbox runs, with a weaker guarantee that the Result reports as
+degraded) or ``fail`` (the profile cannot run safely). The library returns a Report (its shape:
+nsbox/doctor/report.py; the verdict per guarantee: nsbox/doctor/verdicts.py); the CLI picks the
+exit status from ``Report.ok``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nsbox import identity
+from nsbox.cgroups import HostView, describe_host
+from nsbox.cgroups._host import Layout, read_layout
 from nsbox.doctor.hostfacts import HostFacts, kernel_release
-from nsbox.errors import CommandNotFound, HostError, NsboxError
+from nsbox.doctor.report import (
+    CLEANUP,
+    CPU,
+    FILESYSTEM,
+    MEMORY,
+    NETWORK,
+    PIDS,
+    PRIVILEGE,
+    PROCESSES,
+    STATUSES,
+    SYSCALLS,
+    Check,
+    Report,
+)
+from nsbox.doctor.verdicts import (
+    GUARANTEES,
+    LIMITS,
+    PROBE_ADVICE,
+    check_launch,
+    predict,
+    verdicts_of_run,
+)
+from nsbox.errors import HostError
 from nsbox.policy import Policy
-from nsbox.result import Result
 
-# The guarantees of DESIGN.md's threat model, as a check names them.
-FILESYSTEM = "filesystem isolation (empty root, read-only binds)"
-PROCESSES = "process isolation (own PID namespace and /proc)"
-NETWORK = "network isolation (own network namespace)"
-PRIVILEGE = "privilege confinement (a user namespace: root inside is nobody outside)"
-SYSCALLS = "syscall filter (seccomp)"
-MEMORY = "memory limit and OOM detection (cgroup memory)"
-PIDS = "process-count limit (cgroup pids)"
-CPU = "CPU share limit (cgroup cpu)"
-CLEANUP = "cleanup of everything the command started"
-
-STATUSES = ("ok", "info", "warn", "fail")
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # one of STATUSES
-    detail: str
-    affects: list[str] = field(default_factory=list)
-    remedy: str | None = None
-    facts: dict[str, Any] = field(default_factory=dict)  # what the check found, for --json
-
-
-@dataclass
-class Report:
-    profile: str
-    checks: list[Check]
-    # Per guarantee, what a run gets here (see GUARANTEES): the prediction, corrected by the
-    # live launch where that launch ran and saw otherwise.
-    guarantees: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        """True when the profile can run safely here (warnings allowed)."""
-        return all(check.status != "fail" for check in self.checks)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"profile": self.profile, "ok": self.ok, "guarantees": self.guarantees,
-                "checks": [asdict(check) for check in self.checks]}
-
-    def format_table(self) -> str:
-        width = max(len(check.name) for check in self.checks)
-        lines = [f"{'STATUS':<6}  {'CHECK':<{width}}  DETAIL"]
-        for check in self.checks:
-            lines.append(f"{check.status.upper():<6}  {check.name:<{width}}  {check.detail}")
-            pad = " " * (8 + width + 2)
-            if check.affects and check.status in ("warn", "fail"):
-                lines.append(f"{pad}affects: {'; '.join(check.affects)}")
-            if check.remedy and check.status != "ok":
-                lines.append(f"{pad}remedy: {check.remedy}")
-        if self.guarantees:
-            lines.append("\nA run here gets: " + ", ".join(
-                f"{name} {verdict}" for name, verdict in self.guarantees.items()) + ".")
-        failed = [c.name for c in self.checks if c.status == "fail"]
-        warned = sum(c.status == "warn" for c in self.checks)
-        if failed:
-            lines.append(f"\nThe {self.profile!r} profile cannot run safely here: "
-                         f"{', '.join(failed)}.")
-        else:
-            lines.append(f"\nThe {self.profile!r} profile can run here"
-                         + (f", with {warned} weaker guarantee(s) (see WARN)." if warned else "."))
-        return "\n".join(lines)
+__all__ = [
+    "CHECKS", "CLEANUP", "CPU", "FILESYSTEM", "GUARANTEES", "LIMITS", "MEMORY", "NETWORK", "PIDS",
+    "PRIVILEGE", "PROCESSES", "STATUSES", "SYSCALLS", "Check", "Report", "predict", "run_doctor",
+    "verdicts_of_run",
+]
 
 
 def run_doctor(facts: HostFacts | None = None, policy: Policy | None = None) -> Report:
@@ -313,34 +277,48 @@ _CONTROLLER = {"memory": "memory", "pids": "pids", "cpus": "cpu"}
 
 
 def check_cgroups(facts: HostFacts, policy: Policy) -> list[Check]:
-    """On the real host, nsbox.cgroups says what the runs would get (the backend it would pick,
-    and whether other processes in its cgroup stop it from limiting); on a simulated host the
-    facts layer reads the fake tree for memory, pids and cpu."""
-    if facts.simulated:
-        return [_simulated_cgroups(facts, policy)]
-    from nsbox.cgroups import describe_host
-
-    info = describe_host()
-    layout, backend = info["layout"], info["backend"]
-    missing = list(info["missing"])
-    if not missing:
-        return [Check("cgroups", "ok", f"{layout} layout; backend {backend}: "
-                      + ", ".join(info["supports"]), facts=info)]
-    detail = f"{layout} layout; backend {backend}"
+    """What the runs here would get, as nsbox.cgroups (the code a run uses) detects it: the
+    backend it would pick, and whether other processes in its cgroup stop it from limiting. A
+    simulated host is read by the same code, through its root and for its uid."""
+    view = facts.cgroup_view()
+    layout = read_layout(view=view)
+    info = describe_host(layout, view)
+    detail = f"{info['layout']} layout; backend {info['backend']}"
     if info["supports"]:
         detail += f": {', '.join(info['supports'])}"
-    if info["reason"]:
-        detail += f"; {info['reason']}"
-    check = _cgroup_fallback(policy, detail, missing, _live_cgroup_remedy(info))
+    missing = [f for f in _FALLBACK if f in info["missing"]]
+    if not missing:
+        return [Check("cgroups", "ok", detail, facts=info)]
+    for reason in (info["reason"], _absent_controllers(info)):
+        if reason:
+            detail += f"; {reason}"
+    remedy = _cgroup_remedy_of(info, layout, view)
+    check = _cgroup_fallback(policy, _as_host(view, detail), missing, _as_host(view, remedy))
     check.facts = info
     return [check]
 
 
-def _live_cgroup_remedy(info: dict[str, Any]) -> str:
+def _as_host(view: HostView, text: str) -> str:
+    """``text`` with the paths of a simulated host as that host names them."""
+    return text if view.root == "/" else text.replace(view.root.rstrip("/"), "")
+
+
+def _absent_controllers(info: dict[str, Any]) -> str:
+    """The v2 controllers that the chosen v2 backend's cgroup does not offer its children."""
+    if info["backend"] != "v2":
+        return ""
+    absent = [c for c in _CONTROLLER.values() if c not in info.get("controllers", [])]
+    if not absent:
+        return ""
+    return f"{info.get('cgroup')} does not offer the controllers {', '.join(absent)}"
+
+
+def _cgroup_remedy_of(info: dict[str, Any], layout: Layout, view: HostView) -> str:
     """The one change that gives this host's runs cgroup limits, naming the cgroup."""
     from nsbox.cgroups._v2 import delegate_command
 
-    cgroup = info.get("cgroup")
+    unified = layout.unified.own_dir if layout.unified else None
+    cgroup = info.get("cgroup") or unified
     if info.get("read_only"):
         return ("the cgroup filesystem is mounted read-only (a container's default): give the "
                 "container a writable one (docker/podman: --privileged, or inside it with "
@@ -349,11 +327,17 @@ def _live_cgroup_remedy(info: dict[str, Any]) -> str:
         return (f"the processes {info['blocking_processes'][:5]} share nsbox's cgroup "
                 f"{cgroup}: start nsbox in a cgroup of its own ('{delegate_command()}', or a "
                 "service with Delegate=yes), or move those processes out of it")
-    from nsbox.cgroups._host import read_layout
-
-    v1_dirs = sorted({h.own_dir for c, h in read_layout().v1.items() if c in _CONTROLLER.values()})
-    return _cgroup_remedy(info["layout"], cgroup, os.geteuid(),
-                          bool(info.get("systemd_user_manager")), v1_dirs)
+    absent = _absent_controllers(info)
+    if absent and cgroup:
+        # cgroup-v2.rst, "Enabling and Disabling": a cgroup's children get the controllers
+        # that its own parent enables for it, so the parent's owner enables them first.
+        parent = os.path.dirname(cgroup)
+        wanted = " ".join(f"+{c}" for c in _CONTROLLER.values())
+        return (f"have the owner of {parent} enable the controllers for it: 'echo {wanted} > "
+                f"{parent}/cgroup.subtree_control' (each must be enabled in every ancestor)")
+    v1_dirs = sorted({h.own_dir for c, h in layout.v1.items() if c in _CONTROLLER.values()})
+    return _cgroup_remedy(layout.kind, cgroup, view.euid, bool(info.get("systemd_user_manager")),
+                          v1_dirs)
 
 
 def _cgroup_remedy(layout: str, v2_path: str | None, uid: int, systemd_user: bool,
@@ -388,64 +372,6 @@ def _cgroup_fallback(policy: Policy, detail: str, missing: list[str], remedy: st
                  facts={"missing": sorted(missing)})
 
 
-def _simulated_cgroups(facts: HostFacts, policy: Policy) -> Check:
-    info = facts.cgroups()
-    if info.layout == "none":
-        return _cgroup_fallback(policy, "no cgroup hierarchy is mounted", list(_CONTROLLER),
-                                _cgroup_remedy("none", None, facts.uid, False))
-    usable: dict[str, str] = {}
-    found: set[str] = set()  # controllers the host has (named v1 hierarchies are not ones)
-    if info.v2_path is not None:
-        found.update(info.v2_controllers)
-        for controller in _CONTROLLER.values():
-            if controller in info.v2_controllers and info.v2_writable:
-                usable[controller] = "v2"
-    for controller, (_directory, writable) in info.v1.items():
-        if controller.startswith("name="):
-            continue
-        found.add(controller)
-        if writable and controller not in usable:
-            usable[controller] = "v1"
-    detail = f"{info.layout} layout; controllers: {', '.join(sorted(found)) or 'none'}"
-    missing = [f for f, c in _CONTROLLER.items() if c not in usable]
-    if not missing:
-        via = ", ".join(f"{c} ({usable[c]})" for c in _CONTROLLER.values())
-        return Check("cgroups", "ok", f"{detail}; writable here: {via}", facts={"missing": []})
-    unwritable = [_CONTROLLER[f] for f in missing if _CONTROLLER[f] in found]
-    absent = [_CONTROLLER[f] for f in missing if _CONTROLLER[f] not in found]
-    if unwritable:
-        detail += f"; not writable by uid {facts.uid}: {', '.join(unwritable)}"
-    if absent:
-        detail += f"; not available: {', '.join(absent)}"
-    layout = "v2" if info.v2_path and not info.v1 else info.layout
-    # A systemd user manager listens on this socket (systemd-run(1) --user connects to it).
-    systemd_user = facts.exists(f"/run/user/{facts.uid}/systemd/private")
-    v1_dirs = sorted({d for c, (d, _w) in info.v1.items() if c in _CONTROLLER.values()})
-    return _cgroup_fallback(policy, detail, missing,
-                            _cgroup_remedy(layout, info.v2_path, facts.uid, systemd_user, v1_dirs))
-
-
-# Per failed probe step: the guarantees lost and what to do.
-_PROBE_ADVICE: dict[str, tuple[list[str], str]] = {
-    "user namespace": ([PRIVILEGE, FILESYSTEM, PROCESSES, NETWORK],
-                       "see the user namespaces and container checks above"),
-    "uid/gid maps": ([PRIVILEGE], "check /proc/self/uid_map is writable (a security module "
-                     "may refuse it)"),
-    "mount, pid, net, ipc, uts and cgroup namespaces": (
-        [FILESYSTEM, PROCESSES, NETWORK], "a container or a security module refuses "
-        "unshare(2); run with seccomp=unconfined or on the host"),
-    "private mounts": ([FILESYSTEM], "a security module refuses mount(2) in the namespace"),
-    "tmpfs root": ([FILESYSTEM], "a security module refuses mounting tmpfs"),
-    "mount /proc": ([PROCESSES], "unmask /proc (containers: --security-opt "
-                    "systempaths=unconfined)"),
-    "pivot_root": ([FILESYSTEM], "the root is on rootfs/initramfs, where pivot_root(2) fails: "
-                   "boot with a real root filesystem"),
-    "detach the old root": ([FILESYSTEM], "a security module refuses umount2(2)"),
-    "seccomp filter": ([SYSCALLS], "a container may refuse seccomp(2); run with "
-                       "seccomp=unconfined"),
-}
-
-
 def check_probe(facts: HostFacts, policy: Policy) -> list[Check]:
     outcome = facts.probe()
     if outcome is None:
@@ -454,7 +380,7 @@ def check_probe(facts: HostFacts, policy: Policy) -> list[Check]:
     if not failed:
         return [Check("live probe", "ok", "namespaces, tmpfs root, /proc, pivot_root and a "
                       "seccomp filter all worked in a child process")]
-    affects, remedy = _PROBE_ADVICE.get(str(failed), ([FILESYSTEM], "see the checks above"))
+    affects, remedy = PROBE_ADVICE.get(str(failed), ([FILESYSTEM], "see the checks above"))
     if str(failed) in ("user namespace", "mount, pid, net, ipc, uts and cgroup namespaces"):
         from nsbox.launcher import namespace_hint
 
@@ -462,124 +388,6 @@ def check_probe(facts: HostFacts, policy: Policy) -> list[Check]:
         remedy = namespace_hint(int(str(outcome.get("errno") or 0))) or remedy
     return [Check("live probe", "fail", f"{failed} failed: {outcome.get('error')}", affects,
                   remedy)]
-
-
-# --- the verdict per guarantee ------------------------------------------------------------------
-
-# What a run gets for each guarantee: "enforced" (namespaces, seccomp, identity), "cgroup",
-# "rlimit" or "none" (limits), "off" (the policy turned it off), "refused" (the run does not
-# start: the host cannot give what the policy requires).
-GUARANTEES = ("namespaces", "seccomp", "identity", "memory", "pids", "cpus", "cpu_time")
-LIMITS = ("memory", "pids", "cpus", "cpu_time")
-# The guarantee of each cgroup feature, and what replaces it without the cgroup (nsbox/limits.py).
-_LIMIT_OF = {"memory": "memory", "pids": "pids", "cpus": "cpus", "cpu_accounting": "cpu_time"}
-_WITHOUT_CGROUP = {"memory": "rlimit", "pids": "rlimit", "cpus": "none", "cpu_time": "rlimit"}
-# The checks whose failure stops every run; a failed cgroups check stops only runs with limits.
-_LAUNCH_CHECKS = ("python", "kernel", "user namespaces", "identity", "/proc mounts",
-                  "live probe")
-
-
-def predict(checks: list[Check], policy: Policy) -> dict[str, str]:
-    """What a run of ``policy`` gets here per guarantee, by the checks alone."""
-    failed = {c.name for c in checks if c.status == "fail"}
-    if failed & set(_LAUNCH_CHECKS):
-        return dict.fromkeys(GUARANTEES, "refused")
-    verdicts = {"namespaces": "enforced", "identity": "enforced"}
-    if not policy.seccomp.enabled:
-        verdicts["seccomp"] = "off"
-    else:
-        verdicts["seccomp"] = ("refused" if failed & {"seccomp", "libseccomp", "pyseccomp"}
-                               else "enforced")
-    cgroups = next((c for c in checks if c.name == "cgroups"), None)
-    missing = {_LIMIT_OF[f] for f in (cgroups.facts.get("missing", []) if cgroups else [])
-               if f in _LIMIT_OF}
-    for limit in LIMITS:
-        if cgroups is not None and cgroups.status == "fail":
-            verdicts[limit] = "refused"  # require_cgroup: a run with this limit does not start
-        else:
-            verdicts[limit] = _WITHOUT_CGROUP[limit] if limit in missing else "cgroup"
-    return verdicts
-
-
-def verdicts_of_run(outcome: Result | Exception, policy: Policy,
-                    limits: tuple[str, ...] = LIMITS) -> dict[str, str]:
-    """What one run reported per guarantee: its Result (``degraded`` names each limit that an
-    rlimit replaced, nsbox/limits.py) or the error it raised. ``limits``: those it asked for."""
-    if isinstance(outcome, HostError) and outcome.feature == "cgroup":
-        verdicts = {"namespaces": "enforced", "identity": "enforced",
-                    "seccomp": "enforced" if policy.seccomp.enabled else "off"}
-        return verdicts | dict.fromkeys(limits, "refused")
-    if isinstance(outcome, Exception):
-        return dict.fromkeys(("namespaces", "seccomp", "identity", *limits), "refused")
-    verdicts = {"namespaces": "enforced", "identity": "enforced",
-                "seccomp": "enforced" if policy.seccomp.enabled else "off"}
-    # Each entry of Result.degraded starts with the limit's name ("memory: RLIMIT_AS ...").
-    degraded = {entry.split(":", 1)[0] for entry in outcome.degraded}
-    for limit in limits:
-        verdicts[limit] = _WITHOUT_CGROUP[limit] if limit in degraded else "cgroup"
-    return verdicts
-
-
-def _trial_policy(policy: Policy) -> Policy:
-    """``policy`` with every limit set, so that one run shows how each is enforced."""
-    from nsbox.policy import MiB
-
-    limits = dataclasses.replace(
-        policy.limits, memory=policy.limits.memory or 256 * MiB, pids=policy.limits.pids or 64,
-        cpus=policy.limits.cpus or 1.0, cpu_time=policy.limits.cpu_time or 10.0,
-        wall_time=10.0)
-    return dataclasses.replace(policy, limits=limits)
-
-
-# A launch step without a hint of its own (nsbox/launcher.py gives the known ones), by the probe
-# step that does the same work.
-_LAUNCH_STEPS = {
-    "create namespaces": "mount, pid, net, ipc, uts and cgroup namespaces",
-    "make mounts private": "private mounts", "mount tmpfs root": "tmpfs root",
-    "proc /proc": "mount /proc", "pivot_root": "pivot_root", "seccomp": "seccomp filter",
-}
-
-
-def _launch_advice(step: str) -> str:
-    probe_step = _LAUNCH_STEPS.get(step)
-    if probe_step is not None:
-        return _PROBE_ADVICE[probe_step][1]
-    return "see the checks above; the step names what the kernel refused"
-
-
-def check_launch(policy: Policy, predicted: dict[str, str]) -> Check:
-    """A real launch through the production path (nsbox.run of ``true`` with the profile and
-    every limit set): it fails at the step a run would fail at, with that run's hint, and its
-    Result says which limits the cgroups enforce. Compared with the prediction."""
-    from nsbox.launcher import run
-
-    trial = _trial_policy(policy)
-    outcome: Result | Exception
-    try:
-        outcome = run(["true"], trial)
-    except NsboxError as exc:
-        outcome = exc
-    if isinstance(outcome, CommandNotFound):
-        # Every step but the exec worked; the profile's sandbox just has no `true`.
-        return Check("live launch", "info", "the sandbox was built, but has no 'true' to run: "
-                     f"{outcome.message}")
-    verdicts = verdicts_of_run(outcome, trial)
-    facts: dict[str, Any] = {"verdicts": verdicts}
-    if isinstance(outcome, Exception):
-        step = getattr(outcome, "step", getattr(outcome, "feature", "launch"))
-        message = getattr(outcome, "message", str(outcome.args[0] if outcome.args else outcome))
-        facts["step"] = step
-        return Check("live launch", "fail", f"nsbox.run(['true']) failed at {step}: {message}",
-                     [FILESYSTEM, PROCESSES], outcome.hint or _launch_advice(str(step)), facts)
-    facts["degraded"] = list(outcome.degraded)
-    wrong = [f"{k}: predicted {predicted.get(k)}, the run got {v}" for k, v in verdicts.items()
-             if predicted.get(k) != v]
-    if wrong:
-        return Check("live launch", "warn", "nsbox.run(['true']) disagrees with the checks "
-                     "above (" + "; ".join(wrong) + "): " + "; ".join(outcome.degraded),
-                     [], "the run's verdict is the true one; please report this host", facts)
-    return Check("live launch", "ok", f"nsbox.run(['true']) {outcome.status.name} with "
-                 + ", ".join(f"{k} {v}" for k, v in verdicts.items()), facts=facts)
 
 
 def check_project(facts: HostFacts, policy: Policy) -> list[Check]:

@@ -2,7 +2,9 @@
 
 Every file ``nsbox doctor`` looks at is read here, below ``root`` ("/" on the real host). Facts
 that are not files (the uid, the Python and libseccomp versions, the result of the live probe)
-come from the running process on the real host and from the constructor on a simulated one.
+come from the running process on the real host and from the constructor on a simulated one. The
+cgroup layout is read by nsbox.cgroups itself, the code a run uses, through the same root and for
+the same uid (``cgroup_view``).
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import platform
-import stat
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from nsbox.cgroups import HostView
 from nsbox.identity import Holdings
 
 PROBE_TIMEOUT = 10.0  # seconds; the probe itself takes about 50 ms
@@ -29,18 +31,6 @@ class MountEntry:
     mount_point: str
     fstype: str
     super_options: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class CgroupInfo:
-    """The cgroup layout and what this process may do with it."""
-
-    layout: str  # "v2", "v1", "hybrid" or "none"
-    v2_path: str | None = None  # this process's cgroup directory on the v2 hierarchy
-    v2_controllers: tuple[str, ...] = ()  # enabled for this cgroup's children to use
-    v2_writable: bool = False
-    # v1: controller -> (this process's cgroup directory, writable by this user)
-    v1: dict[str, tuple[str, bool]] = field(default_factory=dict)
 
 
 class HostFacts:
@@ -77,20 +67,6 @@ class HostFacts:
     def exists(self, name: str) -> bool:
         return os.path.lexists(self.path(name))
 
-    def writable(self, name: str) -> bool:
-        """Whether this user can write the file or create entries in the directory."""
-        path = self.path(name)
-        if not self.simulated:
-            return os.access(path, os.W_OK)
-        try:
-            info = os.stat(path)
-        except OSError:
-            return False
-        # Simulated hosts carry the owner and mode bits that matter; no ACLs, no groups.
-        return self.uid == 0 or bool(
-            (info.st_uid == self.uid and info.st_mode & stat.S_IWUSR)
-            or info.st_mode & stat.S_IWOTH)
-
     def status_field(self, name: str) -> str | None:
         """A field of /proc/self/status, e.g. "Seccomp"."""
         for line in (self.read("/proc/self/status") or "").splitlines():
@@ -110,43 +86,12 @@ class HostFacts:
                                       tuple(tail[2].split(","))))
         return entries
 
-    # --- cgroups --------------------------------------------------------------------------------
-
-    def cgroups(self) -> CgroupInfo:
-        """The layout from the mounts, this process's cgroups from /proc/self/cgroup."""
-        mounts = self.mounts()
-        v2_mount = next((m for m in mounts if m.fstype == "cgroup2"), None)
-        v1_mounts = [m for m in mounts if m.fstype == "cgroup"]
-        own: dict[str, str] = {}
-        for line in (self.read("/proc/self/cgroup") or "").splitlines():
-            parts = line.split(":", 2)
-            if len(parts) == 3:
-                for controller in parts[1].split(",") if parts[1] else [""]:
-                    own[controller] = parts[2]
-        v1: dict[str, tuple[str, bool]] = {}
-        for m in v1_mounts:
-            for controller in m.super_options:
-                if controller in own and controller:
-                    directory = _below(m, own[controller])
-                    v1[controller] = (directory, self.writable(directory))
-        v1_controllers = {c for c in v1 if not c.startswith("name=")}
-        if v2_mount and v1_controllers:
-            layout = "hybrid"
-        elif v2_mount:
-            layout = "v2"
-        elif v1_controllers:
-            layout = "v1"
-        else:
-            layout = "none"
-        if not v2_mount or "" not in own:
-            return CgroupInfo(layout, v1=v1)
-        directory = _below(v2_mount, own[""])
-        controllers = tuple((self.read(f"{directory}/cgroup.controllers") or "").split())
-        # Delegation (cgroup-v2.rst): creating children, moving processes and enabling the
-        # controllers for the children.
-        writable = all(self.writable(f"{directory}/{name}")
-                       for name in ("", "cgroup.procs", "cgroup.subtree_control"))
-        return CgroupInfo(layout, directory, controllers, writable, v1)
+    def cgroup_view(self) -> HostView:
+        """This host for the cgroup detection of nsbox.cgroups: the real one judged by access(2),
+        or the simulated tree judged for the simulated uid."""
+        if not self.simulated:
+            return HostView()
+        return HostView(self.root, self.uid)
 
     def holdings(self) -> Holdings | None:
         """This process's ids, effective capabilities and user namespace maps (identity.py);
@@ -196,14 +141,6 @@ def kernel_release(facts: HostFacts) -> str:
     if text is not None:
         return text.strip()
     return "" if facts.simulated else platform.release()
-
-
-def _below(mount: MountEntry, cgroup_path: str) -> str:
-    """The directory of ``cgroup_path`` under a cgroup mount whose root may be a sub-tree."""
-    relative = cgroup_path
-    if mount.root != "/" and (relative == mount.root or relative.startswith(mount.root + "/")):
-        relative = relative[len(mount.root):]
-    return os.path.join(mount.mount_point, relative.lstrip("/")).rstrip("/") or "/"
 
 
 def _unescape(text: str) -> str:
