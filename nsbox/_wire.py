@@ -15,7 +15,12 @@ import array
 import json
 import os
 import socket
-from typing import Any, TypedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:  # names for the types only: nothing more is imported before a clone
+    from nsbox.errors import ErrorWire
+    from nsbox.policy import Policy
 
 # --- the messages, typed (their order and meaning: nsbox/helper/loop.py's docstring) -----------
 
@@ -35,6 +40,13 @@ class HostErrorInfo(TypedDict):
     feature: str
     message: str
     hint: str | None
+
+
+class SessionSpec(TypedDict):
+    """The plan's ``session`` key: the sandbox child becomes a session's init
+    (nsbox/sandbox/sessioninit.py) instead of exec'ing a command."""
+
+    idle_timeout: float | None
 
 
 class WirePlan(TypedDict, total=False):
@@ -59,7 +71,7 @@ class WirePlan(TypedDict, total=False):
     cgroup: dict[str, Any]
     host_uid: int
     host_gid: int
-    session: dict[str, Any] | None  # a session's init instead of a command
+    session: SessionSpec | None  # a session's init instead of a command
     trace: bool
     pooled: bool
     degraded: list[str]
@@ -83,12 +95,227 @@ class ExitReport(TypedDict, total=False):
     trace: list[Any]
 
 
+# --- sessions and pools (their protocols: nsbox/sandbox/sessioninit.py, nsbox/supervisor.py,
+# nsbox/pool.py and nsbox/helper/pool.py) ---------------------------------------------------
+
+
+class WireCommand(TypedDict, total=False):
+    """The command's part of a plan, sent to a sandbox that exists already (a session's init,
+    a pooled sandbox): what a command brings; the rest of its plan is the sandbox's."""
+
+    argv: list[str]
+    env: list[tuple[str, str]]
+    cwd: str
+    rlimits: list[Any]
+    seccomp_bpf: str | None
+    seccomp_notify: dict[str, Any] | None  # a pooled sandbox only
+    wall_time: float | None
+
+
+class FileOp(TypedDict, total=False):
+    """A session's file operation, run by nsbox/sandbox/fileworker.py: ``kind`` is put, get,
+    getmany, list or changes; the other keys are that kind's arguments and caps."""
+
+    kind: str
+    path: str
+    paths: list[str]
+    mode: int
+    patterns: list[str]
+    max_files: int
+    max_size: int
+    max_total: int
+    max_entries: int
+    wall_time: float
+
+
+class InitRequest(TypedDict, total=False):
+    """host -> a session's init, on its control socket, with the command's socket and stdio:
+    ``{"cmd": "run", "command": ...}`` or ``{"cmd": "file", "op": ...}``."""
+
+    cmd: str
+    command: WireCommand
+    op: FileOp
+
+
+class InitEvent(TypedDict, total=False):
+    """A session's init -> host: ``{"event": "ready", "pid"}`` on the control socket once the
+    sandbox is built; ``{"event": "pid", "pid"}`` on a command's socket (then an ExitReport).
+    The launch helper sends the same ``pid`` event for a launch, and ``{"event": "proxy"}``
+    with the proxy's listener in network allow mode."""
+
+    event: str
+    pid: int
+
+
+class KillRequest(TypedDict):
+    """host -> the helper or a session's init, on a launch's or a command's socket: end it
+    (e.g. its output passed the cap)."""
+
+    cmd: str  # "kill"
+    reason: str
+
+
+class PoolSpec(TypedDict):
+    """host -> helper: ``{"pool": PoolSpec}`` with the pool's socket: prepare ``size``
+    sandboxes of ``plan``, each waiting for one command."""
+
+    plan: WirePlan
+    size: int
+
+
+class PoolMessage(TypedDict, total=False):
+    """host -> helper, on a pool's socket: ``{"command": ...}`` with the launch's socket and
+    stdio (a pooled sandbox runs it), or ``{"wait_ready": true}`` with a socket that gets
+    ``ready`` or a SetupErrorInfo once every sandbox is prepared."""
+
+    command: WireCommand
+    wait_ready: bool
+
+
+# --- a session's supervisor (nsbox/supervisor.py: the protocol of `nsbox session ...`) ------
+
+
+class SupervisorRequest(TypedDict, total=False):
+    """client -> supervisor, one per connection: ``op`` and that op's arguments."""
+
+    op: str  # exec put get files collect changes apply discard info stop
+    argv: list[str]  # exec, with fds [stdin, stdout, stderr]
+    env: dict[str, str]
+    timeout: float | None
+    output_limit: int | None
+    cwd: str | None
+    path: str  # put, get, with fds [memfd]
+    mode: int
+    patterns: list[str]  # files, collect
+    dest: str  # collect: an absolute host directory
+    paths: list[str] | None  # changes, apply, discard
+
+
+class FileEntry(TypedDict):
+    """A regular file of a session's sandbox (nsbox.FileInfo.to_dict())."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+class Skipped(TypedDict):
+    """A file left out of a listing or a copy, and why."""
+
+    path: str
+    reason: str
+
+
+class SupervisorReply(TypedDict, total=False):
+    """supervisor -> client: the op's answer, or ``error`` (errors.to_wire) for any op."""
+
+    error: ErrorWire  # the client raises errors.from_wire of it
+    result: dict[str, Any]  # exec: Result.to_dict()
+    ok: bool  # put, stop
+    size: int  # get (the data is in the memfd)
+    sha256: str
+    files: list[FileEntry]  # files, collect
+    skipped: list[Skipped]
+    changes: list[dict[str, Any]]  # changes: Change.to_dict() each
+    applied: list[str]  # apply: ApplyReport.to_dict()
+    conflicts: list[str]
+    refused: list[Skipped]
+    discarded: list[str]  # discard
+    id: str  # info
+    pid: int
+    commands: int
+    idle: float
+
+
+class SessionRecord(TypedDict):
+    """The record of a published session, ``ID.json`` beside its socket in the user's private
+    runtime directory: what ``nsbox session ls`` lists."""
+
+    id: str
+    pid: int  # the supervisor's: alive while its command line names it (supervisor.alive)
+    started: float
+    workspace: str | None
+    profile: str
+    project: str | None
+    masked: list[str]
+    idle_timeout: float | None
+
+
+class SupervisorStart(TypedDict):
+    """``nsbox session start`` -> its new supervisor, pickled on stdin (the Policy whole, and
+    no --env value in a command line). The answer is one line on stdout: ``ok ID`` or
+    ``error {"error": ErrorWire}``."""
+
+    policy: Policy
+    idle_timeout: float | None
+    audit: str | None
+
+
+# --- Ray (nsbox/ray.py): a job goes out as an nsbox.ray.Job, its result comes back as -----
+
+
+class JobFile(TypedDict):
+    """A file a Ray job produced, with its content."""
+
+    path: str
+    size: int
+    sha256: str
+    data: bytes
+
+
+class JobResult(TypedDict, total=False):
+    """executor -> client: a Ray job's result, plain data. The fields of Result.to_dict(),
+    the output as bytes, the files, and where and how often the job ran; for a sandbox that
+    could not be built also the error's class (``error_type``) and step."""
+
+    status: str
+    exit_code: int | None
+    signal: int | None
+    wall_time: float
+    cpu_user: float
+    cpu_system: float
+    peak_memory: int
+    peak_pids: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    oom_killed: bool
+    error: str | None
+    degraded: list[str]
+    accounting: str
+    extra: dict[str, Any]
+    files: list[JobFile]
+    skipped_files: list[Skipped]
+    job: str
+    attempts: int
+    node: str | None
+    executor: str | None
+    error_type: str
+    step: str
+
+
+class ExecutorInfo(TypedDict):
+    """An executor actor's ``info()``: who and where it is, and why it refuses, if it does."""
+
+    name: str
+    node: str
+    pid: int
+    state_dir: str
+    refusal: str | None
+    concurrency: int
+    pool: int
+
+
 INLINE_MAX = 64 * 1024  # bytes sent in the datagram itself
 MAX_MESSAGE = 256 * 1024 * 1024  # larger is refused: the launch fails with a LaunchError
 _TAG = b'{"memfd": '
 
 
-def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()
+def send(sock: socket.socket, message: Mapping[str, Any], fds: list[int] | tuple[int, ...] = ()
          ) -> None:
     """Send ``message`` and ``fds``; raises OSError like sendmsg (EPIPE: the peer is gone)."""
     data = json.dumps(message).encode()

@@ -18,51 +18,22 @@ remains is the host: an agent that is also given a shell on the host outside nsb
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from nsbox._wire import SupervisorReply
 from nsbox.errors import NsboxError
+from nsbox.mcp_tools import Reply, render_changes, require_sdk, to_mcp
+from nsbox.supervisor import publish, request
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
 
-    from nsbox.mcp_server import Reply
     from nsbox.session import Session
 
-AGENT_TOOLS = ("changes",)  # added to the agent's tools with --project
+AGENT_TOOLS = ("changes",)  # added to the agent's tools with --project (mcp_tools.Workbench)
 REVIEW_TOOLS = ("changes", "apply", "discard")  # nsbox mcp --review ID
-DIFF_CAP = 64 * 1024  # characters of diff put in front of a model
-
-
-def render_changes(changes: list[dict[str, Any]]) -> str:
-    """The changes as text: one line each, then the diffs (capped)."""
-    if not changes:
-        return "no changes to the project"
-    lines = []
-    for item in changes:
-        line = f"{item['kind']}: {item['path']}{'/' if item.get('is_dir') else ''}"
-        if item.get("conflict"):
-            line += " (conflict: changed on the host since the session started)"
-        if item.get("reason"):
-            line += f" (not applicable: {item['reason']})"
-        lines.append(line)
-    diffs = "".join(item.get("diff") or "" for item in changes)
-    if diffs:
-        shown = diffs[:DIFF_CAP]
-        lines += ["--- diff ---", shown.rstrip("\n")]
-        if len(diffs) > DIFF_CAP:
-            lines.append(f"[diff truncated: {len(diffs)} characters, {DIFF_CAP} shown]")
-    return "\n".join(lines)
-
-
-def agent_changes(session: Session, session_id: str) -> Reply:
-    """The agent's read-only ``changes`` tool."""
-    from nsbox.mcp_server import Reply
-
-    found = [c.to_dict() for c in session.changes()]
-    note = (f"\nThese changes are not in the project yet: the user reviews and applies them "
-            f"(session {session_id}); no tool of yours can.")
-    return Reply({"changes": found, "session": session_id}, render_changes(found) + note)
 
 
 class Reviewer:
@@ -72,30 +43,22 @@ class Reviewer:
         self.session_id = session_id
         self._lock = threading.Lock()
 
-    def _request(self, op: str, paths: list[str] | None = None) -> dict[str, Any]:
-        from nsbox.cli.session import request
-
+    def _request(self, op: str, paths: list[str] | None = None) -> SupervisorReply:
         with self._lock:
             return request(self.session_id, {"op": op, "paths": paths or None})
 
     def changes(self) -> Reply:
-        from nsbox.mcp_server import Reply
-
         found = self._request("changes")["changes"]
         return Reply({"changes": found}, render_changes(found))
 
     def apply(self, paths: list[str] | None = None) -> Reply:
-        from nsbox.mcp_server import Reply
-
-        report = self._request("apply", paths)
+        report: Any = self._request("apply", paths)
         lines = [f"applied: {p}" for p in report["applied"]]
         lines += [f"conflict (not written): {p}" for p in report["conflicts"]]
         lines += [f"not applied: {r['path']}: {r['reason']}" for r in report["refused"]]
         return Reply(report, "\n".join(lines) or "nothing to apply")
 
     def discard(self, paths: list[str] | None = None) -> Reply:
-        from nsbox.mcp_server import Reply
-
         dropped = self._request("discard", paths)["discarded"]
         return Reply({"discarded": dropped},
                      "\n".join(f"discarded: {p}" for p in dropped) or "nothing to discard")
@@ -110,8 +73,6 @@ def build_review_server(reviewer: Reviewer) -> MCPServer:
     from mcp.server import MCPServer
     from pydantic import Field
 
-    from nsbox.mcp_server import _to_mcp
-
     server: MCPServer = MCPServer(
         "nsbox-review", log_level="WARNING",
         instructions=f"Review the changes an agent made to a project in nsbox session "
@@ -123,7 +84,7 @@ def build_review_server(reviewer: Reviewer) -> MCPServer:
         except NsboxError as error:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=f"error: {error}")], is_error=True)
-        return _to_mcp(reply, types)
+        return to_mcp(reply, types)
 
     Paths = Annotated[list[str] | None, Field(
         description="Paths relative to the project (a directory means everything below it); "
@@ -149,12 +110,8 @@ def build_review_server(reviewer: Reviewer) -> MCPServer:
 
 def serve_review(session_id: str) -> None:
     """``nsbox mcp --review ID``: serve the user's review tools on stdin/stdout."""
-    from nsbox.mcp_server import _require_sdk
-
-    _require_sdk()
+    require_sdk()
     import anyio
-
-    from nsbox.cli.session import request
 
     request(session_id, {"op": "info"})  # a session of this user, before the handshake
     server = build_review_server(Reviewer(session_id))
@@ -164,10 +121,6 @@ def serve_review(session_id: str) -> None:
 def publish_for_review(session: Session) -> None:
     """Make the agent's session reachable by the user's review tools, served by a thread of
     this process until the session ends; its id goes to stderr (stdout is the protocol)."""
-    import sys
-
-    from nsbox.cli.supervisor import publish
-
     supervisor = publish(session, None)
     threading.Thread(target=supervisor.serve, name="nsbox-review", daemon=True).start()
     print(f"nsbox mcp: review the agent's changes with `nsbox session diff {session.id}`, "

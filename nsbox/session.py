@@ -5,12 +5,8 @@ sandbox and then stays as the sandbox's pid 1, serving commands (nsbox/sandbox/s
 documents the protocol). The workspace, /tmp and every mount live as long as the session; each
 command runs in a pid namespace of its own inside it, with its own deadline, output cap and Result.
 
-Files move only as data, through the sandbox: the host never opens a path inside the workspace
-itself (the sandbox could have turned it into a symlink, a FIFO or a 1 TB sparse file since the
-host looked). A file operation is a small command the init runs as the sandbox's user without
-capabilities: it walks the path without following symlinks, checks with fstat that it opened a
-regular file with one name, and sends at most the size it saw. The host checks the SHA-256 of
-what arrived.
+Files move only as data, through the sandbox (nsbox/sessionfiles.py); a project session's
+changes reach the project only when applied (nsbox/sessionreview.py).
 
 The session ends on ``close()``, when idle for ``idle_timeout`` seconds, or when the host
 process ends in any way: the helper sees end-of-file and kills the session's pid 1, which ends
@@ -20,89 +16,40 @@ every process, mount and tmpfs of the sandbox.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import secrets
 import selectors
 import signal
 import socket
-import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from nsbox import _wire, launcher, rules
+from nsbox import _wire, launcher
 from nsbox import inputs as doors
-from nsbox import plan as planmod
-from nsbox.errors import (
-    FileTransferError,
-    LaunchError,
-    NsboxError,
-    PolicyError,
-    SessionClosed,
-)
+from nsbox._wire import InitEvent, InitRequest, WireCommand
+from nsbox.errors import LaunchError, NsboxError, SessionClosed
 from nsbox.host import audit as auditmod
 from nsbox.host import project as projectmod
 from nsbox.host.network import RunNetwork
-from nsbox.policy import Bind, MiB, Policy
+from nsbox.policy import Policy
 from nsbox.result import Result, Status
+from nsbox.sessionfiles import CopyLimits, FileInfo
+from nsbox.sessionpolicy import check_ask, check_copy_limits, check_inputs, input_mount, policy_for
+from nsbox.sessionreview import ProjectReview
+
+__all__ = ["CopyLimits", "FileInfo", "Session", "input_mount"]
 
 DEFAULT_IDLE_TIMEOUT = 600.0  # seconds without a command before the session expires
 START_TIMEOUT = 30.0
 # After a command's deadline the init kills it; should the init fail to (it lives in the
 # sandbox), the host kills the whole session this much later.
 BACKSTOP = 5.0
-FILE_OP_TIMEOUT = 60.0
-INPUT_DIR = "/input"
 
 
-@dataclass(frozen=True)
-class FileInfo:
-    """A regular file in the sandbox: ``path`` relative to the listed directory."""
-
-    path: str
-    size: int
-    sha256: str
-    mode: int = 0o644
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256}
-
-
-@dataclass(frozen=True)
-class CopyLimits:
-    """Caps on what leaves the sandbox: per file, number of files, bytes in all."""
-
-    max_file_size: int = 64 * MiB
-    max_files: int = 1000
-    max_total: int = 256 * MiB
-
-
-def input_mount(spec: str) -> Bind:
-    """``HOST_PATH[:NAME]`` -> a read-only bind of HOST_PATH at /input/NAME."""
-    source, sep, name = spec.rpartition(":")
-    if not sep:
-        source, name = spec, ""
-    if not source:
-        raise PolicyError(f"{spec!r}: expected HOST_PATH[:NAME]", key="input")
-    name = name or os.path.basename(os.path.normpath(source))
-    if not name or name in (".", "..") or "/" in name or "\0" in name:
-        raise PolicyError(f"{spec!r}: the name under {INPUT_DIR} must be one path component",
-                          key="input")
-    if not os.path.exists(source):
-        # A refused path is refused by its rule, whether or not it exists on this host; one
-        # that exists meets the rules (with the policy's allow_rules) in Policy and the plan.
-        rules.check_spelling(rules.resolve(os.path.abspath(source), "input"), False, (),
-                             "input")
-        raise PolicyError(f"{spec!r}: {source} does not exist", key="input",
-                          hint="check the path of the input")
-    return Bind(os.path.abspath(source), f"{INPUT_DIR}/{name}", writable=False)
-
-
-class Session:
+class Session(ProjectReview):
     """One sandbox for several commands. Use as a context manager::
 
         with nsbox.Session(timeout=10) as s:
@@ -136,41 +83,31 @@ class Session:
         ask: Callable[[str, int], bool] | None = None,
     ) -> None:
         self._closed = True  # until started: nothing for close() or __del__ to end
+        # The start steps, in order; a bad value fails before anything is opened.
         workspace = doors.optional_path(workspace, "workspace")
         audit = doors.optional_path(audit, "audit")
         env = doors.env(env)
         timeout = doors.optional_seconds(timeout, "timeout")
         output_limit = doors.output_limit(output_limit)
         idle_timeout = doors.optional_seconds(idle_timeout, "idle_timeout")
-        if copy_limits is not None and not isinstance(copy_limits, CopyLimits):
-            raise PolicyError(f"expected a nsbox.CopyLimits, got {doors.quote(copy_limits)}",
-                              key="copy_limits")
-        if isinstance(inputs, str) or not isinstance(inputs, (list, tuple)):
-            raise PolicyError(f"expected a list of HOST_PATH[:NAME], got {doors.quote(inputs)}",
-                              key="inputs", hint=f"did you mean [{doors.quote(inputs)}]?"
-                              if isinstance(inputs, str) else None)
-        for spec in inputs:
-            doors.text(spec, "inputs")
-        policy = launcher.choose_policy(policy, profile)
-        if workspace is not None:
-            policy = policy.replace(workspace=workspace)
-        if project is not None:
-            policy = policy.replace(project=projectmod.source(doors.path(project, "project")))
-        if inputs:
-            policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
-        if policy.seccomp.log_denied:
-            # The learning-mode listener is handed over once per launch, not per command.
-            raise PolicyError("seccomp learning mode is not available in a session",
-                              key="seccomp.log_denied", hint="use nsbox run --seccomp-log")
-        if ask is not None and (not callable(ask) or policy.network.effective_mode != "allow"):
-            raise PolicyError(
-                "ask needs a callable and network mode allow with at least one entry"
-                if callable(ask) else f"expected a callable, got {doors.quote(ask)}",
-                key="ask", hint="e.g. Network(mode='allow', allow=('pypi.org',)): hosts not "
-                "on the list are put to ask(host, port)")
+        check_copy_limits(copy_limits)
+        check_inputs(inputs)
+        policy = policy_for(launcher.choose_policy(policy, profile), workspace, project, inputs)
+        check_ask(ask, policy)
         # The project as the session found it: recorded before the sandbox starts (and before
         # anything is opened that a failure here would have to close).
         project_state = projectmod.Project(policy) if policy.project is not None else None
+        self._set_up(policy, timeout=timeout, output_limit=output_limit,
+                     idle_timeout=idle_timeout, copy_limits=copy_limits, env=env, audit=audit,
+                     ask=ask, project=project_state)
+        self._start_or_clean_up()
+
+    def _set_up(self, policy: Policy, *, timeout: float | None, output_limit: int | None,
+                idle_timeout: float | None, copy_limits: CopyLimits | None,
+                env: dict[str, str] | None, audit: str | None,
+                ask: Callable[[str, int], bool] | None,
+                project: projectmod.Project | None) -> None:
+        """The session's state, before its sandbox starts."""
         self.policy = policy
         self.id = secrets.token_hex(6)
         self.timeout = timeout if timeout is not None else policy.limits.wall_time
@@ -188,13 +125,16 @@ class Session:
         self._current: socket.socket | None = None  # the running command's socket
         self._audit = auditmod.AuditLog(audit) if audit else None
         self._heads: tuple[bytes, bytes] = (b"", b"")  # of the last command's output
-        self._written: list[dict[str, Any]] = []  # files the caller wrote since the last run
-        self._known: dict[str, str] = {}  # path -> sha256 after the last run (for the audit)
+        self._written = []  # files the caller wrote since the last run
+        self._known = {}  # path -> sha256 after the last run (for the audit)
         # The callback lives here, not in the Policy, which stays hashable and serializable.
         self._net = RunNetwork(policy.network, ask)  # allow mode: the session's proxy
         self._net_seen = 0  # proxy log entries reported with earlier commands
         self._net_answered = 0  # and answers of ``ask``
-        self._project = project_state
+        self._project = project
+
+    def _start_or_clean_up(self) -> None:
+        """Launch the session's sandbox; on failure close what the state opened."""
         try:
             self._ctl, self._launch = self._start()
         except BaseException:
@@ -261,10 +201,10 @@ class Session:
                                 launcher._result(message, 0, [], 0, 0.0)  # raises the error
                             raise LaunchError("the session's sandbox ended while starting")
                     else:
-                        message = _message(ctl.recv(65536))
-                        if message is None:
+                        event: InitEvent | None = _message(ctl.recv(65536))
+                        if event is None:
                             selector.unregister(ctl)  # the helper's exit report says why
-                        elif message.get("event") == "ready":
+                        elif event.get("event") == "ready":
                             ready = True
 
     def _on_launch_message(self, launch: socket.socket) -> dict[str, Any] | None:
@@ -375,8 +315,10 @@ class Session:
         plan = launcher.build_plan(self.policy, cmd.argv, env=command_env, cwd=cmd.cwd,
                                    wall_time=timeout, check_sources=False)
         wire = plan.to_wire()
-        command = {key: wire[key] for key in ("argv", "env", "cwd", "rlimits", "seccomp_bpf",
-                                              "wall_time")}
+        command: WireCommand = {
+            "argv": wire["argv"], "env": wire["env"], "cwd": wire["cwd"],
+            "rlimits": wire["rlimits"], "seccomp_bpf": wire["seccomp_bpf"],
+            "wall_time": wire["wall_time"]}
         sinks = _sinks or ((1, 2) if passthrough else (None, None))
         with self._lock:
             result: Result | None = None
@@ -396,11 +338,12 @@ class Session:
                     self._record(cmd.argv, command_env, data, timeout, cap, result, error,
                                  heads)
 
-    def _command(self, request: dict[str, Any], stdin: bytes | int | None, cap: int,
+    def _command(self, request: InitRequest, stdin: bytes | int | None, cap: int,
                  sinks: tuple[int | None, int | None], timeout: float | None) -> Result:
         self._check_open()
         started = time.monotonic()
-        out_r, err_r, ours = launcher._submit_with_streams(self._send_command, request, stdin)
+        out_r, err_r, ours = launcher._submit_with_streams(self._send_command, dict(request),
+                                                           stdin)
         head = auditmod.HEAD if self._audit else 0
         streams = [launcher._Stream(out_r, sinks[0], head_limit=head),
                    launcher._Stream(err_r, sinks[1], head_limit=head)]
@@ -438,7 +381,7 @@ class Session:
             result.stderr = b""
         return result
 
-    def _send_command(self, request: dict[str, Any], fds: list[int]) -> None:
+    def _send_command(self, request: InitRequest, fds: list[int]) -> None:
         try:
             _wire.send(self._ctl, request, fds)  # any size (nsbox/_wire.py)
         except OSError as exc:
@@ -491,227 +434,13 @@ class Session:
             raise SessionClosed(self._ended_reason)
 
     # --- files -------------------------------------------------------------------------------
-
-    def _file_op(self, op: dict[str, Any], stdin: bytes | None = None,
-                 cap: int = 16 * MiB) -> bytes:
-        op = {"wall_time": FILE_OP_TIMEOUT, **op}
-        with self._lock:
-            result = self._command({"cmd": "file", "op": op}, stdin, cap, (None, None),
-                                   FILE_OP_TIMEOUT)
-        if result.status is Status.OK:
-            return result.stdout
-        if result.status is Status.OL and op["kind"] == "get":
-            raise FileTransferError(str(op.get("path", "")),
-                                    f"too large: more than {op.get('max_size')} bytes")
-        if result.exit_code == 1:
-            try:
-                info = json.loads(result.stderr)
-                raise FileTransferError(str(info.get("path", "")), str(info["reason"]))
-            except (ValueError, KeyError, TypeError):
-                pass
-        raise FileTransferError(str(op.get("path", "")),
-                                f"the file operation failed ({result.status.value})")
-
-    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        """Write ``data`` to ``path`` in the sandbox (relative paths are under /workspace),
-        creating parent directories; never through a symlink or into a FIFO."""
-        path = doors.path(path, "path")
-        doors.whole(mode, "mode", 0, 0o7777, "a mode (an int, e.g. 0o644)")
-        if isinstance(data, str):
-            data = data.encode()
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise PolicyError(f"expected bytes or str, got {type(data).__name__} "
-                              f"{doors.quote(data)}", key="data")
-        data = bytes(data)
-        self._file_op({"kind": "put", "path": path, "mode": mode}, data)
-        if self._audit is not None:
-            described = auditmod.describe_data(data)
-            self._written.append({"path": path, **described})
-            # What the caller wrote is not something a command produced.
-            rel = path[len(planmod.WORKSPACE) + 1:] if path.startswith(
-                planmod.WORKSPACE + "/") else path
-            self._known[rel] = described["sha256"]
-
-    def read_file(self, path: str, *, max_size: int | None = None) -> bytes:
-        """The content of the regular file ``path`` in the sandbox. Refuses symlinks, FIFOs,
-        devices, hard links and files over ``max_size`` (default: the per-file copy limit)."""
-        path = doors.path(path, "path")
-        if max_size is not None:
-            doors.size(max_size, "max_size", low=0)
-        limit = max_size if max_size is not None else self.copy_limits.max_file_size
-        # Room for the sandbox's error report on stderr (a refusal is no partial file).
-        data = self._file_op({"kind": "get", "path": path, "max_size": limit},
-                             cap=limit + 65536)
-        if len(data) > limit:
-            raise FileTransferError(path, f"too large: more than {limit} bytes")
-        return data
-
-    def files(self, patterns: Iterable[str] = ("*",), root: str = planmod.WORKSPACE,
-              *, skipped: list[tuple[str, str]] | None = None) -> list[FileInfo]:
-        """The regular files below ``root`` whose relative path matches one of ``patterns``
-        (fnmatch: ``*`` also matches ``/``), with sizes and SHA-256. What is not copyable
-        (symlinks, FIFOs, devices, hard links, over the caps) is left out; pass a list as
-        ``skipped`` to get (path, reason) for each."""
-        limits = self.copy_limits
-        data = self._file_op({"kind": "list", "path": root, "patterns": list(patterns),
-                              "max_files": limits.max_files, "max_size": limits.max_file_size,
-                              "max_total": limits.max_total})
-        try:
-            listing = json.loads(data)
-            found = [FileInfo(str(f["path"]), int(f["size"]), str(f["sha256"]),
-                              int(f["mode"])) for f in listing["files"]]
-            if skipped is not None:
-                skipped.extend((str(s["path"]), str(s["reason"])) for s in listing["skipped"])
-        except (ValueError, KeyError, TypeError):
-            raise FileTransferError(root, "the sandbox sent a malformed listing") from None
-        for info in found:
-            _check_relative(info.path)
-        return found
-
-    def copy_out(self, dest: str, patterns: Iterable[str] = ("*",),
-                 root: str = planmod.WORKSPACE,
-                 *, skipped: list[tuple[str, str]] | None = None) -> list[FileInfo]:
-        """Copy the files ``files(patterns, root)`` lists into the host directory ``dest``
-        (created if missing), keeping their relative paths. Returns what was copied."""
-        found = self.files(patterns, root, skipped=skipped)
-        try:
-            os.makedirs(dest, exist_ok=True)
-            dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise FileTransferError(dest, f"cannot use it as the destination: "
-                                          f"{exc.strerror or exc}") from None
-        try:
-            for info in found:
-                data = self.read_file(f"{root.rstrip('/')}/{info.path}", max_size=info.size)
-                if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
-                    raise FileTransferError(info.path, "changed while it was copied")
-                try:
-                    _write_below(dest_fd, info.path, data,
-                                 0o755 if info.mode & 0o100 else 0o644)
-                except OSError as exc:
-                    reason = ("a symlink or non-directory is in the way at the destination"
-                              if exc.errno in (errno.ELOOP, errno.ENOTDIR)
-                              else exc.strerror or str(exc))
-                    raise FileTransferError(os.path.join(dest, info.path), reason) from None
-        finally:
-            os.close(dest_fd)
-        return found
-
-    # --- project review ----------------------------------------------------------------------
-
-    @property
-    def masked(self) -> list[str]:
-        """The project's secrets covered with an empty read-only file in the sandbox."""
-        return list(self._project.masked) if self._project is not None else []
-
-    def _project_or_refuse(self) -> projectmod.Project:
-        if self._project is None:
-            raise PolicyError("this session has no project workspace", key="project",
-                              hint="start it with Session(project=DIR) or --project DIR")
-        return self._project
-
-    def changes(self, *, diff: bool = True) -> list[projectmod.Change]:
-        """What the sandbox changed in the project: added, modified, deleted files and
-        directories, mode changes, symlinks and what cannot be applied (hard links, FIFOs,
-        files over the copy limit), each text file with a unified diff (``diff``)."""
-        project = self._project_or_refuse()
-        data = self._file_op({"kind": "changes", "max_entries": projectmod.MAX_CHANGES,
-                              "max_size": self.copy_limits.max_file_size})
-        try:
-            listing = json.loads(data)["entries"]
-            found = project.changes(listing)
-        except (ValueError, KeyError, TypeError):
-            raise FileTransferError(projectmod.UPPER, "the sandbox sent a malformed listing"
-                                    ) from None
-        if not diff:
-            return found
-        contents = self._upper([c for c in found if c.size is not None
-                                and c.size <= projectmod.DIFF_MAX])
-        return [project.with_diff(c, contents.get(c.path)) for c in found]
-
-    def _upper(self, changes: list[projectmod.Change]) -> dict[str, bytes]:
-        """The sandbox's version of the changed files, read in batches (one file operation
-        for many files), each checked against the SHA-256 it was listed with."""
-        wanted = [c for c in changes if c.kind in ("added", "modified") and not c.is_dir
-                  and c.size is not None and c.sha256 is not None]
-        contents: dict[str, bytes] = {}
-        batch: list[projectmod.Change] = []
-        for change in wanted:
-            batch.append(change)
-            if sum(c.size or 0 for c in batch) >= self.copy_limits.max_file_size:
-                contents.update(self._read_batch(batch))
-                batch = []
-        if batch:
-            contents.update(self._read_batch(batch))
-        return contents
-
-    def _read_batch(self, batch: list[projectmod.Change]) -> dict[str, bytes]:
-        total = sum(c.size or 0 for c in batch)
-        data = self._file_op({"kind": "getmany", "max_size": self.copy_limits.max_file_size,
-                              "paths": [f"{projectmod.UPPER}/{c.path}" for c in batch]},
-                             cap=total + 65536)
-        if len(data) != total:
-            raise FileTransferError(batch[0].path, "changed while it was read")
-        contents, offset = {}, 0
-        for change in batch:
-            part = data[offset:offset + (change.size or 0)]
-            offset += change.size or 0
-            if hashlib.sha256(part).hexdigest() != change.sha256:
-                raise FileTransferError(change.path, "changed while it was read")
-            contents[change.path] = part
-        return contents
-
-    def apply(self, paths: Sequence[str] | None = None) -> projectmod.ApplyReport:
-        """Write the chosen changes (all, or those at or below ``paths``) into the project
-        directory, as this process, atomically per file. A change whose host file changed
-        since the session started is a conflict and is not written."""
-        project = self._project_or_refuse()
-        chosen = _choose(self.changes(diff=False), paths)
-        report = projectmod.ApplyReport()
-        with self._lock:
-            contents = self._upper([c for c in chosen if c.applicable and not c.conflict])
-            for change in projectmod.order(chosen):
-                if not change.applicable:
-                    report.refused.append((change.path, change.reason or change.kind))
-                elif change.conflict or project.conflict(change):
-                    report.conflicts.append(change.path)
-                else:
-                    try:
-                        self._apply_one(project, change, contents)
-                    except (OSError, NsboxError) as exc:
-                        report.refused.append((change.path, getattr(exc, "strerror", None)
-                                               or str(exc)))
-                        continue
-                    report.applied.append(change.path)
-        return report
-
-    def _apply_one(self, project: projectmod.Project, change: projectmod.Change,
-                   contents: dict[str, bytes]) -> None:
-        if change.kind == "deleted":
-            project.remove(change)
-        elif change.kind == "mode":
-            project.chmod(change)
-        elif change.is_dir:
-            project.make_dir(change)
-        else:
-            project.write(change, contents[change.path])
-
-    def discard(self, paths: Sequence[str] | None = None) -> list[str]:
-        """Drop the chosen changes from review: they are not listed or applied (unless the
-        sandbox changes them again). The sandbox keeps its own view until the session ends;
-        nothing reaches the host."""
-        project = self._project_or_refuse()
-        chosen = _choose(self.changes(diff=False), paths)
-        project.discard(chosen)
-        return [c.path for c in chosen]
-
     # --- audit -------------------------------------------------------------------------------
 
     def _record(self, argv: Sequence[str], env: dict[str, str], stdin: bytes | int | None,
                 timeout: float | None, cap: int, result: Result | None,
                 error: NsboxError | None, heads: tuple[bytes, bytes]) -> None:
         assert self._audit is not None
-        produced: list[dict[str, Any]] = []
+        produced: list[Any] = []  # FileEntry each, or the error that stopped the listing
         if self.alive:
             try:
                 now = {f.path: f for f in self.files()}
@@ -733,7 +462,8 @@ class Session:
         self._audit.write(record, secrets=shown.values())
 
 
-def _message(data: bytes) -> dict[str, Any] | None:
+def _message(data: bytes) -> Any:
+    """A JSON object, or None at end-of-file."""
     if not data:
         return None
     try:
@@ -743,99 +473,3 @@ def _message(data: bytes) -> dict[str, Any] | None:
     if not isinstance(message, dict):
         raise LaunchError("the session's sandbox sent a malformed message")
     return message
-
-
-def _choose(changes: list[projectmod.Change],
-            paths: Sequence[str] | None) -> list[projectmod.Change]:
-    if paths is None:
-        return changes
-    if isinstance(paths, str):
-        raise PolicyError(f"expected a list of paths, got {paths!r}", key="paths",
-                          hint=f"did you mean [{paths!r}]?")
-    wanted = [doors.text(p, "paths").strip("/") for p in paths]
-    return [c for c in changes
-            if any(c.path == w or c.path.startswith(w + "/") for w in wanted)]
-
-
-def _check_relative(path: str) -> None:
-    """A listed path comes from inside the sandbox: it must stay below the destination."""
-    parts = path.split("/")
-    if path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in path:
-        raise FileTransferError(path, "the sandbox listed a path that leaves its directory")
-
-
-def _write_below(dest_fd: int, path: str, data: bytes, mode: int) -> None:
-    """Write ``data`` at ``path`` below the directory ``dest_fd``, creating directories and
-    never following a symlink on the way."""
-    _check_relative(path)
-    *dirs, name = path.split("/")
-    fd = os.dup(dest_fd)
-    try:
-        for part in dirs:
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-            try:
-                next_fd = os.open(part, flags, dir_fd=fd)
-            except FileNotFoundError:
-                os.mkdir(part, 0o755, dir_fd=fd)
-                next_fd = os.open(part, flags, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                      | os.O_CLOEXEC, mode, dir_fd=fd)
-        try:
-            if not stat.S_ISREG(os.fstat(out).st_mode):
-                raise FileTransferError(path, "the destination is not a regular file")
-            os.ftruncate(out, 0)
-            view = memoryview(data)
-            try:
-                while view:
-                    view = view[os.write(out, view):]
-            except OSError:
-                os.unlink(name, dir_fd=fd)  # no truncated copy is left behind (ENOSPC)
-                raise
-        finally:
-            os.close(out)
-    finally:
-        os.close(fd)
-
-
-def run_audited(argv: Sequence[str], policy: Policy, *, audit: str, stdin: bytes | int | None,
-                timeout: float | None, output_limit: int | None, env: dict[str, str] | None,
-                workspace: str | None, cwd: str | None, passthrough: bool) -> Result:
-    """``nsbox.run`` with an audit record: one command in a session of its own, so that the
-    files it produced can be listed (and hashed) before the sandbox goes away."""
-    if policy.seccomp.log_denied:
-        # Learning mode needs a launch of its own; the record then lists no produced files.
-        return _run_audited_plain(argv, policy, audit=audit, stdin=stdin, timeout=timeout,
-                                  output_limit=output_limit, env=env, workspace=workspace,
-                                  cwd=cwd, passthrough=passthrough)
-    with Session(policy, workspace=workspace, env=env, audit=audit, idle_timeout=None,
-                 timeout=timeout, output_limit=output_limit) as session:
-        return session.run(argv, stdin=stdin, cwd=cwd, passthrough=passthrough)
-
-
-def _run_audited_plain(argv: Sequence[str], policy: Policy, *, audit: str,
-                       stdin: bytes | int | None, timeout: float | None,
-                       output_limit: int | None, env: dict[str, str] | None,
-                       workspace: str | None, cwd: str | None, passthrough: bool) -> Result:
-    log = auditmod.AuditLog(audit)
-    result: Result | None = None
-    error: NsboxError | None = None
-    try:
-        result = launcher.run(list(argv), policy, stdin=stdin, timeout=timeout,
-                              output_limit=output_limit, env=env, workspace=workspace, cwd=cwd,
-                              passthrough=passthrough)
-        return result
-    except NsboxError as exc:
-        error = exc
-        raise
-    finally:
-        cap = output_limit if output_limit is not None else policy.limits.output
-        shown = auditmod.set_env(policy, env or {})
-        record = auditmod.command_record(
-            argv=argv, policy=policy, session=None, env=shown, stdin=stdin,
-            timeout=timeout if timeout is not None else policy.limits.wall_time,
-            output_limit=cap, result=result, error=error)
-        record["files_produced"] = None  # not listed: the sandbox is gone
-        log.write(record, secrets=shown.values())
-        log.close()

@@ -13,7 +13,7 @@ import pytest
 from conftest import PYTHON
 from sessiontools import UserRunner, sleepers, user_runner, wait_until
 
-from nsbox.cli.supervisor import _ensure_private, runtime_dir
+from nsbox.supervisor import _ensure_private, runtime_dir
 
 
 @pytest.fixture(params=["caller", "unprivileged"])
@@ -103,6 +103,33 @@ def test_killed_supervisor_leaves_nothing(cli: Cli):
             client.wait()
     assert cli("session", "ls").stdout == b""  # which removes what the supervisor left
     assert list((cli.runtime / "nsbox").iterdir()) == []
+
+
+def test_session_ls_keeps_an_older_supervisor_and_drops_a_stale_record(cli: Cli):
+    # A supervisor is recognized by its command line, also one an older nsbox started as
+    # `python -m nsbox._supervisor`; a record whose pid runs something else is stale.
+    assert cli("session", "ls").returncode == 0  # makes the private directory
+    directory = cli.runtime / "nsbox"
+    old = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(60)", "-m",
+                            "nsbox._supervisor"])
+    other = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(60)"])
+    try:
+        for sid, pid in (("0123456789ab", old.pid), ("ba9876543210", other.pid)):
+            record = {"id": sid, "pid": pid, "started": 0.0, "workspace": None}
+            (directory / f"{sid}.json").write_text(json.dumps(record))
+            (directory / f"{sid}.sock").write_text("")
+            for name in (f"{sid}.json", f"{sid}.sock"):
+                os.chown(directory / name, cli.user.uid, cli.user.uid)
+        listed = cli("session", "ls")
+        assert listed.returncode == 0, listed.stderr
+        assert [line.split()[0] for line in listed.stdout.decode().splitlines()] == [
+            "0123456789ab"]
+        assert sorted(p.name for p in directory.iterdir()) == [
+            "0123456789ab.json", "0123456789ab.sock"]
+    finally:
+        for proc in (old, other):
+            proc.kill()
+            proc.wait()
 
 
 def test_run_with_input_collect_and_audit(cli: Cli, unprivileged_tmp: Path):

@@ -684,7 +684,7 @@ def test_nothing_outlives_the_connection(server: Server, unprivileged_tmp: Path,
 
 
 def test_path_errors_quote_the_path_as_the_agent_gave_it():
-    from nsbox.mcp_server import ToolInputError, workspace_name
+    from nsbox.mcp_tools import ToolInputError, workspace_name
 
     with pytest.raises(ToolInputError, match=r"^'/workspace/\.\./tmp/x' uses '\.\.'"):
         workspace_name("/workspace/../tmp/x")

@@ -319,7 +319,7 @@ def test_mcp_agent_sees_changes_and_only_the_user_applies(as_user: UserRunner, p
     runtime.mkdir(mode=0o700)
     os.chown(runtime, as_user.uid, as_user.uid)
     body = """
-from nsbox.mcp_server import ServerConfig, Workbench
+from nsbox.mcp_tools import ServerConfig, Workbench
 from nsbox.mcp_review import AGENT_TOOLS, REVIEW_TOOLS, Reviewer, publish_for_review
 s = nsbox.Session(project={project!r})
 publish_for_review(s)

@@ -21,22 +21,14 @@ MAX_LINES = 500
 
 # "path:function" -> why it is over MAX_COMPLEXITY for now.
 COMPLEX = {
-    "nsbox/cli/supervisor.py:Supervisor.dispatch":
-        "one branch per session operation (diff, apply, discard came with project workspaces); "
-        "to become a table of handlers",
-    "nsbox/session.py:Session.__init__":
-        "the project workspace and ask callback added steps; to become named start steps",
 }
 
 # path -> why it is over MAX_LINES for now.
 LONG = {
-    "nsbox/session.py": "Session and its file transfer, to be split when its work settles",
     "nsbox/host/seccomp.py": "the built-in rules, the compiler and the cache, to be three",
     "nsbox/host/netproxy.py": "the proxy's HTTP parsing and its relay, to be two",
     "nsbox/rules.py": "the rule book and the resolved-path checks, to be two",
     "nsbox/ray.py": "the executor actors and the client, to be two",
-    "nsbox/mcp_server.py": "the tools and the server loop, to be two",
-    "nsbox/cli/session.py": "the session commands and the project review commands, to be two",
 }
 
 

@@ -1,18 +1,17 @@
-"""``nsbox session ...`` and the session-backed parts of ``nsbox run`` (--collect).
+"""``nsbox session ...`` and the session-backed parts of ``nsbox run`` (--collect, --project).
 
 A command-line session outlives ``nsbox session start``: a detached supervisor process holds it
-(nsbox/cli/supervisor.py documents its protocol); the other subcommands talk to that supervisor
-over a unix socket in the user's private runtime directory.
+(nsbox/cli/supervisor.py); the other subcommands talk to that supervisor over a unix socket in
+the user's private runtime directory (nsbox/supervisor.py documents the protocol). The project
+review commands (diff, apply, discard) are in nsbox/cli/review.py.
 """
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import pickle
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -21,15 +20,16 @@ from typing import Any
 import click
 
 from nsbox import errors
+from nsbox._wire import FileEntry, SupervisorRequest, SupervisorStart
 from nsbox.cli import options as _options
+from nsbox.cli import review
 from nsbox.cli import run as _cli_run
-from nsbox.cli.supervisor import runtime_dir
 from nsbox.errors import NsboxError
 from nsbox.policy import Policy
 from nsbox.result import Result, Status
 from nsbox.session import Session, input_mount
+from nsbox.supervisor import forget_stale, records, request, runtime_dir
 
-ID_RE = re.compile(r"^[0-9a-f]{12}$")
 REMOTE_RE = re.compile(r"^([0-9a-f]{12}):(.*)$", re.S)
 
 
@@ -37,57 +37,6 @@ def _cli() -> Any:
     from nsbox.cli import commands as cli  # the shared helpers (_fail, option parsers)
 
     return cli
-
-
-# --- talking to a supervisor -----------------------------------------------------------------
-
-
-def _socket_path(session_id: str) -> str:
-    if not ID_RE.match(session_id):
-        raise NsboxError(f"{session_id!r} is not a session id (12 hex digits; see "
-                         "`nsbox session ls`)")
-    return os.path.join(runtime_dir(), f"{session_id}.sock")
-
-
-def request(session_id: str, message: dict[str, Any], fds: tuple[int, ...] | list[int] = ()
-            ) -> dict[str, Any]:
-    path = _socket_path(session_id)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
-        try:
-            conn.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError):
-            _forget_stale()
-            raise errors.SessionClosed(f"no session {session_id} (it may have ended or expired)"
-                                       ) from None
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        conn.sendmsg([json.dumps(message).encode()], rights)
-        data = conn.recv(16 * 1024 * 1024)
-    if not data:
-        raise errors.SessionClosed(f"session {session_id} ended during the request")
-    reply = json.loads(data)
-    if "error" in reply:
-        raise _error_from(reply["error"])
-    return reply
-
-
-def _error_from(info: dict[str, Any]) -> NsboxError:
-    """The supervisor's error reply as the exception the library raised there."""
-    return errors.from_wire(info)
-
-
-def _records() -> list[dict[str, Any]]:
-    directory = runtime_dir()
-    found = []
-    for name in sorted(os.listdir(directory)):
-        if not name.endswith(".json"):
-            continue
-        try:
-            fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd) as f:
-                found.append(json.load(f))
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def _supervisor_env() -> dict[str, str] | None:
@@ -102,26 +51,6 @@ def _supervisor_env() -> dict[str, str] | None:
         return None  # an installed or checked-out package: found as usual
     paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-
-
-def _alive(record: dict[str, Any]) -> bool:
-    try:
-        with open(f"/proc/{int(record['pid'])}/cmdline", "rb") as f:
-            return b"nsbox.cli.supervisor" in f.read()
-    except (OSError, KeyError, ValueError):
-        return False
-
-
-def _forget_stale() -> None:
-    """Remove the socket and record of sessions whose supervisor is gone (killed, crashed)."""
-    directory = runtime_dir()
-    for record in _records():
-        if not _alive(record) and ID_RE.match(str(record.get("id", ""))):
-            for suffix in (".sock", ".json"):
-                try:
-                    os.unlink(os.path.join(directory, record["id"] + suffix))
-                except OSError:
-                    pass
 
 
 # --- the commands ----------------------------------------------------------------------------
@@ -238,10 +167,10 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
         policy = policy.replace(network=from_options(policy.network, net_mode, allow_host))
         policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
         runtime_dir()
-        _forget_stale()
+        forget_stale()
     except NsboxError as error:
         cli._fail(error)
-    settings_for_supervisor = {
+    settings_for_supervisor: SupervisorStart = {
         "policy": policy, "idle_timeout": idle_timeout,
         "audit": os.path.abspath(audit) if audit else None,
     }
@@ -261,7 +190,7 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
         return
     proc.wait()
     if line.startswith("error "):
-        cli._fail(_error_from(json.loads(line[6:])["error"]))
+        cli._fail(errors.from_wire(json.loads(line[6:])["error"]))
     cli._fail(NsboxError("the session supervisor failed to start"))
 
 
@@ -289,7 +218,7 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         command = command[1:]
     if not command:
         raise click.UsageError("Missing argument 'COMMAND...'.")
-    message = {"op": "exec", "argv": list(command), "env": _parse_env(env),
+    message: SupervisorRequest = {"op": "exec", "argv": list(command), "env": _parse_env(env),
                "timeout": wall_time, "output_limit": output_limit, "cwd": cwd}
     sinks: list[int] = []
     try:
@@ -384,11 +313,11 @@ def ls_(session_id: str | None, patterns: tuple[str, ...]) -> None:
             reply = request(session_id, {"op": "files", "patterns": list(patterns) or ["*"]})
             for item in reply["files"]:
                 click.echo(f"{item['size']:>10}  {item['sha256']}  {json.dumps(item['path'])}")
-            for item in reply["skipped"]:
-                click.echo(f"skipped {json.dumps(item['path'])}: {item['reason']}", err=True)
+            for skip in reply["skipped"]:
+                click.echo(f"skipped {json.dumps(skip['path'])}: {skip['reason']}", err=True)
             return
-        _forget_stale()
-        for record in _records():
+        forget_stale()
+        for record in records():
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["started"]))
             click.echo(f"{record['id']}  pid {record['pid']}  started {started}  "
                        f"workspace {record.get('workspace') or 'tmpfs'}")
@@ -416,8 +345,8 @@ def collect(session_id: str, patterns: tuple[str, ...], dest: str) -> None:
         return
     for item in reply["files"]:
         click.echo(f"{item['size']:>10}  {item['sha256']}  {json.dumps(item['path'])}")
-    for item in reply["skipped"]:
-        click.echo(f"nsbox: not collected: {json.dumps(item['path'])}: {item['reason']}",
+    for skip in reply["skipped"]:
+        click.echo(f"nsbox: not collected: {json.dumps(skip['path'])}: {skip['reason']}",
                    err=True)
 
 
@@ -436,98 +365,8 @@ def stop(session_id: str) -> None:
         _cli()._fail(error)
 
 
-# --- project review: diff, apply, discard ---------------------------------------------------
-
-
-def _print_change(item: dict[str, Any], with_diff: bool) -> None:
-    kind = item["kind"]
-    note = " (conflict: changed on the host since the session started)" if item.get(
-        "conflict") else ""
-    if item.get("reason"):
-        note += f" (not applied: {item['reason']})"
-    if kind == "mode":
-        note += f" {item.get('old_mode')} -> {item.get('mode')}"
-    elif kind == "symlink":
-        note += f" -> {json.dumps(item.get('target'))}"
-    elif item.get("binary"):
-        note += f" binary, {item.get('size')} bytes, sha256 {item.get('sha256')}"
-    slash = "/" if item.get("is_dir") else ""
-    click.echo(f"{kind:>9}  {json.dumps(item['path'])[1:-1]}{slash}{note}")
-    if with_diff and item.get("diff"):
-        click.echo(item["diff"], nl=not item["diff"].endswith("\n"))
-
-
-@session.command()
-@click.argument("session_id", metavar="ID")
-@click.argument("paths", metavar="[PATH]...", nargs=-1)
-@click.option("--stat", "summary", is_flag=True, help="One line per change, no diffs.")
-@click.option("--json", "as_json", is_flag=True, help="Print the changes as JSON.")
-def diff(session_id: str, paths: tuple[str, ...], summary: bool, as_json: bool) -> None:
-    """List what session ID changed in its project (--project), with diffs of text files.
-
-    \b
-    Example:
-      nsbox session diff $ID
-    """
-    try:
-        reply = request(session_id, {"op": "changes", "paths": list(paths) or None})
-    except NsboxError as error:
-        _cli()._fail(error)
-        return
-    if as_json:
-        click.echo(json.dumps(reply))
-        return
-    for item in reply["changes"]:
-        _print_change(item, not summary)
-
-
-def _decide(op: str, session_id: str, paths: tuple[str, ...]) -> dict[str, Any]:
-    try:
-        return request(session_id, {"op": op, "paths": list(paths) or None})
-    except NsboxError as error:
-        _cli()._fail(error)
-        raise  # not reached: _fail exits
-
-
-@session.command()
-@click.argument("session_id", metavar="ID")
-@click.argument("paths", metavar="[PATH]...", nargs=-1)
-def apply(session_id: str, paths: tuple[str, ...]) -> None:
-    """Write session ID's changes to its project (all, or those at or below PATH).
-
-    A file changed on the host since the session started is a conflict and is not written;
-    symlinks, hard links, FIFOs and files over the copy limit are never written.
-
-    \b
-    Example:
-      nsbox session apply $ID src/app.py
-    """
-    reply = _decide("apply", session_id, paths)
-    for path in reply["applied"]:
-        click.echo(f"  applied  {path}")
-    for path in reply["conflicts"]:
-        click.echo(f"nsbox: conflict: {path} changed on the host since the session started: "
-                   "not written", err=True)
-    for item in reply["refused"]:
-        click.echo(f"nsbox: not applied: {item['path']}: {item['reason']}", err=True)
-    if reply["conflicts"] or reply["refused"]:
-        sys.exit(1)
-
-
-@session.command()
-@click.argument("session_id", metavar="ID")
-@click.argument("paths", metavar="[PATH]...", nargs=-1)
-def discard(session_id: str, paths: tuple[str, ...]) -> None:
-    """Drop session ID's changes (all, or those at or below PATH) from review; nothing of them
-    reaches the project.
-
-    \b
-    Example:
-      nsbox session discard $ID build/
-    """
-    reply = _decide("discard", session_id, paths)
-    for path in reply["discarded"]:
-        click.echo(f"discarded  {path}")
+for _command in (review.diff, review.apply, review.discard):
+    session.add_command(_command)
 
 
 def terminal_ask(host: str, port: int) -> bool:
@@ -567,7 +406,7 @@ def run_in_project(command: list[str], policy: Policy, *, stdin: int | None, cwd
 def run_and_collect(command: list[str], policy: Policy, *, patterns: tuple[str, ...],
                     dest: str, stdin: int | None, cwd: str | None, passthrough: bool,
                     audit: str | None
-                    ) -> tuple[Result, list[dict[str, Any]], list[tuple[str, str]]]:
+                    ) -> tuple[Result, list[FileEntry], list[tuple[str, str]]]:
     """Run one command in a session of its own and copy out what matches ``patterns``."""
     _check_destination(dest)
     with Session(policy, audit=audit, idle_timeout=None) as s:

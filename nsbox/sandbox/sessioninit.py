@@ -95,8 +95,8 @@ def main(ctx: _child.Context) -> NoReturn:
 class Init:
     def __init__(self, ctx: _child.Context) -> None:
         self.ctx = ctx
-        session = ctx.plan.get("session") or {}
-        self.idle_timeout: float | None = session.get("idle_timeout")
+        session = ctx.plan.get("session")
+        self.idle_timeout = session.get("idle_timeout") if session else None
         self.last_active = time.monotonic()
         # The control socket moves off fd 0; 0, 1, 2 become /dev/null.
         control_fd = _dup_high(0)
