@@ -28,7 +28,6 @@ LONG = {
     "nsbox/host/seccomp.py": "the built-in rules, the compiler and the cache, to be three",
     "nsbox/host/netproxy.py": "the proxy's HTTP parsing and its relay, to be two",
     "nsbox/rules.py": "the rule book and the resolved-path checks, to be two",
-    "nsbox/ray.py": "the executor actors and the client, to be two",
 }
 
 
