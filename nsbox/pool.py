@@ -18,10 +18,11 @@ import json
 import os
 import socket
 import threading
-from typing import Any
+from typing import cast
 
 from nsbox import _wire, inputs, launcher
 from nsbox import plan as planmod
+from nsbox._wire import PoolMessage, PoolSpec, WireCommand, WirePlan
 from nsbox.errors import LaunchError, PolicyError
 from nsbox.policy import Policy
 from nsbox.result import Result
@@ -55,15 +56,15 @@ class Pool:
         wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
         # What a command needs from the policy (rlimits, the seccomp program) is the same for
         # every command: taken once, here; only argv, env, cwd and the deadline are per command.
-        self._template = {key: wire.get(key) for key in COMMAND_KEYS}
+        self._template = cast(WireCommand, {key: wire.get(key) for key in COMMAND_KEYS})
         if os.environ.get("NSBOX_TRACE") == "1":
             wire["trace"] = True
         self._lock = threading.Lock()
         self._sock: socket.socket | None
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            launcher._helper.send_request({"pool": {"plan": wire, "size": size}},
-                                          [theirs.fileno()])
+            spec: PoolSpec = {"plan": cast(WirePlan, wire), "size": size}
+            launcher._helper.send_request({"pool": spec}, [theirs.fileno()])
         except BaseException:
             self._sock.close()
             raise
@@ -120,11 +121,11 @@ class Pool:
                              env_=env, cwd=cwd, passthrough=passthrough)
         command = self._command(cmd.argv, cmd.env, cmd.cwd, cmd.timeout)
         cap = cmd.output_limit if cmd.output_limit is not None else self.policy.limits.output
-        return launcher._launch(command, cmd.stdin, cap, passthrough, submit=self._submit,
+        return launcher._launch(dict(command), cmd.stdin, cap, passthrough, submit=self._submit,
                                 trace=trace)
 
     def _command(self, argv: list[str], env: dict[str, str] | None, cwd: str | None,
-                 timeout: float | None) -> dict[str, Any]:
+                 timeout: float | None) -> WireCommand:
         """The command's part of the plan, as planmod.build would make it (tests/test_perf.py
         checks that they agree), without resolving the policy's mounts again."""
         if not argv or not argv[0]:
@@ -137,10 +138,10 @@ class Pool:
             "wall_time": timeout if timeout is not None else self.policy.limits.wall_time,
         }
 
-    def _submit(self, command: dict[str, Any], fds: list[int]) -> None:
+    def _submit(self, command: WireCommand, fds: list[int]) -> None:
         self._send({"command": command}, fds)
 
-    def _send(self, request: dict[str, Any], fds: list[int]) -> None:
+    def _send(self, request: PoolMessage, fds: list[int]) -> None:
         with self._lock:
             if self._sock is None:
                 raise LaunchError("the pool is closed")

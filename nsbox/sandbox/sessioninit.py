@@ -43,9 +43,10 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from nsbox import _libc, _wire
+from nsbox._wire import ExitReport, InitEvent, InitRequest, KillRequest
 from nsbox.sandbox import child as _child
 from nsbox.sandbox.fileworker import run_file_op
 
@@ -64,7 +65,7 @@ class Job:
         self.timed_out = False
         self.kill_reason: str | None = None
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: InitEvent | ExitReport) -> None:
         try:
             self.sock.send(json.dumps(message).encode())
         except OSError:
@@ -123,7 +124,8 @@ class Init:
         # End-of-file on the error pipe tells the helper the sandbox is up (there is no exec).
         os.close(ctx.err_fd)
         ctx.err_fd = -1
-        self.control.send(json.dumps({"event": "ready", "pid": os.getpid()}).encode())
+        ready: InitEvent = {"event": "ready", "pid": os.getpid()}
+        self.control.send(json.dumps(ready).encode())
 
     def serve(self) -> None:
         while True:
@@ -164,7 +166,7 @@ class Init:
             sys.exit(0)  # the host closed the session: everything inside dies with pid 1
         self.last_active = time.monotonic()
         try:
-            request = json.loads(msg)
+            request: InitRequest = json.loads(msg)
             if len(fds) != 4 or request.get("cmd") not in ("run", "file"):
                 if fds:
                     os.close(fds[0])
@@ -176,7 +178,7 @@ class Init:
             for fd in fds[1:]:
                 os.close(fd)
 
-    def start(self, request: dict[str, Any], sock_fd: int, stdio: list[int]) -> None:
+    def start(self, request: InitRequest, sock_fd: int, stdio: list[int]) -> None:
         sock = socket.socket(fileno=sock_fd)
         command = request.get("command") or {}
         wall = command.get("wall_time") if request["cmd"] == "run" else request["op"].get(
@@ -200,7 +202,7 @@ class Init:
         self.selector.register(sock, selectors.EVENT_READ, lambda _s: self.on_request(job))
         job.send({"event": "pid", "pid": pid})
 
-    def become_command(self, request: dict[str, Any], stdio: list[int], err_r: int,
+    def become_command(self, request: InitRequest, stdio: list[int], err_r: int,
                        err_w: int) -> NoReturn:
         ctx = self.ctx
         ctx.err_fd = err_w
@@ -216,7 +218,7 @@ class Init:
                 # its cgroup cannot limit on this host (never weaker than a single run).
                 command = dict(request["command"], rlimits=ctx.plan["rlimits"])
                 _child.finish_and_exec(ctx, command)
-            code = run_file_op(ctx, request["op"])
+            code = run_file_op(ctx, dict(request["op"]))
             os._exit(code)
         except OSError as exc:
             _child.fail(ctx, exc.errno or 0, exc.strerror or str(exc))
@@ -235,7 +237,7 @@ class Init:
             job.kill("caller gone")
             return
         try:
-            request = json.loads(data)
+            request: KillRequest = json.loads(data)
         except ValueError:
             return
         if request.get("cmd") == "kill":
