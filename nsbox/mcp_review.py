@@ -52,11 +52,11 @@ class Reviewer:
         return Reply({"changes": found}, render_changes(found))
 
     def apply(self, paths: list[str] | None = None) -> Reply:
-        report: Any = self._request("apply", paths)
+        report = self._request("apply", paths)
         lines = [f"applied: {p}" for p in report["applied"]]
         lines += [f"conflict (not written): {p}" for p in report["conflicts"]]
         lines += [f"not applied: {r['path']}: {r['reason']}" for r in report["refused"]]
-        return Reply(report, "\n".join(lines) or "nothing to apply")
+        return Reply(dict(report), "\n".join(lines) or "nothing to apply")
 
     def discard(self, paths: list[str] | None = None) -> Reply:
         dropped = self._request("discard", paths)["discarded"]

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import ray
 
@@ -304,9 +304,10 @@ def _refusal(policy: Policy) -> str | None:
 
 
 def _plain(result: Result) -> JobResult:
-    data: Any = result.to_dict()  # the Result's fields, as JobResult has them
-    data.update(stdout=result.stdout, stderr=result.stderr, files=[], skipped_files=[])
-    return data  # type: ignore[no-any-return]
+    data = cast(JobResult, result.to_dict())  # the Result's fields, as JobResult has them
+    data.update({"stdout": result.stdout, "stderr": result.stderr, "files": [],
+                 "skipped_files": []})
+    return data
 
 
 def _failure(error: NsboxError) -> JobResult:

@@ -39,7 +39,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import cast
 
 from nsbox import _wire, errors
 from nsbox._wire import SessionRecord, SupervisorReply, SupervisorRequest
@@ -276,8 +276,7 @@ class Supervisor:
 
     def apply(self, request: SupervisorRequest, _fds: list[int], _conn: socket.socket
               ) -> SupervisorReply:
-        report: Any = self.session.apply(request.get("paths")).to_dict()
-        return report  # type: ignore[no-any-return]
+        return cast(SupervisorReply, self.session.apply(request.get("paths")).to_dict())
 
     def discard(self, request: SupervisorRequest, _fds: list[int], _conn: socket.socket
                 ) -> SupervisorReply:
