@@ -210,7 +210,11 @@ class Supervisor:
     def exec_(self, request: SupervisorRequest, fds: list[int], conn: socket.socket
               ) -> SupervisorReply:
         done = threading.Event()
-        watcher = threading.Thread(target=self.watch_client, args=(conn, done), daemon=True)
+        # Written when the run returns: the watcher wakes at once, and the reply does not wait
+        # for a poll interval to pass.
+        done_r, done_w = os.pipe2(os.O_CLOEXEC)
+        watcher = threading.Thread(target=self.watch_client, args=(conn, done, done_r),
+                                   daemon=True)
         watcher.start()
         try:
             result = self.session.run(
@@ -219,20 +223,23 @@ class Supervisor:
                 cwd=request.get("cwd"), _sinks=(fds[1], fds[2]))
         finally:
             done.set()
+            os.write(done_w, b"x")
             watcher.join()
+            os.close(done_r)
+            os.close(done_w)
         return {"result": result.to_dict()}
 
-    def watch_client(self, conn: socket.socket, done: threading.Event) -> None:
+    def watch_client(self, conn: socket.socket, done: threading.Event, done_r: int) -> None:
         """A client that goes away (^C on `nsbox session exec`) cancels its command: the
         client sends nothing after its request, so anything readable is end-of-file."""
         poller = select.poll()
         poller.register(conn, select.POLLIN | select.POLLHUP)
-        while not done.is_set():
-            if poller.poll(200):
-                # Until the run returns: the command may not have started yet.
-                while not done.wait(0.1):
-                    self.session.cancel()
-                return
+        poller.register(done_r, select.POLLIN)
+        events = dict(poller.poll())
+        if conn.fileno() in events and not done.is_set():
+            # Until the run returns: the command may not have started yet.
+            while not done.wait(0.1):
+                self.session.cancel()
 
     def put(self, request: SupervisorRequest, fds: list[int], _conn: socket.socket
             ) -> SupervisorReply:
