@@ -8,9 +8,9 @@ requests until ``stop``, the idle timeout, or the end of the session's sandbox. 
 its launch helper sees end-of-file and kills the sandbox; the next client removes the stale
 socket and record.
 
-Requests (SOCK_SEQPACKET, one ``_wire.SupervisorRequest`` per connection, of any size
-(nsbox/_wire.py), one ``_wire.SupervisorReply``; only the same uid is served, checked with
-SO_PEERCRED on top of the directory's 0700):
+Requests (SOCK_SEQPACKET, one ``_wire.SupervisorRequest`` per connection, one
+``_wire.SupervisorReply``, each of any size (nsbox/_wire.py); only the same uid is served,
+checked with SO_PEERCRED on top of the directory's 0700):
 
   {"op": "exec", argv, env, timeout, output_limit, cwd}  fds [stdin, stdout, stderr]
                                                    -> {"result": {...}}
@@ -47,7 +47,6 @@ from nsbox.errors import NsboxError, PolicyError
 from nsbox.session import Session
 
 MAX_FDS = 4
-MAX_REPLY = 16 * 1024 * 1024
 # The command lines a supervisor process was started with, the current one first: a record
 # whose pid runs none of them is stale. An older nsbox ran it as `python -m nsbox._supervisor`.
 TITLES = (b"nsbox.cli.supervisor", b"nsbox._supervisor")
@@ -174,7 +173,8 @@ class Supervisor:
                     return
                 request: SupervisorRequest = json.loads(msg)
                 stop = request.get("op") == "stop"
-                conn.send(json.dumps(self._answer(request, fds, conn)).encode())
+                # Any size: a project's diffs can be larger than one datagram (nsbox/_wire.py).
+                _wire.send(conn, self._answer(request, fds, conn))
             except (OSError, ValueError, KeyError, TypeError):
                 return
             finally:
@@ -362,8 +362,10 @@ def request(session_id: str, message: SupervisorRequest,
             forget_stale()
             raise errors.SessionClosed(f"no session {session_id} (it may have ended or expired)"
                                        ) from None
-        _wire.send(conn, dict(message), fds)
-        data = conn.recv(MAX_REPLY)
+        _wire.send(conn, message, fds)
+        data, extra = _wire.receive(conn, 0)  # any size, from this user's own supervisor
+    for fd in extra:
+        os.close(fd)
     if not data:
         raise errors.SessionClosed(f"session {session_id} ended during the request")
     reply: SupervisorReply = json.loads(data)

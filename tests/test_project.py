@@ -261,6 +261,30 @@ def test_cli_session_diff_apply_discard(as_user: UserRunner, project: Path):
         _cli(as_user, runtime, "session", "stop", sid)
 
 
+def test_cli_session_diff_larger_than_a_datagram(as_user: UserRunner, project: Path):
+    # The supervisor's reply is about 700 KB, more than one SOCK_SEQPACKET datagram may be
+    # (the socket's send buffer, about 208 KB by default).
+    runtime = project.parent / "runtime"
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, as_user.uid, as_user.uid)
+    start = _cli(as_user, runtime, "session", "start", "--project", str(project))
+    assert start.returncode == 0, start.stderr
+    sid = start.stdout.decode().strip()
+    try:
+        ran = _cli(as_user, runtime, "session", "exec", sid, "--", "python3", "-c",
+                   "open('big.txt', 'w').write(''.join("
+                   "f'line {i} of a long file\\n' for i in range(30000)))")
+        assert ran.returncode == 0, ran.stderr
+        diff = _cli(as_user, runtime, "session", "diff", sid, "big.txt")
+        assert diff.returncode == 0, diff.stderr
+        lines = diff.stdout.decode().splitlines()
+        assert lines[:3] == ["    added  big.txt", "--- /dev/null", "+++ b/big.txt"]
+        assert lines[-1] == "+line 29999 of a long file"
+        assert len(lines) == 30004
+    finally:
+        _cli(as_user, runtime, "session", "stop", sid)
+
+
 def test_cli_run_project_lists_and_drops_changes(as_user: UserRunner, project: Path):
     before = snapshot(project)
     ran = _cli(as_user, project.parent, "run", "--project", str(project), "--", "sh", "-c",
