@@ -48,7 +48,7 @@ class Plan:
     seccomp_bpf: str | None = None  # hex of the compiled BPF program
     # Learning mode: how the helper answers the filter's notifications (nsbox/host/seccomp.py).
     seccomp_notify: dict[str, Any] | None = None
-    # The set-id filter (seccomp.SETID_RULES), hex: loaded into every sandbox, policy or not.
+    # The set-id filter (seccomp_rules.SETID_RULES), hex: loaded into every sandbox, policy or not.
     setid_bpf: str = ""
     net: dict[str, Any] = field(default_factory=dict)
     cgroup: dict[str, Any] = field(default_factory=dict)
