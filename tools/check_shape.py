@@ -39,7 +39,6 @@ LONG = {
     "nsbox/helper/loop.py": "the event loop still holds the launch steps and the clone "
                             "strategies; they leave for helper/launch.py and a clone module",
     "nsbox/session.py": "Session and its file transfer, to be split when its work settles",
-    "nsbox/rules.py": "the rule book and the resolved-path checks, to be two",
     "nsbox/launcher.py": "the helper client and the output supervision, to leave for host/",
     "nsbox/ray.py": "the executor actors and the client, to be two",
     "nsbox/mcp_server.py": "the tools and the server loop, to be two",

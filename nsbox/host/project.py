@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsbox import rules
 from nsbox.errors import FileTransferError, PolicyError, SetupError
+from nsbox.host import pathrules
 
 if TYPE_CHECKING:
     from nsbox.policy import Policy
@@ -111,7 +112,7 @@ class ApplyReport:
 # --- planning (host side, before the sandbox starts) ------------------------------------------
 
 
-def plan_op(policy: Policy, allow: tuple[str, ...], host: rules.HostView | None
+def plan_op(policy: Policy, allow: tuple[str, ...], host: pathrules.HostView | None
             ) -> dict[str, Any]:
     """The mount operation of the project workspace: the rule book decides the source as for
     a read-only bind, and the secrets found in it are listed for masking."""
@@ -121,7 +122,7 @@ def plan_op(policy: Policy, allow: tuple[str, ...], host: rules.HostView | None
             "size": policy.limits.workspace_size, "masks": masks, "is_dir": True}
 
 
-def checked_source(policy: Policy, allow: tuple[str, ...], host: rules.HostView | None
+def checked_source(policy: Policy, allow: tuple[str, ...], host: pathrules.HostView | None
                    ) -> str:
     """The project's resolved path, as the rule book allows it for a read-only bind (it is
     read, and scanned, only after that)."""
@@ -132,7 +133,7 @@ def checked_source(policy: Policy, allow: tuple[str, ...], host: rules.HostView 
     real = source(policy.project)
     rules.check_spelling(real, False, allow, "project")
     if host is not None:
-        real = rules.check_source(real, writable=False, allow=allow, key="project", host=host)
+        real = pathrules.check_source(real, writable=False, allow=allow, key="project", host=host)
     return real
 
 
@@ -196,7 +197,7 @@ class Project:
     """The host's side of one session's project workspace."""
 
     def __init__(self, policy: Policy) -> None:
-        self.root = checked_source(policy, policy.allow_rules, rules.HostView.current())
+        self.root = checked_source(policy, policy.allow_rules, pathrules.HostView.current())
         self.baseline, self.masked = scan(self.root, policy.project_secrets)
         self._hashes: dict[tuple[str, Entry], str] = {}
         self._discarded: dict[str, tuple[str, str | None]] = {}
