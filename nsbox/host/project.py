@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nsbox import rules
+from nsbox._paths import open_dir_beneath
 from nsbox.errors import FileTransferError, PolicyError, SetupError
 from nsbox.host import pathrules
 
@@ -204,24 +205,10 @@ class Project:
 
     # reading the host's own tree, never through a symlink
     def _open_parent(self, rel: str, create: bool = False) -> tuple[int, str]:
+        """The directory that holds ``rel`` below the project's root, reached without
+        following a symlink (the sandbox writes the tree), and the last component's name."""
         *dirs, name = rel.split("/")
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            for part in dirs:
-                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-                try:
-                    next_fd = os.open(part, flags, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                    next_fd = os.open(part, flags, dir_fd=fd)
-                os.close(fd)
-                fd = next_fd
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd, name
+        return open_dir_beneath(self.root, dirs, create=create), name
 
     def host_entry(self, rel: str) -> Entry | None:
         try:
