@@ -21,10 +21,11 @@ import os
 import platform
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from nsbox.host.seccomp_compile import MAX_INSNS, Program, compile_program, compile_setid
 from nsbox.host.seccomp_rules import BUILTIN_DIGEST, SETID_DIGEST
-from nsbox.policy import Seccomp
+from nsbox.policy import Seccomp, SeccompArg, SeccompRule
 
 _FORMAT = 1  # of the cache entries; bump when their layout changes
 
@@ -135,7 +136,7 @@ def cache_key(seccomp: Seccomp) -> str:
     blob = json.dumps(
         {
             "format": _FORMAT,
-            "seccomp": dataclasses.asdict(seccomp),
+            "seccomp": _plain(seccomp),
             "builtin": BUILTIN_DIGEST,
             "arch": platform.machine(),
             "libseccomp": libseccomp_version(),
@@ -147,14 +148,47 @@ def cache_key(seccomp: Seccomp) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _setid_key() -> str:
-    from nsbox.version import VERSION as __version__
+# The fields _plain writes out; a class with other fields goes through dataclasses.asdict.
+_SHAPES = {Seccomp: ("enabled", "default_action", "rules", "log_denied"),
+           SeccompRule: ("syscall", "action", "args"),
+           SeccompArg: ("index", "op", "value", "mask")}
+_PLAIN_FITS = all(tuple(f.name for f in dataclasses.fields(cls)) == names
+                  for cls, names in _SHAPES.items())
 
-    # "compiler" changes with compile_setid's options (a program of the same rules, built anew)
-    blob = json.dumps({"format": _FORMAT, "setid": SETID_DIGEST, "compiler": 2,
-                       "arch": platform.machine(),
-                       "libseccomp": libseccomp_version(), "nsbox": __version__}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+
+def _plain(seccomp: Seccomp) -> Any:
+    """``dataclasses.asdict(seccomp)`` for a well-formed policy, without asdict's copying of
+    every value (two thirds of the key's cost); anything else goes through asdict itself."""
+    rules = seccomp.rules
+    if not _PLAIN_FITS or type(rules) is not tuple or not all(
+            type(rule) is SeccompRule and type(rule.args) is tuple
+            and all(type(arg) is SeccompArg for arg in rule.args) for rule in rules):
+        return dataclasses.asdict(seccomp)
+    return {
+        "enabled": seccomp.enabled, "default_action": seccomp.default_action,
+        "log_denied": seccomp.log_denied,
+        "rules": [{"syscall": rule.syscall, "action": rule.action,
+                   "args": [{"index": arg.index, "op": arg.op, "value": arg.value,
+                             "mask": arg.mask} for arg in rule.args]} for rule in rules],
+    }
+
+
+_setid_key_memo = ""
+
+
+def _setid_key() -> str:
+    """Everything in it is fixed for the life of the process: worked out once."""
+    global _setid_key_memo
+    if not _setid_key_memo:
+        from nsbox.version import VERSION as __version__
+
+        # "compiler" changes with compile_setid's options (a program of the same rules, built
+        # anew)
+        blob = json.dumps({"format": _FORMAT, "setid": SETID_DIGEST, "compiler": 2,
+                           "arch": platform.machine(), "libseccomp": libseccomp_version(),
+                           "nsbox": __version__}, sort_keys=True)
+        _setid_key_memo = hashlib.sha256(blob.encode()).hexdigest()
+    return _setid_key_memo
 
 
 # --- the disk cache ---------------------------------------------------------------------------
