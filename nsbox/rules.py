@@ -185,8 +185,32 @@ def is_below(path: str, area: str) -> bool:
     return path == area or area == "/" or path.startswith(area + "/")
 
 
+# What the spelling rules passed, by their arguments: they are pure functions of plain
+# strings, asked again for the same mounts by every Policy and every plan of this process.
+_targets_passed: dict[tuple[str, str], str] = {}
+_spellings_passed: set[tuple[str, bool, tuple[str, ...]]] = set()
+_PASSED_MAX = 4096
+
+
+def _plain_strings(*values: object) -> bool:
+    """Exactly str (a subclass could compare or hash unlike the text the rules read)."""
+    return all(type(value) is str for value in values)
+
+
 def check_target(target: str, key: str = "target", kind: str = "bind") -> str:
     """A mount target: absolute, no "..", not the root, not nsbox's own; the normalized path."""
+    plain = _plain_strings(target, kind)
+    norm = _targets_passed.get((target, kind)) if plain else None
+    if norm is None:
+        norm = _check_target(target, key, kind)
+        if plain:
+            if len(_targets_passed) >= _PASSED_MAX:
+                _targets_passed.clear()
+            _targets_passed[(target, kind)] = norm
+    return norm
+
+
+def _check_target(target: str, key: str, kind: str) -> str:
     if not target.startswith("/"):
         raise refuse("target-path", f"{target!r} is a relative path", key)
     if ".." in target.split("/"):
@@ -210,6 +234,19 @@ def check_target(target: str, key: str = "target", kind: str = "bind") -> str:
 def check_spelling(source: str, writable: bool, allow: Sequence[str], key: str) -> None:
     """The rules that the spelling of an absolute host path already settles (a symlink or an
     alias is caught by ``check_source`` when the plan is built)."""
+    allowed = tuple(allow)
+    memo = (source, writable, allowed)
+    plain = _plain_strings(source, *allowed) and type(writable) is bool
+    if plain and memo in _spellings_passed:
+        return
+    _check_spelling(source, writable, allow, key)
+    if plain:
+        if len(_spellings_passed) >= _PASSED_MAX:
+            _spellings_passed.clear()
+        _spellings_passed.add(memo)
+
+
+def _check_spelling(source: str, writable: bool, allow: Sequence[str], key: str) -> None:
     if "\0" in source:
         raise PolicyError(f"{source!r} contains a NUL character", key=key)
     if not source.startswith("/"):
