@@ -76,7 +76,11 @@ class _MountTable:
         self._text = ""
 
     def text(self) -> str:
-        owner = (os.getpid(), os.stat("/proc/self/ns/mnt").st_ino)
+        try:
+            owner = (os.getpid(), os.stat("/proc/self/ns/mnt").st_ino)
+        except OSError:  # no way to tell the mount namespace: read the table every time
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+                return f.read()
         with self._lock:
             if self._fd < 0 or owner != self._owner:
                 self._reopen(owner)
@@ -85,9 +89,11 @@ class _MountTable:
             return self._text
 
     def _reopen(self, owner: tuple[int, int]) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # this process's own copy, also when inherited
-            self._fd = -1
+        if self._fd >= 0 and owner[0] == self._owner[0]:
+            os.close(self._fd)
+        # An inherited one is left alone: a forked process may have closed it and reused its
+        # number for something else.
+        self._fd = -1
         # Opened before reading: a change between the two is both in the text and marked.
         self._fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
         self._owner = owner
