@@ -19,7 +19,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from nsbox import plan, rules
+from nsbox import plan
+from nsbox.host import pathrules
 from nsbox.policy import Policy
 
 
@@ -39,7 +40,7 @@ def make_tree(root: str, files: int, per_dir: int = 20) -> None:
     # Settle the directories' change times (the scan does not remember a directory changed in
     # the last seconds); setting them back changes only mtime, which is fine here: the ctime
     # is what proves a directory unchanged, and it is older than the settling time below.
-    time.sleep(rules._SETTLED_NS / 1e9 + 0.1)
+    time.sleep(pathrules._SETTLED_NS / 1e9 + 0.1)
 
 
 def median_ms(action: Callable[[], object], rounds: int, before: Callable[[], None]) -> float:
@@ -53,12 +54,12 @@ def median_ms(action: Callable[[], object], rounds: int, before: Callable[[], No
 
 
 def forget() -> None:
-    rules._clean.clear()
+    pathrules._clean.clear()
 
 
 def measure_tree(root: str, base: Policy, rounds: int) -> tuple[float, float, float, float]:
     def scan() -> object:
-        return rules.find_host_socket(root)
+        return pathrules.find_host_socket(root)
 
     policy = base.replace(workspace=root)
 

@@ -17,11 +17,11 @@ import tempfile
 _CHILD = r"""
 import sys, time
 t0 = time.perf_counter()
-from nsbox.host import seccomp
+from nsbox.host import seccomp, seccomp_compile
 from nsbox.policy import Seccomp
 t1 = time.perf_counter()
 if sys.argv[1] == "compile":
-    seccomp.compile_program(Seccomp())
+    seccomp_compile.compile_program(Seccomp())
 else:
     seccomp.load(Seccomp())
 t2 = time.perf_counter()

@@ -19,6 +19,7 @@ from nsbox import rules
 from nsbox._wire import WirePlan
 from nsbox.errors import PolicyError, SetupError
 from nsbox.host import network as netmod
+from nsbox.host import pathrules
 from nsbox.host import seccomp as seccompmod
 from nsbox.limits import plan_limits
 from nsbox.policy import Bind, Dir, File, Mount, Policy, Symlink, Tmpfs
@@ -47,7 +48,7 @@ class Plan:
     seccomp_bpf: str | None = None  # hex of the compiled BPF program
     # Learning mode: how the helper answers the filter's notifications (nsbox/host/seccomp.py).
     seccomp_notify: dict[str, Any] | None = None
-    # The set-id filter (seccomp.SETID_RULES), hex: loaded into every sandbox, policy or not.
+    # The set-id filter (seccomp_rules.SETID_RULES), hex: loaded into every sandbox, policy or not.
     setid_bpf: str = ""
     net: dict[str, Any] = field(default_factory=dict)
     cgroup: dict[str, Any] = field(default_factory=dict)
@@ -65,7 +66,7 @@ class Plan:
 
 
 def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],
-              host: rules.HostView | None) -> list[dict[str, Any]]:
+              host: pathrules.HostView | None) -> list[dict[str, Any]]:
     target = rules.check_target(mount.target, f"{key}.target", mount.kind)
     source = os.path.abspath(mount.source)
     if os.path.islink(source) and not mount.writable and mount.source == mount.target:
@@ -82,9 +83,9 @@ def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],
             f"bind {target}", 2, f"source {mount.source} does not exist on the host",
             hint="check the path, or mark the mount optional in the profile",
         )
-    # What the resolved source is, after every symlink and through any alias (rules.py).
+    # What the resolved source is, after every symlink and through any alias (host/pathrules.py).
     if host is not None:
-        real = rules.check_source(real, writable=mount.writable, allow=allow,
+        real = pathrules.check_source(real, writable=mount.writable, allow=allow,
                                   key=f"{key}.source", host=host)
     return [{
         "op": "bind", "source": real, "target": target, "writable": mount.writable,
@@ -93,7 +94,7 @@ def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],
 
 
 def _mount_ops(mount: Mount, key: str, allow: tuple[str, ...],
-               host: rules.HostView | None) -> list[dict[str, Any]]:
+               host: pathrules.HostView | None) -> list[dict[str, Any]]:
     if isinstance(mount, Bind):
         return _bind_ops(mount, key, allow, host)
     target = rules.check_target(mount.target, f"{key}.target", mount.kind)
@@ -162,7 +163,7 @@ def build(
     if not argv or not argv[0]:
         raise PolicyError("no command given", key="argv")
     mounts: list[dict[str, Any]] = []
-    host = rules.HostView.current() if check_sources else None
+    host = pathrules.HostView.current() if check_sources else None
     allow = policy.allow_rules
     for i, mount in enumerate(policy.mounts):
         mounts.extend(_mount_ops(mount, f"mounts[{i}]", allow, host))
@@ -194,7 +195,7 @@ def build(
                 hint="create it first, or leave the workspace out for a fresh tmpfs",
             )
         if host is not None:
-            real = rules.check_source(real, writable=True, allow=allow, key="workspace",
+            real = pathrules.check_source(real, writable=True, allow=allow, key="workspace",
                                       host=host)
         mounts.append({"op": "bind", "source": real, "target": WORKSPACE, "writable": True,
                        "is_dir": True})

@@ -7,10 +7,10 @@ Every way a policy comes in (the Python API, profiles, ``--set`` and the other C
 - ``check_policy`` runs when a ``Policy`` is made (its ``__post_init__``) and checks what the
   policy alone tells: mount targets, identity strings, environment text, and the spelling of
   every host path (so ``Bind("/run", ...)`` fails at once, where the mistake was written);
-- ``check_source`` runs when the plan is built (nsbox/plan.py), on the resolved host path: it
-  asks what the path *is* (which filesystem, which directory of it, after every symlink and
-  through bind-mounted aliases: /proc/self/mountinfo), not how it is spelled, and looks inside
-  the tree for unix sockets and FIFOs.
+- ``check_source`` (nsbox/host/pathrules.py) runs when the plan is built (nsbox/plan.py), on
+  the resolved host path: it asks what the path *is* (which filesystem, which directory of it,
+  after every symlink and through bind-mounted aliases: /proc/self/mountinfo), not how it is
+  spelled, and looks inside the tree for unix sockets and FIFOs.
 
 A refusal is a ``PolicyError`` whose ``rule`` is the rule's short name, with the key when there
 is one. A trusted caller may lift one rule by naming it (``Policy(allow_rules=("bind-run",))``,
@@ -23,9 +23,6 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-import stat
-import threading
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -175,7 +172,7 @@ def check_allow(names: Iterable[str], key: str = "allow_rules") -> tuple[str, ..
     return names
 
 
-def _fire(name: str, allow: Sequence[str], detail: str, key: str | None) -> None:
+def fire(name: str, allow: Sequence[str], detail: str, key: str | None) -> None:
     if name not in allow:
         raise refuse(name, detail, key)
 
@@ -188,8 +185,32 @@ def is_below(path: str, area: str) -> bool:
     return path == area or area == "/" or path.startswith(area + "/")
 
 
+# What the spelling rules passed, by their arguments: they are pure functions of plain
+# strings, asked again for the same mounts by every Policy and every plan of this process.
+_targets_passed: dict[tuple[str, str], str] = {}
+_spellings_passed: set[tuple[str, bool, tuple[str, ...]]] = set()
+_PASSED_MAX = 4096
+
+
+def _plain_strings(*values: object) -> bool:
+    """Exactly str (a subclass could compare or hash unlike the text the rules read)."""
+    return all(type(value) is str for value in values)
+
+
 def check_target(target: str, key: str = "target", kind: str = "bind") -> str:
     """A mount target: absolute, no "..", not the root, not nsbox's own; the normalized path."""
+    plain = _plain_strings(target, kind)
+    norm = _targets_passed.get((target, kind)) if plain else None
+    if norm is None:
+        norm = _check_target(target, key, kind)
+        if plain:
+            if len(_targets_passed) >= _PASSED_MAX:
+                _targets_passed.clear()
+            _targets_passed[(target, kind)] = norm
+    return norm
+
+
+def _check_target(target: str, key: str, kind: str) -> str:
     if not target.startswith("/"):
         raise refuse("target-path", f"{target!r} is a relative path", key)
     if ".." in target.split("/"):
@@ -213,6 +234,19 @@ def check_target(target: str, key: str = "target", kind: str = "bind") -> str:
 def check_spelling(source: str, writable: bool, allow: Sequence[str], key: str) -> None:
     """The rules that the spelling of an absolute host path already settles (a symlink or an
     alias is caught by ``check_source`` when the plan is built)."""
+    allowed = tuple(allow)
+    memo = (source, writable, allowed)
+    plain = _plain_strings(source, *allowed) and type(writable) is bool
+    if plain and memo in _spellings_passed:
+        return
+    _check_spelling(source, writable, allow, key)
+    if plain:
+        if len(_spellings_passed) >= _PASSED_MAX:
+            _spellings_passed.clear()
+        _spellings_passed.add(memo)
+
+
+def _check_spelling(source: str, writable: bool, allow: Sequence[str], key: str) -> None:
     if "\0" in source:
         raise PolicyError(f"{source!r} contains a NUL character", key=key)
     if not source.startswith("/"):
@@ -220,13 +254,13 @@ def check_spelling(source: str, writable: bool, allow: Sequence[str], key: str) 
     path = posixpath.normpath(source).replace("//", "/")
     for name, area in BELOW_AREAS:
         if is_below(path, area):
-            _fire(name, allow, f"{path} is at or below {area}", key)
+            fire(name, allow, f"{path} is at or below {area}", key)
     for name, area in EXACT_AREAS:
         if path == area:
-            _fire(name, allow, f"{path} is {area}", key)
+            fire(name, allow, f"{path} is {area}", key)
     secret = _SECRET_SPELLING.match(path)
     if secret:
-        _fire("secret-dir", allow, f"{path} is at or below a home's {secret.group(2)}", key)
+        fire("secret-dir", allow, f"{path} is at or below a home's {secret.group(2)}", key)
     if writable:
         _check_writable_spelling(path, allow, key)
 
@@ -234,11 +268,11 @@ def check_spelling(source: str, writable: bool, allow: Sequence[str], key: str) 
 def _check_writable_spelling(path: str, allow: Sequence[str], key: str) -> None:
     for tree in SYSTEM_TREES:
         if is_below(path, tree):
-            _fire("writable-system-dir", allow, f"{path} is at or below {tree}", key)
+            fire("writable-system-dir", allow, f"{path} is at or below {tree}", key)
     if path in SYSTEM_DIRS:
-        _fire("writable-system-dir", allow, f"{path} is a system directory", key)
+        fire("writable-system-dir", allow, f"{path} is a system directory", key)
     if path == "/root" or re.match(r"^/home/[^/]+$", path):
-        _fire("writable-home", allow, f"{path} is a home directory", key)
+        fire("writable-home", allow, f"{path} is a home directory", key)
 
 
 def check_policy(policy: Policy) -> None:
@@ -288,194 +322,6 @@ def check_env(env: Iterable[tuple[str, str]], passthrough: Iterable[str], path: 
             raise refuse("env-text", f"{value!r} holds a NUL character", key)
 
 
-# --- (b) what the resolved host path is ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    """One line of /proc/self/mountinfo (proc(5)): ``root`` is the directory of the filesystem
-    that appears at ``point``."""
-
-    dev: str  # "major:minor"
-    root: str
-    point: str
-    fstype: str
-
-
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def _unescape(field: str) -> str:
-    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
-
-
-def read_mountinfo() -> str:
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        return f.read()
-
-
-def parse_mounts(text: str) -> list[MountEntry]:
-    """The mount table, in mount order (a later entry covers an earlier one)."""
-    entries = []
-    for line in text.splitlines():
-        fields = line.split()
-        sep = fields.index("-")
-        entries.append(MountEntry(fields[2], _unescape(fields[3]), _unescape(fields[4]),
-                                  fields[sep + 1]))
-    return entries
-
-
-@dataclass(frozen=True)
-class Where:
-    """What a resolved path is: a directory ``fspath`` of the filesystem ``dev``."""
-
-    dev: str
-    fspath: str
-    fstype: str
-
-    def within(self, other: Where) -> bool:
-        return self.dev == other.dev and is_below(self.fspath, other.fspath)
-
-
-def _dev_string(st_dev: int) -> str:
-    return f"{os.major(st_dev)}:{os.minor(st_dev)}"
-
-
-def where(real: str, mounts: Sequence[MountEntry]) -> Where | None:
-    """Which filesystem ``real`` (a resolved path) is on and where in it; None if missing.
-
-    The mount is the one with the longest mount point above the path whose device is the
-    path's own (stat), so a covered mount is never mistaken for the one that is seen."""
-    try:
-        dev = _dev_string(os.stat(real).st_dev)
-    except OSError:
-        return None
-    best: MountEntry | None = None
-    for entry in mounts:
-        if entry.dev == dev and is_below(real, entry.point) and (
-                best is None or len(entry.point) >= len(best.point)):
-            best = entry
-    if best is None:  # not in this table (another namespace's path): the spelling must do
-        return Where(dev, real, "")
-    rest = real[len(best.point):] if best.point != "/" else real
-    return Where(dev, posixpath.normpath(best.root + "/" + rest).replace("//", "/"),
-                 best.fstype)
-
-
-class HostView:
-    """The host as the rules see it: the mount table, the places of the refused areas, the
-    homes and their secret folders, each worked out when first needed.
-
-    ``current()`` keeps one view while the mount table and the user database are unchanged
-    (the text of /proc/self/mountinfo, the mtimes of /etc/passwd and /home), so a launch pays
-    for one read of mountinfo, not for resolving every area again. Only host paths that
-    root manages are remembered (the areas, the homes); a caller's bind source is looked at
-    afresh every time. A home's secrets are looked for again when the home or its .config
-    changes (creating an entry changes a directory's ctime)."""
-
-    def __init__(self, text: str | None = None, homes_stamp: tuple[int, ...] = ()) -> None:
-        self.text = read_mountinfo() if text is None else text
-        self.mounts = parse_mounts(self.text)
-        self.homes_stamp = homes_stamp
-        self._areas: dict[str, list[Where]] = {}
-        self._homes: list[str] | None = None
-        self._where: dict[str, Where | None] = {}
-        self._secrets: dict[str, tuple[tuple[int, int], list[tuple[str, Where]]]] = {}
-
-    @classmethod
-    def current(cls) -> HostView:
-        global _view
-        text = read_mountinfo()
-        stamp = _homes_stamp()
-        view = _view
-        if view is None or view.text != text or view.homes_stamp != stamp:
-            view = _view = cls(text, stamp)
-        return view
-
-    def where(self, path: str) -> Where | None:
-        if path not in self._where:
-            self._where[path] = where(os.path.realpath(path), self.mounts)
-        return self._where[path]
-
-    def area(self, path: str) -> list[Where]:
-        """Everything at or below ``path``: the path's own place, and every filesystem mounted
-        below it (a bind-mounted alias of any of them elsewhere is the same place)."""
-        if path not in self._areas:
-            real = os.path.realpath(path)
-            own = where(real, self.mounts)
-            places = [] if own is None else [own, *self.below(real)]
-            self._areas[path] = places
-        return self._areas[path]
-
-    def below(self, real: str) -> list[Where]:
-        return [Where(e.dev, e.root, e.fstype) for e in self.mounts
-                if e.point != real and is_below(e.point, real)]
-
-    def homes(self) -> list[str]:
-        if self._homes is None:
-            self._homes = home_dirs()
-        return self._homes
-
-    def secrets_near(self, here: Where) -> list[tuple[str, Where]]:
-        """The secret folders that ``here`` could be in or hold: those of the homes that lie
-        above or below it (a home's place is one stat; its secrets are looked at only then)."""
-        found = []
-        for home in self.homes():
-            place = self.where(home)
-            if place is None or not (here.within(place) or place.within(here)):
-                continue
-            found += self._secrets_of(home)
-        return found
-
-    def _secrets_of(self, home: str) -> list[tuple[str, Where]]:
-        stamp = (_ctime(home), _ctime(home + "/.config"))
-        cached = self._secrets.get(home)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
-        places = []
-        for name in SECRET_NAMES:
-            secret = home + "/" + name
-            place = where(os.path.realpath(secret), self.mounts) if os.path.lexists(
-                secret) else None
-            if place is not None:
-                places.append((secret, place))
-        self._secrets[home] = (stamp, places)
-        return places
-
-
-_view: HostView | None = None
-
-
-def _ctime(path: str) -> int:
-    try:
-        return os.stat(path).st_ctime_ns
-    except OSError:
-        return -1
-
-
-def _homes_stamp() -> tuple[int, ...]:
-    stamps = []
-    for path in ("/etc/passwd", "/home"):
-        try:
-            stamps.append(os.stat(path).st_mtime_ns)
-        except OSError:
-            stamps.append(-1)
-    return tuple(stamps)
-
-
-def home_dirs() -> list[str]:
-    """The host's home directories: /root, /home/*, and every home in the user database."""
-    import pwd
-
-    homes = {"/root"}
-    try:
-        homes.update(os.path.join("/home", n) for n in os.listdir("/home"))
-    except OSError:
-        pass
-    homes.update(p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/"))
-    return sorted(h for h in homes if posixpath.normpath(h) != "/" and os.path.isdir(h))
-
-
 def resolve(path: str, key: str) -> str:
     """``os.path.realpath``, with a link that cannot be read (/proc/1/root: EACCES) reported
     as the policy's problem rather than a traceback."""
@@ -484,150 +330,3 @@ def resolve(path: str, key: str) -> str:
     except OSError as exc:
         raise PolicyError(f"cannot resolve {path}: {exc.strerror}", key=key,
                           hint="give a path that this user can resolve") from None
-
-
-def check_source(source: str, *, writable: bool, allow: Sequence[str], key: str,
-                 host: HostView | None = None) -> str:
-    """The rules for a bind source or a workspace, on what the path is; its resolved path.
-
-    ``source`` must exist (plan.py says so otherwise). Submounts below the source come along
-    with a recursive bind (nsbox binds with AT_RECURSIVE), so they are checked as well."""
-    real = resolve(source, key)
-    check_spelling(real, writable, allow, key)
-    host = host or HostView.current()
-    here = where(real, host.mounts)
-    if here is None:
-        return real
-    places = [here, *host.below(real)]
-    for place in places:
-        name = KERNEL_FS.get(place.fstype)
-        if name:
-            _fire(name, allow, f"{real} is on a {place.fstype} filesystem", key)
-    for name, area in BELOW_AREAS:
-        if any(p.within(a) for p in places for a in host.area(area)):
-            _fire(name, allow, f"{real} is (or holds) {area} or a part of it, by another "
-                  "name", key)
-    for name, area in EXACT_AREAS:
-        if _same(here, host.where(area)):
-            _fire(name, allow, f"{real} is {area}, by another name", key)
-    if writable:
-        _check_writable_place(real, here, allow, key, host)
-    if "secret-dir" not in allow:
-        for secret, place in host.secrets_near(here):
-            if here.within(place):
-                raise refuse("secret-dir", f"{real} is {secret} or inside it", key)
-            if place.within(here):
-                raise refuse("secret-dir", f"{real} holds {secret}", key)
-    if "host-socket" not in allow and not _unscanned(here, host):
-        found = find_host_socket(real)
-        if found:
-            raise refuse("host-socket", f"{found[0]} is {found[1]}", key)
-    return real
-
-
-def _same(a: Where | None, b: Where | None) -> bool:
-    return a is not None and b is not None and (a.dev, a.fspath) == (b.dev, b.fspath)
-
-
-def _check_writable_place(real: str, here: Where, allow: Sequence[str], key: str,
-                          host: HostView) -> None:
-    for tree in SYSTEM_TREES:
-        if any(here.within(a) for a in host.area(tree)):
-            _fire("writable-system-dir", allow, f"{real} is at or below {tree}, by another "
-                  "name", key)
-    for name, dirs in (("writable-system-dir", SYSTEM_DIRS), ("writable-home", host.homes())):
-        for directory in dirs:
-            if _same(here, host.where(directory)):
-                _fire(name, allow, f"{real} is {directory}", key)
-
-
-def _unscanned(here: Where, host: HostView) -> bool:
-    return any(here.within(host.area(tree)[0]) for tree in UNSCANNED_TREES
-               if host.area(tree))
-
-
-# --- the socket scan -----------------------------------------------------------------------------
-
-# Directories found clean: path -> (identity and change times, names of its subdirectories).
-# Creating, renaming or linking an entry changes a directory's ctime, which no one can set
-# back (utimensat(2) sets only atime and mtime); a mount over a subdirectory changes its
-# device and inode. So a directory whose stat is unchanged holds what it held. A directory
-# changed within the last seconds is not remembered: its ctime could still change within the
-# same clock tick after it was read (the timestamps use a coarse clock).
-_Key = tuple[int, int, int, int]
-_clean: dict[str, tuple[_Key, tuple[str, ...]]] = {}
-_clean_lock = threading.Lock()
-_CLEAN_MAX = 500_000
-_SETTLED_NS = 2_000_000_000
-
-
-def _kind(mode: int) -> str | None:
-    if stat.S_ISSOCK(mode):
-        return "a unix socket"
-    return "a FIFO" if stat.S_ISFIFO(mode) else None
-
-
-def find_host_socket(root: str) -> tuple[str, str] | None:
-    """The first unix socket or FIFO at or below ``root`` (not following symlinks) and what
-    it is, or None.
-
-    scandir's d_type tells directories, files and symlinks apart without a stat; only the
-    remaining entries are stat'ed. Directories that cannot be listed but can be entered are
-    reported, since a socket in them could still be reached by its name."""
-    try:
-        mode = os.lstat(root).st_mode
-    except OSError:
-        return None
-    if _kind(mode):
-        return root, str(_kind(mode))
-    if not stat.S_ISDIR(mode):
-        return None
-    stack = [root]
-    while stack:
-        directory = stack.pop()
-        found = _scan_dir(directory, stack)
-        if found:
-            return found
-    return None
-
-
-def _scan_dir(directory: str, stack: list[str]) -> tuple[str, str] | None:
-    try:
-        st = os.lstat(directory)
-    except OSError:
-        return None
-    key = (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns)
-    with _clean_lock:
-        cached = _clean.get(directory)
-    if cached is not None and cached[0] == key:
-        stack.extend(directory + "/" + name for name in cached[1])
-        return None
-    subdirs: list[str] = []
-    try:
-        entries = os.scandir(directory)
-    except PermissionError:
-        if os.access(directory, os.X_OK):
-            return directory, "a directory that can be entered but not listed"
-        return None
-    except OSError:
-        return None
-    with entries:
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                subdirs.append(entry.name)
-            elif entry.is_file(follow_symlinks=False) or entry.is_symlink():
-                continue
-            else:
-                try:
-                    mode = entry.stat(follow_symlinks=False).st_mode
-                except OSError:
-                    continue
-                if _kind(mode):
-                    return entry.path, str(_kind(mode))
-    stack.extend(directory + "/" + name for name in subdirs)
-    if time.time_ns() - st.st_ctime_ns > _SETTLED_NS:
-        with _clean_lock:
-            if len(_clean) >= _CLEAN_MAX:
-                _clean.clear()
-            _clean[directory] = (key, tuple(subdirs))
-    return None

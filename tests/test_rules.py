@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 import nsbox
 from nsbox import rules
 from nsbox.errors import PolicyError
+from nsbox.host import pathrules
 from nsbox.policy import DEFAULT_MOUNTS, Bind, File, Policy, Symlink, Tmpfs
 from nsbox.pool import Pool
 from nsbox.profiles import apply_overrides, load_profile
@@ -454,13 +455,13 @@ def test_the_scan_finds_a_socket_added_after_a_clean_scan(tmp_path: Path) -> Non
     old = 1_000_000_000
     for path in (tree, tree / "a", tree / "a" / "b"):
         os.utime(path, (old, old))
-    assert rules.find_host_socket(str(tree)) is None
-    assert rules.find_host_socket(str(tree)) is None  # now from what was remembered
+    assert pathrules.find_host_socket(str(tree)) is None
+    assert pathrules.find_host_socket(str(tree)) is None  # now from what was remembered
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(tree / "a" / "b" / "late.sock"))
     listener.close()
     os.utime(tree / "a" / "b", (old, old))  # mtime set back; the ctime cannot be
-    assert rules.find_host_socket(str(tree)) == (str(tree / "a" / "b" / "late.sock"),
+    assert pathrules.find_host_socket(str(tree)) == (str(tree / "a" / "b" / "late.sock"),
                                                  "a unix socket")
 
 
@@ -472,17 +473,17 @@ def test_a_tree_that_holds_a_home_with_secrets_is_refused(tmp_path: Path,
     home = tmp_path / "homes" / "alice"
     (home / ".config" / "gcloud").mkdir(parents=True)
     (home / "project").mkdir()
-    monkeypatch.setattr(rules, "home_dirs", lambda: [str(home)])
-    host = rules.HostView()
+    monkeypatch.setattr(pathrules, "home_dirs", lambda: [str(home)])
+    host = pathrules.HostView()
     for source, rule in ((home / ".config" / "gcloud", "secret-dir"),
                          (tmp_path / "homes", "secret-dir"), (home, "secret-dir")):
         with pytest.raises(PolicyError) as info:
-            rules.check_source(str(source), writable=False, allow=(), key="k", host=host)
+            pathrules.check_source(str(source), writable=False, allow=(), key="k", host=host)
         assert info.value.rule == rule, str(source)
-    assert rules.check_source(str(home / "project"), writable=True, allow=(), key="k",
+    assert pathrules.check_source(str(home / "project"), writable=True, allow=(), key="k",
                               host=host) == str(home / "project")
     with pytest.raises(PolicyError) as info:
-        rules.check_source(str(home), writable=True, allow=("secret-dir",), key="k", host=host)
+        pathrules.check_source(str(home), writable=True, allow=("secret-dir",), key="k", host=host)
     assert info.value.rule == "writable-home"
 
 
@@ -495,7 +496,7 @@ def refused_by_oracle(real: str, writable: bool) -> bool:
                                                  ("/proc", "/sys", "/dev", "/run")):
         return True
     return writable and (any(below(t) for t in rules.SYSTEM_TREES)
-                         or real in rules.SYSTEM_DIRS or real in rules.home_dirs())
+                         or real in rules.SYSTEM_DIRS or real in pathrules.home_dirs())
 
 
 TARGETS = ["/run", "/proc/self", "/proc/1/root", "/sys/kernel", "/dev/shm", "/etc", "/usr/lib",
@@ -533,12 +534,12 @@ def test_what_the_rule_book_accepts_never_resolves_into_a_refused_area(
         real = os.path.realpath(path)
     except OSError:  # a link that cannot be read (/proc/1/root): the rule book says so
         with pytest.raises(PolicyError, match="cannot resolve"):
-            rules.check_source(path, writable=writable, allow=(), key="k")
+            pathrules.check_source(path, writable=writable, allow=(), key="k")
         return
     if not os.path.isdir(real):
         return  # a loop or a missing component: plan.py refuses it as missing
     try:
-        accepted = rules.check_source(path, writable=writable, allow=(), key="k")
+        accepted = pathrules.check_source(path, writable=writable, allow=(), key="k")
     except PolicyError:
         return
     assert accepted == real

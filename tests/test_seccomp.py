@@ -26,6 +26,7 @@ from conftest import PYTHON, Runner, require
 import nsbox
 from nsbox.errors import PolicyError, SetupError
 from nsbox.host import seccomp as sc
+from nsbox.host import seccomp_compile
 from nsbox.policy import Bind, Policy, Seccomp, SeccompArg, SeccompRule
 
 PROBE_SRC = Path(__file__).parent / "probes" / "seccomp_probe.c"
@@ -287,7 +288,7 @@ def test_program_holds_the_native_architecture_alone() -> None:
     jumps to the kill for anything else; no second architecture is compared."""
     import struct
 
-    bpf = sc.compile_program(Seccomp()).bpf
+    bpf = seccomp_compile.compile_program(Seccomp()).bpf
     insns = [struct.unpack("=HBBI", bpf[i:i + 8]) for i in range(0, len(bpf), 8)]
     audit_arch = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}.get(os.uname().machine)
     require(audit_arch is not None, "no AUDIT_ARCH value known for this machine")
@@ -297,7 +298,7 @@ def test_program_holds_the_native_architecture_alone() -> None:
     assert loads_of_arch == [0]
     code, _, jf, k = insns[1]
     assert (code, k) == (bpf_jeq_k, audit_arch)
-    assert insns[2 + jf] == (bpf_ret_k, 0, 0, sc.RET_KILL_PROCESS)
+    assert insns[2 + jf] == (bpf_ret_k, 0, 0, seccomp_compile.RET_KILL_PROCESS)
 
 
 def test_two_filters_are_applied_after_no_new_privs(sandbox: Runner) -> None:

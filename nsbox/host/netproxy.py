@@ -8,9 +8,10 @@ there by the sandbox's setup and passed out as a file descriptor — so the sand
 - a plain HTTP request with an absolute URI (``GET http://host[:port]/path``), forwarded with
   ``Connection: close`` so one client connection is one upstream request.
 
-The host must match the allow-list (nsbox.netrules). The proxy resolves the name itself and
-connects to an address it has checked, never to the name again, so a DNS answer that changes
-between check and connect (rebinding) cannot steer it elsewhere. Denials get an HTTP error with
+The request's head is parsed by nsbox/host/httphead.py. The host must match the allow-list
+(nsbox.netrules). The proxy resolves the name itself and connects to an address it has
+checked, never to the name again, so a DNS answer that changes between check and connect
+(rebinding) cannot steer it elsewhere. Denials get an HTTP error with
 a short reason; every attempt is recorded. One accept thread plus one thread per connection, all
 ended by ``close()``.
 """
@@ -27,26 +28,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nsbox.host.httphead import MAX_HEAD, Denied, error_response, parse_head
 from nsbox.netrules import (
-    DEFAULT_CONNECT_PORT,
-    DEFAULT_HTTP_PORT,
     AllowEntry,
     IPAddress,
     forbidden_reason,
     literally_listed,
-    normalize_host,
     parse_address,
     parse_entry,
     unmap,
 )
 
-MAX_HEAD = 64 * 1024  # bytes of request line + headers
 CHUNK = 64 * 1024
-# Hop-by-hop headers (RFC 9110, 7.6.1) and the proxy's own; never forwarded upstream.
-_HOP_BY_HOP = {
-    "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate",
-    "te", "trailer", "upgrade",
-}
 
 
 @dataclass(frozen=True)
@@ -58,32 +51,8 @@ class ProxyLimits:
     max_records: int = 1000  # attempts kept in the log; the rest are only counted
 
 
-class _Denied(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
 class _Stopped(Exception):
     """The proxy is closing (or the peer went idle): end this connection quietly."""
-
-
-_STATUS_TEXT = {
-    400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed", 431: "Request Header Fields "
-    "Too Large", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
-}
-
-
-def _error_response(status: int, reason: str) -> bytes:
-    body = f"nsbox proxy: {reason}\n".encode()
-    head = (
-        f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}\r\n"
-        "Content-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 class NetworkProxy:
@@ -247,12 +216,12 @@ class NetworkProxy:
         up = down = 0
         try:
             head, rest = self._read_head(client)
-            method, host, port, default_port, new_head = self._parse(head)
+            method, host, port, default_port, new_head = parse_head(head)
             if not any(e.matches(host, port, default_port) for e in self._allow):
                 if self._ask is None:
-                    raise _Denied(403, f"{host}:{port} is not in the allow-list")
+                    raise Denied(403, f"{host}:{port} is not in the allow-list")
                 if not self._asked(host, port):
-                    raise _Denied(403, f"{host}:{port} is not in the allow-list and was "
+                    raise Denied(403, f"{host}:{port} is not in the allow-list and was "
                                        "refused when asked")
             addrs = self._resolve(host, port, default_port)
             upstream, address = self._connect_any(addrs, port)
@@ -268,10 +237,10 @@ class NetworkProxy:
                 up += len(first)
             up, down, end = self._relay(client, upstream, up, down)
             self._record(method, host, port, True, end, up, down, started, address)
-        except _Denied as denied:
+        except Denied as denied:
             self._record(method, host, port, False, denied.reason, up, down, started, address)
             with contextlib.suppress(OSError, _Stopped):
-                self._send(client, _error_response(denied.status, denied.reason))
+                self._send(client, error_response(denied.status, denied.reason))
         except _Stopped as stopped:
             reason = str(stopped) or "proxy closed"
             self._record(method, host, port, admitted, reason, up, down, started, address)
@@ -309,7 +278,7 @@ class NetworkProxy:
         data = b""
         while b"\r\n\r\n" not in data:
             if len(data) > MAX_HEAD:
-                raise _Denied(431, f"request head larger than {MAX_HEAD} bytes")
+                raise Denied(431, f"request head larger than {MAX_HEAD} bytes")
             self._wait(
                 client, select.POLLIN, self._limits.idle_timeout, _Stopped("idle: no request")
             )
@@ -322,65 +291,6 @@ class NetworkProxy:
             data += chunk
         head, _, rest = data.partition(b"\r\n\r\n")
         return head, rest
-
-    def _parse(self, head: bytes) -> tuple[str, str, int, int, bytes]:
-        """Method, host, port, default port and (plain HTTP) the head to send upstream."""
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise _Denied(400, "not an HTTP/1.x request")
-        method, target, version = parts
-        if method == "CONNECT":
-            host, port = self._authority(target, DEFAULT_CONNECT_PORT)
-            return method, host, port, DEFAULT_CONNECT_PORT, b""
-        if not target.lower().startswith("http://"):
-            raise _Denied(
-                405 if target.startswith("/") else 403,
-                "only CONNECT and absolute http:// requests are proxied",
-            )
-        after = target[len("http://"):]
-        cut = min((i for i in (after.find("/"), after.find("?")) if i >= 0), default=len(after))
-        authority, path = after[:cut], after[cut:] or "/"
-        if path.startswith("?"):
-            path = "/" + path
-        host, port = self._authority(authority, DEFAULT_HTTP_PORT)
-        out = [f"{method} {path} {version}", f"Host: {authority}"]
-        dropped = set(_HOP_BY_HOP)
-        for line in lines[1:]:
-            name = line.split(":", 1)[0].strip().lower()
-            if name == "connection":
-                dropped.update(t.strip().lower() for t in line.split(":", 1)[-1].split(","))
-        for line in lines[1:]:
-            name = line.split(":", 1)[0].strip().lower()
-            if name not in dropped and name != "host":
-                out.append(line)
-        out.append("Connection: close")
-        return method, host, port, DEFAULT_HTTP_PORT, ("\r\n".join(out) + "\r\n\r\n").encode(
-            "latin-1"
-        )
-
-    @staticmethod
-    def _authority(text: str, default_port: int) -> tuple[str, int]:
-        if "@" in text:
-            raise _Denied(400, "user information in the request target")
-        host, port_text = text, ""
-        if text.startswith("["):
-            close = text.find("]")
-            host, port_text = text[: close + 1], text[close + 1 :].removeprefix(":")
-        elif ":" in text:
-            host, _, port_text = text.rpartition(":")
-        port = default_port
-        if port_text:
-            if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
-                raise _Denied(400, f"bad port in {text!r}")
-            port = int(port_text)
-        literal = parse_address(host)
-        if literal is not None:
-            return str(literal), port
-        name = normalize_host(host)
-        if name is None:
-            raise _Denied(400, f"bad host name {host!r}")
-        return name, port
 
     def _asked(self, host: str, port: int) -> bool:
         """The embedding application's answer for ``host:port``: asked once, then remembered.
@@ -416,7 +326,7 @@ class NetworkProxy:
             try:
                 infos = self._getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except socket.gaierror as exc:
-                raise _Denied(502, f"cannot resolve {host}: {exc.strerror}") from None
+                raise Denied(502, f"cannot resolve {host}: {exc.strerror}") from None
             candidates = []
             for info in infos:
                 addr = parse_address(str(info[4][0]).split("%")[0])
@@ -432,7 +342,7 @@ class NetworkProxy:
             else:
                 reasons.append(why)
         if not allowed:
-            raise _Denied(
+            raise Denied(
                 403,
                 f"{host} resolves to {', '.join(reasons) or 'no address'}; "
                 "list that address itself to allow it",
@@ -442,16 +352,16 @@ class NetworkProxy:
     def _connect_any(self, addrs: list[IPAddress], port: int) -> tuple[socket.socket, str]:
         """Connect to the first of ``addrs`` that answers, all within the connect timeout."""
         deadline = time.monotonic() + self._limits.connect_timeout
-        failure: _Denied | None = None
+        failure: Denied | None = None
         for addr in addrs:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             try:
                 return self._connect(addr, port, remaining), str(addr)
-            except _Denied as exc:
+            except Denied as exc:
                 failure = exc
-        raise failure or _Denied(504, f"connect to port {port}: timed out")
+        raise failure or Denied(504, f"connect to port {port}: timed out")
 
     def _connect(self, addr: IPAddress, port: int, timeout: float) -> socket.socket:
         family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
@@ -462,12 +372,12 @@ class NetworkProxy:
             sock.setblocking(False)
             err = sock.connect_ex((str(addr), port))
             if err not in (0, errno.EINPROGRESS):
-                raise _Denied(502, f"connect to {addr}:{port}: {errno.errorcode.get(err, err)}")
-            on_timeout = _Denied(504, f"connect to {addr}:{port}: timed out")
+                raise Denied(502, f"connect to {addr}:{port}: {errno.errorcode.get(err, err)}")
+            on_timeout = Denied(504, f"connect to {addr}:{port}: timed out")
             self._wait(sock, select.POLLOUT, timeout, on_timeout)
             err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
-                raise _Denied(502, f"connect to {addr}:{port}: {errno.errorcode.get(err, err)}")
+                raise Denied(502, f"connect to {addr}:{port}: {errno.errorcode.get(err, err)}")
         except BaseException:
             with self._lock:
                 self._sockets.discard(sock)

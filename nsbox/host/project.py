@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nsbox import rules
+from nsbox._paths import open_dir_beneath
 from nsbox.errors import FileTransferError, PolicyError, SetupError
+from nsbox.host import pathrules
 
 if TYPE_CHECKING:
     from nsbox.policy import Policy
@@ -111,7 +113,7 @@ class ApplyReport:
 # --- planning (host side, before the sandbox starts) ------------------------------------------
 
 
-def plan_op(policy: Policy, allow: tuple[str, ...], host: rules.HostView | None
+def plan_op(policy: Policy, allow: tuple[str, ...], host: pathrules.HostView | None
             ) -> dict[str, Any]:
     """The mount operation of the project workspace: the rule book decides the source as for
     a read-only bind, and the secrets found in it are listed for masking."""
@@ -121,7 +123,7 @@ def plan_op(policy: Policy, allow: tuple[str, ...], host: rules.HostView | None
             "size": policy.limits.workspace_size, "masks": masks, "is_dir": True}
 
 
-def checked_source(policy: Policy, allow: tuple[str, ...], host: rules.HostView | None
+def checked_source(policy: Policy, allow: tuple[str, ...], host: pathrules.HostView | None
                    ) -> str:
     """The project's resolved path, as the rule book allows it for a read-only bind (it is
     read, and scanned, only after that)."""
@@ -132,7 +134,7 @@ def checked_source(policy: Policy, allow: tuple[str, ...], host: rules.HostView 
     real = source(policy.project)
     rules.check_spelling(real, False, allow, "project")
     if host is not None:
-        real = rules.check_source(real, writable=False, allow=allow, key="project", host=host)
+        real = pathrules.check_source(real, writable=False, allow=allow, key="project", host=host)
     return real
 
 
@@ -196,31 +198,17 @@ class Project:
     """The host's side of one session's project workspace."""
 
     def __init__(self, policy: Policy) -> None:
-        self.root = checked_source(policy, policy.allow_rules, rules.HostView.current())
+        self.root = checked_source(policy, policy.allow_rules, pathrules.HostView.current())
         self.baseline, self.masked = scan(self.root, policy.project_secrets)
         self._hashes: dict[tuple[str, Entry], str] = {}
         self._discarded: dict[str, tuple[str, str | None]] = {}
 
     # reading the host's own tree, never through a symlink
     def _open_parent(self, rel: str, create: bool = False) -> tuple[int, str]:
+        """The directory that holds ``rel`` below the project's root, reached without
+        following a symlink (the sandbox writes the tree), and the last component's name."""
         *dirs, name = rel.split("/")
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            for part in dirs:
-                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-                try:
-                    next_fd = os.open(part, flags, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                    next_fd = os.open(part, flags, dir_fd=fd)
-                os.close(fd)
-                fd = next_fd
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd, name
+        return open_dir_beneath(self.root, dirs, create=create), name
 
     def host_entry(self, rel: str) -> Entry | None:
         try:

@@ -20,7 +20,7 @@ from typing import Any
 
 from nsbox import limittable, rules, units
 from nsbox.errors import PolicyError, suggest
-from nsbox.host import seccomp
+from nsbox.host import seccomp_compile
 from nsbox.limittable import LimitSpec
 from nsbox.policy import Bind, Dir, File, Mount, SeccompArg, SeccompRule, Symlink, Tmpfs
 from nsbox.profiles.writers import _none_or, format_duration, format_size
@@ -360,10 +360,10 @@ def native_syscall_names() -> frozenset[str]:
 
 
 def action(origin: Origin, key: str, raw: Any) -> str:
-    """allow, kill or errno:NAME, as the filter compiler (nsbox/host/seccomp.py) reads them."""
+    """allow, kill or errno:NAME, as the filter compiler (host/seccomp_compile.py) reads them."""
     value = string(origin, key, raw)
     try:
-        seccomp.parse_action(value, key)
+        seccomp_compile.parse_action(value, key)
     except PolicyError as exc:
         kind, _, name = value.partition(":")
         hint = (suggest(name, errno.errorcode.values()) if kind == "errno"
@@ -390,7 +390,7 @@ def rule_arg(origin: Origin, key: str, raw: Any) -> SeccompArg:
     expect(origin, key, raw, dict, "a table such as { index = 0, op = \"eq\", value = 1 }")
     check_keys(origin, key, raw, ARG_KEYS)
     index = integer(0, 5)(origin, f"{key}.index", require(origin, key, raw, "index"))
-    op = choice(*seccomp.OPS)(origin, f"{key}.op", require(origin, key, raw, "op"))
+    op = choice(*seccomp_compile.OPS)(origin, f"{key}.op", require(origin, key, raw, "op"))
     value = integer(0, 2**64 - 1)(origin, f"{key}.value", require(origin, key, raw, "value"))
     if "mask" in raw and op != "masked_eq":
         raise origin.error(f"{key}.mask", 'a mask is only used with op = "masked_eq"')

@@ -382,7 +382,7 @@ def reset_signals() -> None:
 
 
 def apply_setid_filter(ctx: Context) -> None:
-    """The set-id filter goes into every sandbox, before the policy's (nsbox/host/seccomp.py):
+    """The set-id filter goes into every sandbox, before the policy's (nsbox/host/seccomp_rules.py):
     a plan without it does not run."""
     bpf = ctx.plan.get("setid_bpf")
     if not bpf:

@@ -19,6 +19,7 @@ import stat
 from typing import Any
 
 from nsbox import _libc
+from nsbox._paths import open_dir_beneath
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import projectfs
 
@@ -82,27 +83,12 @@ def _components(path: str) -> list[str]:
 
 def _open_dir(parts: list[str], path: str, create: bool = False) -> int:
     """Walk from / to the directory ``parts`` without following any symlink."""
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for part in parts:
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-            try:
-                next_fd = os.open(part, flags, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(part, 0o755, dir_fd=fd)
-                next_fd = os.open(part, flags, dir_fd=fd)
-            except (OSError) as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise FileOpError(path, f"{part} is a symlink or not a directory") from None
-                raise
-            os.close(fd)
-            fd = next_fd
-    except BaseException:
-        os.close(fd)
+        return open_dir_beneath("/", parts, create=create)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise FileOpError(path, f"{exc.filename} is a symlink or not a directory") from None
         raise
-    return fd
 
 
 def _open_regular(name: str, dir_fd: int, path: str) -> tuple[int, os.stat_result]:

@@ -1,0 +1,457 @@
+"""The rule book on resolved host paths: what a bind source or a workspace *is*.
+
+``check_source`` runs when the plan is built (nsbox/plan.py) and the project workspace is
+opened (nsbox/host/project.py). It asks what the path is (which filesystem, which directory of
+it, after every symlink and through bind-mounted aliases: /proc/self/mountinfo), not how it is
+spelled, and looks inside the tree for unix sockets and FIFOs. The rules themselves, their
+names and their refusals are in nsbox/rules.py; docs/rules.md is the reference.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import select
+import stat
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nsbox.rules import (
+    BELOW_AREAS,
+    EXACT_AREAS,
+    KERNEL_FS,
+    SECRET_NAMES,
+    SYSTEM_DIRS,
+    SYSTEM_TREES,
+    UNSCANNED_TREES,
+    check_spelling,
+    fire,
+    is_below,
+    refuse,
+    resolve,
+)
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    """One line of /proc/self/mountinfo (proc(5)): ``root`` is the directory of the filesystem
+    that appears at ``point``."""
+
+    dev: str  # "major:minor"
+    root: str
+    point: str
+    fstype: str
+
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape(field: str) -> str:
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def read_mountinfo() -> str:
+    """The text of /proc/self/mountinfo, read again only when the mount table has changed."""
+    return _mount_table.text()
+
+
+class _MountTable:
+    """/proc/self/mountinfo, kept open and read again only after the kernel says it changed.
+
+    proc(5): the file is pollable; a mount, unmount or move in the mount namespace marks every
+    open descriptor of it, and the next poll(2) reports POLLPRI | POLLERR once (and clears the
+    mark). So a poll with no wait tells whether the text read last is still the table. The
+    descriptor belongs to one process and one mount namespace: after a fork (another pid) or a
+    setns/unshare (another inode of /proc/self/ns/mnt) the file is opened anew, since the mark
+    is per open file (a child polling an inherited descriptor would clear the parent's mark).
+    Reading is about 40 us here; a poll and a stat about 3 us."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._owner: tuple[int, int] = (0, 0)  # (pid, mount namespace inode) of _fd
+        self._text = ""
+
+    def text(self) -> str:
+        try:
+            owner = (os.getpid(), os.stat("/proc/self/ns/mnt").st_ino)
+        except OSError:  # no way to tell the mount namespace: read the table every time
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+                return f.read()
+        with self._lock:
+            if self._fd < 0 or owner != self._owner:
+                self._reopen(owner)
+            elif self._changed():
+                self._text = self._read()
+            return self._text
+
+    def _reopen(self, owner: tuple[int, int]) -> None:
+        if self._fd >= 0 and owner[0] == self._owner[0]:
+            os.close(self._fd)
+        # An inherited one is left alone: a forked process may have closed it and reused its
+        # number for something else.
+        self._fd = -1
+        # Opened before reading: a change between the two is both in the text and marked.
+        self._fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        self._owner = owner
+        self._text = self._read()
+
+    def _changed(self) -> bool:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLPRI | select.POLLERR)
+        # The mark, or anything else poll reports (POLLNVAL, POLLHUP): read again.
+        return bool(poller.poll(0))
+
+    def _read(self) -> str:
+        chunks = []
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        while chunk := os.read(self._fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8", "surrogateescape")
+
+
+_mount_table = _MountTable()
+
+
+def parse_mounts(text: str) -> list[MountEntry]:
+    """The mount table, in mount order (a later entry covers an earlier one)."""
+    entries = []
+    for line in text.splitlines():
+        fields = line.split()
+        sep = fields.index("-")
+        entries.append(MountEntry(fields[2], _unescape(fields[3]), _unescape(fields[4]),
+                                  fields[sep + 1]))
+    return entries
+
+
+@dataclass(frozen=True)
+class Where:
+    """What a resolved path is: a directory ``fspath`` of the filesystem ``dev``."""
+
+    dev: str
+    fspath: str
+    fstype: str
+
+    def within(self, other: Where) -> bool:
+        return self.dev == other.dev and is_below(self.fspath, other.fspath)
+
+
+def _dev_string(st_dev: int) -> str:
+    return f"{os.major(st_dev)}:{os.minor(st_dev)}"
+
+
+def where(real: str, mounts: Sequence[MountEntry]) -> Where | None:
+    """Which filesystem ``real`` (a resolved path) is on and where in it; None if missing.
+
+    The mount is the one with the longest mount point above the path whose device is the
+    path's own (stat), so a covered mount is never mistaken for the one that is seen."""
+    try:
+        dev = _dev_string(os.stat(real).st_dev)
+    except OSError:
+        return None
+    best: MountEntry | None = None
+    for entry in mounts:
+        if entry.dev == dev and is_below(real, entry.point) and (
+                best is None or len(entry.point) >= len(best.point)):
+            best = entry
+    if best is None:  # not in this table (another namespace's path): the spelling must do
+        return Where(dev, real, "")
+    rest = real[len(best.point):] if best.point != "/" else real
+    return Where(dev, posixpath.normpath(best.root + "/" + rest).replace("//", "/"),
+                 best.fstype)
+
+
+class HostView:
+    """The host as the rules see it: the mount table, the places of the refused areas, the
+    homes and their secret folders, each worked out when first needed.
+
+    ``current()`` keeps one view while the mount table and the user database are unchanged
+    (the text of /proc/self/mountinfo, the mtimes of /etc/passwd and /home), so a launch pays
+    for a poll of mountinfo, not for resolving every area again. Only host paths that root
+    manages are remembered (the areas, the homes); a caller's bind source is resolved and
+    located afresh every time, and only what the rules said of the place it was found at is
+    kept (``passed``), for as long as the view. A home's secrets are looked for again when the
+    home or its .config changes (creating an entry changes a directory's ctime)."""
+
+    def __init__(self, text: str | None = None, homes_stamp: tuple[int, ...] = ()) -> None:
+        self.text = read_mountinfo() if text is None else text
+        self.mounts = parse_mounts(self.text)
+        self.homes_stamp = homes_stamp
+        self._areas: dict[str, list[Where]] = {}
+        self._homes: list[str] | None = None
+        self._where: dict[str, Where | None] = {}
+        self._secrets: dict[str, tuple[tuple[int, int], list[tuple[str, Where]]]] = {}
+        # (resolved path, its place, writable, allow_rules) -> whether the socket scan skips
+        # it: the places that passed the spelling and place rules in this view (check_source).
+        self.passed: dict[tuple[str, Where | None, bool, tuple[str, ...]], bool] = {}
+        self._near: dict[Where, list[str]] = {}  # a place -> the homes above or below it
+
+    @classmethod
+    def current(cls) -> HostView:
+        global _view
+        text = read_mountinfo()
+        stamp = _homes_stamp()
+        view = _view
+        if view is None or view.text != text or view.homes_stamp != stamp:
+            view = _view = cls(text, stamp)
+        return view
+
+    def remember(self, memo: tuple[str, Where | None, bool, tuple[str, ...]],
+                 unscanned: bool) -> None:
+        if len(self.passed) >= _PASSED_MAX:  # a caller with ever new paths: start again
+            self.passed.clear()
+            self._near.clear()
+        self.passed[memo] = unscanned
+
+    def where(self, path: str) -> Where | None:
+        if path not in self._where:
+            self._where[path] = where(os.path.realpath(path), self.mounts)
+        return self._where[path]
+
+    def area(self, path: str) -> list[Where]:
+        """Everything at or below ``path``: the path's own place, and every filesystem mounted
+        below it (a bind-mounted alias of any of them elsewhere is the same place)."""
+        if path not in self._areas:
+            real = os.path.realpath(path)
+            own = where(real, self.mounts)
+            places = [] if own is None else [own, *self.below(real)]
+            self._areas[path] = places
+        return self._areas[path]
+
+    def below(self, real: str) -> list[Where]:
+        return [Where(e.dev, e.root, e.fstype) for e in self.mounts
+                if e.point != real and is_below(e.point, real)]
+
+    def homes(self) -> list[str]:
+        if self._homes is None:
+            self._homes = home_dirs()
+        return self._homes
+
+    def secrets_near(self, here: Where) -> list[tuple[str, Where]]:
+        """The secret folders that ``here`` could be in or hold: those of the homes that lie
+        above or below it (a home's place is one stat; its secrets are looked at only then)."""
+        near = self._near.get(here)
+        if near is None:
+            near = self._near[here] = [
+                home for home in self.homes() if (place := self.where(home)) is not None
+                and (here.within(place) or place.within(here))]
+        found = []
+        for home in near:
+            found += self._secrets_of(home)
+        return found
+
+    def _secrets_of(self, home: str) -> list[tuple[str, Where]]:
+        stamp = (_ctime(home), _ctime(home + "/.config"))
+        cached = self._secrets.get(home)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        places = []
+        for name in SECRET_NAMES:
+            secret = home + "/" + name
+            place = where(os.path.realpath(secret), self.mounts) if os.path.lexists(
+                secret) else None
+            if place is not None:
+                places.append((secret, place))
+        self._secrets[home] = (stamp, places)
+        return places
+
+
+_view: HostView | None = None
+_PASSED_MAX = 10_000
+
+
+def _ctime(path: str) -> int:
+    try:
+        return os.stat(path).st_ctime_ns
+    except OSError:
+        return -1
+
+
+def _homes_stamp() -> tuple[int, ...]:
+    stamps = []
+    for path in ("/etc/passwd", "/home"):
+        try:
+            stamps.append(os.stat(path).st_mtime_ns)
+        except OSError:
+            stamps.append(-1)
+    return tuple(stamps)
+
+
+def home_dirs() -> list[str]:
+    """The host's home directories: /root, /home/*, and every home in the user database."""
+    import pwd
+
+    homes = {"/root"}
+    try:
+        homes.update(os.path.join("/home", n) for n in os.listdir("/home"))
+    except OSError:
+        pass
+    homes.update(p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/"))
+    return sorted(h for h in homes if posixpath.normpath(h) != "/" and os.path.isdir(h))
+
+
+def check_source(source: str, *, writable: bool, allow: Sequence[str], key: str,
+                 host: HostView | None = None) -> str:
+    """The rules for a bind source or a workspace, on what the path is; its resolved path.
+
+    ``source`` must exist (plan.py says so otherwise). Submounts below the source come along
+    with a recursive bind (nsbox binds with AT_RECURSIVE), so they are checked as well.
+
+    The path is resolved and located (stat) every time. The rules that follow from where it is
+    are answered once per host view (while the mount table and the homes are unchanged) for
+    each place; the homes' secrets and the socket scan look again each time, each with its own
+    record of what it saw."""
+    real = resolve(source, key)
+    host = host or HostView.current()
+    here = where(real, host.mounts)
+    memo = (real, here, writable, tuple(allow))
+    unscanned = host.passed.get(memo)
+    if unscanned is None:
+        check_spelling(real, writable, allow, key)
+        unscanned = here is None or _check_place(real, here, writable, allow, key, host)
+        host.remember(memo, unscanned)
+    if here is None:
+        return real
+    if "secret-dir" not in allow:
+        for secret, place in host.secrets_near(here):
+            if here.within(place):
+                raise refuse("secret-dir", f"{real} is {secret} or inside it", key)
+            if place.within(here):
+                raise refuse("secret-dir", f"{real} holds {secret}", key)
+    if "host-socket" not in allow and not unscanned:
+        found = find_host_socket(real)
+        if found:
+            raise refuse("host-socket", f"{found[0]} is {found[1]}", key)
+    return real
+
+
+def _check_place(real: str, here: Where, writable: bool, allow: Sequence[str], key: str,
+                 host: HostView) -> bool:
+    """The rules on the filesystem and the directory ``real`` is (``here``) and on what is
+    mounted below it; whether the socket scan may skip it (a package-managed tree)."""
+    places = [here, *host.below(real)]
+    for place in places:
+        name = KERNEL_FS.get(place.fstype)
+        if name:
+            fire(name, allow, f"{real} is on a {place.fstype} filesystem", key)
+    for name, area in BELOW_AREAS:
+        if any(p.within(a) for p in places for a in host.area(area)):
+            fire(name, allow, f"{real} is (or holds) {area} or a part of it, by another "
+                 "name", key)
+    for name, area in EXACT_AREAS:
+        if _same(here, host.where(area)):
+            fire(name, allow, f"{real} is {area}, by another name", key)
+    if writable:
+        _check_writable_place(real, here, allow, key, host)
+    return _unscanned(here, host)
+
+
+def _same(a: Where | None, b: Where | None) -> bool:
+    return a is not None and b is not None and (a.dev, a.fspath) == (b.dev, b.fspath)
+
+
+def _check_writable_place(real: str, here: Where, allow: Sequence[str], key: str,
+                          host: HostView) -> None:
+    for tree in SYSTEM_TREES:
+        if any(here.within(a) for a in host.area(tree)):
+            fire("writable-system-dir", allow, f"{real} is at or below {tree}, by another "
+                  "name", key)
+    for name, dirs in (("writable-system-dir", SYSTEM_DIRS), ("writable-home", host.homes())):
+        for directory in dirs:
+            if _same(here, host.where(directory)):
+                fire(name, allow, f"{real} is {directory}", key)
+
+
+def _unscanned(here: Where, host: HostView) -> bool:
+    return any(here.within(host.area(tree)[0]) for tree in UNSCANNED_TREES
+               if host.area(tree))
+
+
+# --- the socket scan -----------------------------------------------------------------------------
+
+# Directories found clean: path -> (identity and change times, names of its subdirectories).
+# Creating, renaming or linking an entry changes a directory's ctime, which no one can set
+# back (utimensat(2) sets only atime and mtime); a mount over a subdirectory changes its
+# device and inode. So a directory whose stat is unchanged holds what it held. A directory
+# changed within the last seconds is not remembered: its ctime could still change within the
+# same clock tick after it was read (the timestamps use a coarse clock).
+_Key = tuple[int, int, int, int]
+_clean: dict[str, tuple[_Key, tuple[str, ...]]] = {}
+_clean_lock = threading.Lock()
+_CLEAN_MAX = 500_000
+_SETTLED_NS = 2_000_000_000
+
+
+def _kind(mode: int) -> str | None:
+    if stat.S_ISSOCK(mode):
+        return "a unix socket"
+    return "a FIFO" if stat.S_ISFIFO(mode) else None
+
+
+def find_host_socket(root: str) -> tuple[str, str] | None:
+    """The first unix socket or FIFO at or below ``root`` (not following symlinks) and what
+    it is, or None.
+
+    scandir's d_type tells directories, files and symlinks apart without a stat; only the
+    remaining entries are stat'ed. Directories that cannot be listed but can be entered are
+    reported, since a socket in them could still be reached by its name."""
+    try:
+        mode = os.lstat(root).st_mode
+    except OSError:
+        return None
+    if _kind(mode):
+        return root, str(_kind(mode))
+    if not stat.S_ISDIR(mode):
+        return None
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        found = _scan_dir(directory, stack)
+        if found:
+            return found
+    return None
+
+
+def _scan_dir(directory: str, stack: list[str]) -> tuple[str, str] | None:
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return None
+    key = (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns)
+    with _clean_lock:
+        cached = _clean.get(directory)
+    if cached is not None and cached[0] == key:
+        stack.extend(directory + "/" + name for name in cached[1])
+        return None
+    subdirs: list[str] = []
+    try:
+        entries = os.scandir(directory)
+    except PermissionError:
+        if os.access(directory, os.X_OK):
+            return directory, "a directory that can be entered but not listed"
+        return None
+    except OSError:
+        return None
+    with entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append(entry.name)
+            elif entry.is_file(follow_symlinks=False) or entry.is_symlink():
+                continue
+            else:
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except OSError:
+                    continue
+                if _kind(mode):
+                    return entry.path, str(_kind(mode))
+    stack.extend(directory + "/" + name for name in subdirs)
+    if time.time_ns() - st.st_ctime_ns > _SETTLED_NS:
+        with _clean_lock:
+            if len(_clean) >= _CLEAN_MAX:
+                _clean.clear()
+            _clean[directory] = (key, tuple(subdirs))
+    return None

@@ -1,0 +1,254 @@
+"""The seccomp compiler: rules checked and turned into a BPF program with libseccomp.
+
+pyseccomp is imported here alone, and only when a program is compiled: its import runs
+ldconfig (about 35 ms). Callers get programs through the cache (nsbox/host/seccomp.py); the
+rules themselves are in nsbox/host/seccomp_rules.py. docs/seccomp.md explains the choices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from nsbox.errors import HostError, PolicyError
+from nsbox.host.seccomp_rules import SETID_RULES, U64, effective_rules
+from nsbox.policy import Seccomp, SeccompArg, SeccompRule
+
+# Return values of a seccomp filter, <linux/seccomp.h>.
+RET_KILL_PROCESS = 0x80000000
+RET_ERRNO = 0x00050000
+RET_USER_NOTIF = 0x7FC00000
+RET_ALLOW = 0x7FFF0000
+
+# The comparison operators of libseccomp's enum scmp_compare, by the names profiles use.
+OPS = {"ne": 1, "lt": 2, "le": 3, "eq": 4, "ge": 5, "gt": 6, "masked_eq": 7}
+
+# A filter longer than this is refused by the kernel (BPF_MAXINSNS, <linux/bpf_common.h>).
+MAX_INSNS = 4096
+# The generic syscall table's number of fchmodat2 (Linux 6.6), for a libseccomp that predates it.
+_NR_FCHMODAT2 = 452
+
+
+@dataclass(frozen=True)
+class Program:
+    """A compiled filter. ``bpf`` is an array of struct sock_filter (8 bytes each).
+
+    With ``listener`` (learning mode) every errno action is a user notification instead: the
+    child loads the filter with SECCOMP_FILTER_FLAG_NEW_LISTENER and hands the listener to the
+    helper, which answers each notification with ``notify``'s errno (never lets the syscall
+    run) and records the syscall (nsbox/helper/seccomp_notify.py).
+    """
+
+    bpf: bytes
+    key: str
+    listener: bool = False
+    # Learning mode: {"rules": {nr: [[conditions, errno], ...]}, "default": errno or null,
+    # "names": {nr: name}}; conditions as [index, op, value, mask].
+    notify: dict[str, Any] | None = None
+
+
+
+def parse_action(text: str, key: str) -> tuple[str, int]:
+    """``allow``, ``kill`` or ``errno:NAME`` -> (kind, errno); kind is allow, kill or errno."""
+    if text == "allow":
+        return "allow", 0
+    if text == "kill":
+        return "kill", 0
+    kind, _, name = text.partition(":")
+    if kind == "errno":
+        number = getattr(errno, name, None) if name.isupper() else None
+        if isinstance(number, int):
+            return "errno", number
+        raise PolicyError(
+            f"unknown errno {name!r} in action {text!r}",
+            key=key,
+            hint="write an errno name from errno(3), e.g. errno:EPERM",
+        )
+    raise PolicyError(
+        f"unknown action {text!r}", key=key, hint="use allow, kill or errno:NAME (errno:EPERM)"
+    )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_rule(rule: SeccompRule, key: str) -> None:
+    if not isinstance(rule.syscall, str) or not rule.syscall:
+        raise PolicyError(f"syscall must be a name, not {rule.syscall!r}", key=key,
+                          hint="use the syscall's name as in syscalls(2), e.g. ptrace")
+    if not isinstance(rule.action, str):
+        raise PolicyError(f"action must be a string, not {rule.action!r}", key=key,
+                          hint="use allow, kill or errno:NAME (errno:EPERM)")
+    for arg in rule.args:
+        if not isinstance(arg, SeccompArg):
+            raise PolicyError(f"argument condition {arg!r} is not a SeccompArg", key=key)
+        _check_arg(arg, key)
+
+
+def _check_arg(arg: SeccompArg, key: str) -> None:
+    if not all(_is_int(n) for n in (arg.index, arg.value, arg.mask)):
+        raise PolicyError(f"index, value and mask must be integers: {arg!r}", key=key)
+    if not 0 <= arg.index <= 5:
+        raise PolicyError(f"argument index {arg.index} is not 0..5", key=key)
+    if arg.op not in OPS:
+        raise PolicyError(
+            f"unknown comparison {arg.op!r}", key=key, hint=f"use one of {', '.join(OPS)}"
+        )
+    for what, number in (("value", arg.value), ("mask", arg.mask)):
+        if not 0 <= number <= U64:
+            raise PolicyError(
+                f"{what} {number} is not an unsigned 64-bit number",
+                key=key,
+                hint="write negative numbers as their unsigned value (-1 is 0xffffffffffffffff)",
+            )
+    if arg.op != "masked_eq" and arg.mask:
+        raise PolicyError(f"a mask is only for masked_eq, not {arg.op!r}", key=key)
+
+
+def _action_value(kind: str, number: int, listener: bool) -> int:
+    if kind == "allow":
+        return RET_ALLOW
+    if kind == "kill":
+        return RET_KILL_PROCESS
+    return RET_USER_NOTIF if listener else RET_ERRNO | (number & 0xFFFF)
+
+
+def compile_program(seccomp: Seccomp, key: str = "") -> Program:
+    """Compile with libseccomp. Raises PolicyError naming a bad rule. ``key`` is the cache's
+    (nsbox/host/seccomp.py), kept with the program."""
+    pyseccomp = _import_pyseccomp()
+    listener = seccomp.log_denied
+    default_kind, default_errno = parse_action(seccomp.default_action, "seccomp.default_action")
+    default = _action_value(default_kind, default_errno, listener)
+    notify_rules: dict[str, list[Any]] = {}
+
+    flt = pyseccomp.SyscallFilter(default)
+    # Only the native architecture is in the filter (libseccomp's default; no x86 or x32 is
+    # added), so the bad-arch action catches int 0x80 from a 64-bit process (the kernel reports
+    # AUDIT_ARCH_I386) and, on x86_64, x32 numbers (__X32_SYSCALL_BIT): kill, never fall through.
+    flt.set_attr(pyseccomp.Attr.ACT_BADARCH, RET_KILL_PROCESS)
+    flt.set_attr(pyseccomp.Attr.CTL_NNP, 0)  # the child sets no_new_privs itself, as a step
+    # A binary tree over syscall numbers instead of a linear chain (libseccomp >= 2.5).
+    with contextlib.suppress(OSError):
+        flt.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)
+
+    rules = effective_rules(seccomp)
+    builtin_count = len(rules) - len(seccomp.rules)
+    for position, rule in enumerate(rules):
+        where = f"seccomp.rules[{position - builtin_count}]"
+        if position < builtin_count:
+            where = f"built-in seccomp rule for {rule.syscall}"
+        _check_rule(rule, where)
+        nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, rule.syscall)
+        if nr == -1:  # __NR_SCMP_ERROR: no architecture has it
+            raise PolicyError(
+                f"unknown syscall {rule.syscall!r}",
+                key=where,
+                hint="use the syscall's name as in syscalls(2), e.g. ptrace",
+            )
+        kind, number = parse_action(rule.action, where)
+        if nr < 0:
+            continue  # a syscall of another architecture (vm86 on x86_64): nothing to filter
+        action = _action_value(kind, number, listener)
+        if action == default:
+            continue  # libseccomp refuses a rule that repeats the default; it changes nothing
+        conditions = [
+            pyseccomp.Arg(a.index, OPS[a.op], *((a.mask, a.value) if a.op == "masked_eq"
+                                                else (a.value,)))
+            for a in rule.args
+        ]
+        try:
+            flt.add_rule(action, nr, *conditions)
+        except OSError as exc:
+            raise PolicyError(
+                f"libseccomp refuses the rule for {rule.syscall!r}: {exc.strerror}",
+                key=where,
+                hint="one comparison per argument in a rule; two rules for the same syscall "
+                "must not differ only in the action",
+            ) from None
+        if action == RET_USER_NOTIF:
+            conds = [[a.index, a.op, a.value, a.mask] for a in rule.args]
+            notify_rules.setdefault(str(nr), []).append([conds, number])
+
+    bpf = _export(flt)
+    if len(bpf) // 8 > MAX_INSNS:
+        raise PolicyError(
+            f"the seccomp program has {len(bpf) // 8} instructions; the kernel takes at most "
+            f"{MAX_INSNS}",
+            key="seccomp.rules",
+        )
+    notify = None
+    if listener:
+        notify = {
+            "rules": notify_rules,
+            "default": default_errno if default == RET_USER_NOTIF else None,
+            "names": _syscall_names(pyseccomp),
+        }
+    return Program(bpf, key, listener, notify)
+
+
+def compile_setid(key: str = "") -> Program:
+    """Compile SETID_RULES: allow by default, the native architecture only (as the policy's
+    program: another architecture's syscalls are killed, they would bypass the numbers here)."""
+    pyseccomp = _import_pyseccomp()
+    flt = pyseccomp.SyscallFilter(RET_ALLOW)
+    flt.set_attr(pyseccomp.Attr.ACT_BADARCH, RET_KILL_PROCESS)
+    flt.set_attr(pyseccomp.Attr.CTL_NNP, 0)
+    with contextlib.suppress(OSError):
+        flt.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)  # every syscall passes this filter too
+    for rule in SETID_RULES:
+        nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, rule.syscall)
+        if nr == -1 and rule.syscall == "fchmodat2":
+            nr = _NR_FCHMODAT2  # a libseccomp older than the syscall: the number is the same
+        if nr < 0:
+            continue  # not a syscall of this architecture (open on aarch64)
+        kind, number = parse_action(rule.action, "set-id rule")
+        conditions = [pyseccomp.Arg(a.index, OPS[a.op], a.mask, a.value) for a in rule.args]
+        flt.add_rule(_action_value(kind, number, False), nr, *conditions)
+    return Program(_export(flt), key)
+
+
+def _import_pyseccomp() -> Any:
+    """Here alone: its import runs ldconfig. Missing pieces fail closed, with what to install."""
+    try:
+        import pyseccomp
+    except ImportError:
+        raise HostError(
+            "seccomp: the Python package pyseccomp is not installed",
+            feature="seccomp",
+            hint="pip install pyseccomp (it is a dependency of nsbox)",
+        ) from None
+    except RuntimeError as exc:  # pyseccomp's "Unable to find libseccomp"
+        raise HostError(
+            f"seccomp: {exc}",
+            feature="seccomp",
+            hint="install the system's libseccomp (Debian: apt-get install libseccomp2)",
+        ) from None
+    return pyseccomp
+
+
+def _export(flt: Any) -> bytes:
+    fd = os.memfd_create("nsbox-seccomp", os.MFD_CLOEXEC)
+    try:
+        with open(fd, "wb", closefd=False) as f:
+            flt.export_bpf(f)
+        size = os.fstat(fd).st_size
+        return os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
+
+
+def _syscall_names(pyseccomp: Any) -> dict[str, str]:
+    """Number -> name for the native architecture, so the host can name what was denied
+    without loading libseccomp again."""
+    names = {}
+    for nr in range(1024):
+        try:
+            names[str(nr)] = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, nr).decode()
+        except ValueError:
+            continue
+    return names
