@@ -680,3 +680,55 @@ def test_cli_seccomp_log_prints_what_was_denied(probe_dir: Path) -> None:
     as_json = subprocess.run(argv[:4] + ["--json"] + argv[4:], capture_output=True, text=True,
                              timeout=60)
     assert json.loads(as_json.stdout)["extra"]["seccomp_denied"] == ["keyctl"]
+
+
+PLANT = r'''
+import json, hashlib, os, struct, sys
+import nsbox
+from nsbox.host import seccomp as sc
+from nsbox.policy import Bind, Policy, Seccomp
+
+home = sys.argv[1]
+os.environ["XDG_CACHE_HOME"] = home
+# One instruction: BPF_RET|BPF_K SECCOMP_RET_ALLOW, under the keys of the next run's programs.
+allow = struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000).hex()
+entries = [{"format": 1, "key": key, "sha256": hashlib.sha256(bytes.fromhex(allow)).hexdigest(),
+            "bpf": allow, "listener": False, "notify": None}
+           for key in (sc.cache_key(Seccomp()), sc._setid_key())]
+writer = ("import json, os, sys\n"
+          "os.makedirs('/cache/nsbox/seccomp', mode=0o700, exist_ok=True)\n"
+          "for e in json.loads(sys.argv[1]):\n"
+          "    open('/cache/nsbox/seccomp/' + e['key'] + '.json', 'w').write(json.dumps(e))\n")
+policy = Policy(mounts=Policy().mounts + (Bind(home, "/cache", writable=True),))
+planted = nsbox.run(["python3", "-c", writer, json.dumps(entries)], policy, timeout=30)
+json.dump({"planted": planted.exit_code}, sys.stdout)
+'''
+
+
+def test_a_sandbox_cannot_plant_a_program_for_a_later_run(public_tree: Path,
+                                                          unprivileged_tmp: Path) -> None:
+    """A caller that is not root: a sandbox with a writable bind over the cache writes an
+    allow-all program under the default policy's key; the next run must still deny unshare
+    (CLONE_NEWUSER) with EPERM, as the built-in rules say."""
+    home = unprivileged_tmp / "cache"
+    home.mkdir()
+    os.chown(home, 65534, 65534)
+    user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public_tree), "XDG_CACHE_HOME": str(home)}
+    plant = subprocess.run([*user, "/usr/bin/python3", "-I", "-c",
+                            f"import sys; sys.path.insert(0, {str(public_tree)!r})\n" + PLANT,
+                            str(home)], capture_output=True, text=True, timeout=120, env=env,
+                           cwd="/")
+    assert plant.returncode == 0, plant.stderr
+    assert json.loads(plant.stdout)["planted"] == 0
+    planted = sorted(p.name for p in (home / "nsbox" / "seccomp").iterdir())
+    assert planted == sorted([sc.cache_key(Seccomp()) + ".json", sc._setid_key() + ".json"])
+    probe = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+             "print(libc.unshare(0x10000000), ctypes.get_errno())")
+    code = (f"import sys; sys.path.insert(0, {str(public_tree)!r})\nimport nsbox\n"
+            f"r = nsbox.run(['python3', '-c', {probe!r}], timeout=30)\n"
+            + "print(r.stdout.decode().strip())")
+    later = subprocess.run([*user, "/usr/bin/python3", "-I", "-c", code], capture_output=True,
+                           text=True, timeout=120, env=env, cwd="/")
+    assert later.returncode == 0, later.stderr
+    assert later.stdout.split() == ["-1", str(errno.EPERM)]

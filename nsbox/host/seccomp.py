@@ -3,8 +3,9 @@ BPF program.
 
 The host process compiles the program once (nsbox/host/seccomp_compile.py, from the rules of
 nsbox/host/seccomp_rules.py) and caches the bytes, keyed by the seccomp policy, the built-in
-rules, the architecture, the libseccomp version and the nsbox version: in memory, and on disk
-under ``$XDG_CACHE_HOME/nsbox/seccomp`` (or ``~/.cache/nsbox/seccomp``). A hit only reads
+rules, the architecture, the libseccomp version and the nsbox version: in memory, and, for a
+root caller only (disk_cache_allowed), on disk under ``$XDG_CACHE_HOME/nsbox/seccomp`` (or
+``~/.cache/nsbox/seccomp``). A hit only reads
 bytes; pyseccomp is imported on a miss alone, because its import runs ldconfig (about 35 ms).
 The child applies the program as the last step before execve (nsbox/sandbox/child.py).
 docs/seccomp.md explains every rule.
@@ -84,7 +85,7 @@ def _cached(key: str, untrusted_dirs: Iterable[str], compile_: Callable[[], Prog
     if program is not None:
         stats.memory_hits += 1
         return program
-    directory = cache_dir()
+    directory = cache_dir() if disk_cache_allowed() else None
     if directory is not None and _inside_any(directory, untrusted_dirs):
         directory = None
     program = _read_entry(directory, key) if directory else None
@@ -204,6 +205,18 @@ def cache_dir() -> str | None:
             return None
         base = os.path.join(home, ".cache")
     return os.path.join(base, "nsbox", "seccomp")
+
+
+def disk_cache_allowed() -> bool:
+    """Only a root caller keeps programs on disk.
+
+    A sandbox runs as its caller's own uid unless the caller is root, whose sandboxes run as
+    an unprivileged uid (nsbox/identity.py). Run as the caller, a sandbox given a writable bind
+    over the cache (``~/.cache`` for pip's sake, in one run) can write an entry that passes
+    every ownership check, since it is the caller's own file: an allow-all program under the
+    key of the next run's policy. The untrusted_dirs check sees only the current run's binds,
+    so it cannot stop that. Root's entries are root's files, which no sandbox can write."""
+    return os.geteuid() == 0
 
 
 def _inside_any(path: str, dirs: Iterable[str]) -> bool:
