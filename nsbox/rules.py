@@ -89,6 +89,12 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
          "the user database) as a writable bind or workspace",
          "the sandbox could plant .bashrc, .profile or autostart files",
          "give it a project directory below the home"),
+    Rule("nsbox-code", "a writable bind or workspace that is, is inside, or holds the code "
+         "that launches sandboxes: nsbox's package, its dependencies, the site-packages and "
+         "the Python installation (or venv) running it",
+         "the sandbox could change what the next launch runs, outside any sandbox",
+         "install nsbox outside the directory, bind it read-only, or use a project workspace "
+         "(writes stay in the sandbox until applied)"),
     Rule("secret-dir", "a source at or below a home's secret folder (.ssh, .gnupg, .aws, "
          ".config/gcloud, .kube, .docker, .netrc...), or a tree that holds one, even read-only",
          "credentials the sandbox's code could send out or use",

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import nsbox
 from nsbox import rules
 from nsbox.errors import PolicyError
-from nsbox.host import pathrules
+from nsbox.host import codepaths, pathrules
 from nsbox.policy import DEFAULT_MOUNTS, Bind, File, Policy, Symlink, Tmpfs
 from nsbox.pool import Pool
 from nsbox.profiles import apply_overrides, load_profile
@@ -552,3 +552,42 @@ def test_the_rule_table_is_documented() -> None:
         assert f"| `{name}` |" in docs, name
         row = docs.split(f"| `{name}` |", 1)[1].split("\n", 1)[0]
         assert row.rstrip().endswith("| yes |" if rule.can_allow else "| no |"), row
+
+
+# --- nsbox-code: the code that launches sandboxes is never writable from one ------------------
+
+
+PACKAGE = Path(nsbox.__file__).parent
+
+
+def _refused_rule(source: Path, writable: bool = True, allow: tuple[str, ...] = ()) -> str | None:
+    try:
+        nsbox.run(["true"], Policy(mounts=DEFAULT_MOUNTS + (Bind(str(source), "/code",
+                                                                  writable=writable),),
+                                   allow_rules=allow))
+    except PolicyError as exc:
+        return exc.rule
+    return None
+
+
+def test_a_writable_bind_over_nsbox_itself_is_refused(tmp_path: Path) -> None:
+    """A checkout with its venv inside, given writable, would let the sandbox edit the code
+    that the next launch runs as the caller (or plant a .pth file in site-packages)."""
+    link = tmp_path / "link"
+    link.symlink_to(PACKAGE.parent)
+    for source in (PACKAGE, PACKAGE / "host", PACKAGE.parent, link, Path(sys.prefix)):
+        assert _refused_rule(source) == "nsbox-code", source
+    site_packages = next(Path(p) for p in codepaths.code_paths()
+                         if p.startswith(sys.prefix) and p.endswith("site-packages"))
+    assert _refused_rule(site_packages) == "nsbox-code"
+    assert _refused_rule(PACKAGE, writable=False) is None  # reading it is harmless
+
+
+def test_the_nsbox_code_rule_can_be_lifted_and_names_the_place() -> None:
+    with pytest.raises(PolicyError, match=f"nsbox-code: {PACKAGE.parent} holds ") as info:
+        nsbox.run(["true"], Policy(mounts=DEFAULT_MOUNTS + (Bind(str(PACKAGE.parent), "/code",
+                                                                  writable=True),)))
+    assert info.value.rule == "nsbox-code"
+    if os.geteuid() == 0 and PACKAGE.parent.stat().st_uid == 0:
+        return  # as root, a root-owned tree is refused by the identity rule after this one
+    assert _refused_rule(PACKAGE.parent, allow=("nsbox-code",)) is None

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nsbox.host import codepaths
 from nsbox.rules import (
     BELOW_AREAS,
     EXACT_AREAS,
@@ -363,6 +364,20 @@ def _check_writable_place(real: str, here: Where, allow: Sequence[str], key: str
         for directory in dirs:
             if _same(here, host.where(directory)):
                 fire(name, allow, f"{real} is {directory}", key)
+    _check_code(real, here, allow, key, host)
+
+
+def _check_code(real: str, here: Where, allow: Sequence[str], key: str,
+                host: HostView) -> None:
+    for path in codepaths.code_paths():
+        place = host.where(path)
+        if place is None:
+            continue
+        how = ("is" if _same(here, place) else "is inside" if here.within(place)
+               else "holds" if place.within(here) else None)
+        if how:
+            fire("nsbox-code", allow, f"{real} {how} {path}, where code that launches "
+                 "sandboxes lives", key)
 
 
 def _unscanned(here: Where, host: HostView) -> bool:
