@@ -63,6 +63,7 @@ class WirePlan(TypedDict, total=False):
     trace: bool
     pooled: bool
     degraded: list[str]
+    native: bool  # False: NSBOX_NATIVE=0, the Python child (nsbox/sandbox/native.py)
 
 
 class ExitReport(TypedDict, total=False):
@@ -78,6 +79,7 @@ class ExitReport(TypedDict, total=False):
     kill_reason: str | None
     setup_error: SetupErrorInfo | None
     host_error: HostErrorInfo
+    core: str  # "native" or "python": the core that ran the sandbox child
     seccomp_denied: list[str] | None
     limits: dict[str, Any]
     trace: list[Any]

@@ -301,6 +301,8 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     started = time.monotonic()
     net = net or RunNetwork(Network())
     submit = submit or _helper.submit
+    if os.environ.get("NSBOX_NATIVE") == "0":
+        wire["native"] = False  # the helper's environment is not the caller's
     if trace is not None:
         wire["trace"] = True
         trace.append(("host: send to helper", time.monotonic_ns()))
@@ -622,6 +624,8 @@ def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
         timed_out=report["timed_out"],
     )
     result.extra["pid"] = pid
+    if report.get("core"):
+        result.extra["core"] = report["core"]
     if report.get("seccomp_denied") is not None:
         result.extra["seccomp_denied"] = report["seccomp_denied"]
     if report["timed_out"]:

@@ -65,6 +65,7 @@ class Launch:
         self.reaped = False
         self.cloned_into_cgroup = False  # clone3 with CLONE_INTO_CGROUP: nothing to attach
         self.internal_error: SetupErrorInfo | None = None  # Launch.fail
+        self.core = "python"  # or "native": which ran the sandbox child (nsbox/sandbox/native.py)
         # The one owner of what the launch opened (pipes, descriptors, cgroup, spawner, the
         # child itself until reaped): closed at the reap, or when the launch fails before.
         self.cleanup = contextlib.ExitStack()

@@ -72,6 +72,7 @@ from nsbox.helper import spawner as _spawner
 from nsbox.helper.launch import NAMESPACES, Launch, StepFailed, failure_info, failure_report
 from nsbox.helper.seccomp_notify import DeniedSyscalls
 from nsbox.sandbox import child as _child
+from nsbox.sandbox import native as _native_core
 from nsbox.sandbox import netns as _netns
 
 MAX_FDS = 8
@@ -349,23 +350,29 @@ class Helper:
               cgroup_fd: int | None) -> int:
         """Clone the child (through the launch's spawner, or here); in the child, go on as the
         sandbox. Raises StepFailed("create namespaces")."""
+        flat = self.native_plan(launch, plan, fds)
         try:
             if launch.spawner is not None:
                 try:
-                    pid = launch.spawner.clone()
+                    pid = launch.spawner.clone(flat)
                 except OSError:
                     # It died before it cloned (killed from outside, say): clone here and
                     # attach instead; its cgroup, with the run's limits, stays the run's.
                     dead, launch.spawner = launch.spawner, None  # ended here, whatever happens
                     dead.leave(kill=True)
             if launch.spawner is not None:
-                try:
-                    # The child waits for its plan first, then for the id maps like any other.
-                    launch.spawner.send_plan(plan, fds)
-                except OSError:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    raise
+                if flat is None:
+                    try:
+                        # The child waits for its plan, then for the id maps like any other.
+                        launch.spawner.send_plan(plan, fds)
+                    except OSError:
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                        raise
+            elif flat is not None:
+                pid = _native_core.spawn(*flat, (launch.sync_fd, launch.err_fd),
+                                         NAMESPACES | signal.SIGCHLD,
+                                         -1 if cgroup_fd is None else cgroup_fd)
             elif cgroup_fd is not None:
                 pid = _libc.clone_into_cgroup(NAMESPACES, signal.SIGCHLD, cgroup_fd)
             else:
@@ -377,6 +384,23 @@ class Helper:
                               (launch.sync_fd, launch.err_fd), fds.notify, fds.net)
         launch.pid = pid
         return pid
+
+    def native_plan(self, launch: Launch, plan: WirePlan,
+                    fds: _spawner.ChildFds) -> tuple[bytes, list[int]] | None:
+        """The flat plan and its descriptors for the native core, or None: the Python child
+        runs this launch (nsbox/sandbox/native.py says when)."""
+        reason = _native_core.unsupported(plan)
+        if reason is None:
+            try:
+                flat = _native_core.flatten(plan, fds.stdio, fds.sync_r, fds.err_w, fds.sources,
+                                            fds.notify, fds.net, self.cap_last,
+                                            _native_core.own_name())
+            except ValueError:
+                flat = None  # a name the C side cannot carry: the Python child takes it
+            else:
+                launch.core = "native"
+                return flat
+        return None
 
     def watch(self, launch: Launch) -> None:
         """Watch the child's exit, its error pipe and the launch's sockets."""
@@ -802,6 +826,7 @@ class Helper:
             "setup_error": launch.internal_error or setup_error,  # the helper's is the cause
             "seccomp_denied": denied,
             "limits": limits,
+            "core": launch.core,
         }
         if launch.trace is not None:
             report["trace"] = [*launch.trace, *child_trace, ("helper: reaped", reaped_ns)]

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from nsbox import _libc, _wire, cgroups
 from nsbox._wire import WirePlan
 from nsbox.cgroups import _names
+from nsbox.sandbox import native as _native_core
 
 if TYPE_CHECKING:
     from nsbox.helper.loop import Helper
@@ -95,10 +96,14 @@ class Spawner:
         self.cgroup.set_limits(cgroups.Request(memory=request.memory, pids=pids,
                                                cpus=request.cpus))
 
-    def clone(self) -> int:
-        """Have the spawner clone the sandbox; its pid (a child of the helper)."""
+    def clone(self, flat: tuple[bytes, list[int]] | None = None) -> int:
+        """Have the spawner clone the sandbox; its pid (a child of the helper). With ``flat``
+        (the native core's plan and descriptors), the spawner clones it with the native core."""
         try:
-            os.write(self.sock.fileno(), b"clone")
+            if flat is None:
+                os.write(self.sock.fileno(), b"clone")
+            else:
+                _wire.send(self.sock, {"native": flat[0].hex()}, flat[1])
             reply = os.read(self.sock.fileno(), 4096).decode()
         except OSError as exc:
             raise OSError(exc.errno or 0, f"the spawner went away: {exc}") from None
@@ -248,9 +253,16 @@ def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoR
         os.write(comm, _names.SPAWNER_NAME.encode())  # ps shows it; tools tell idle spares by it
         cgroup.attach(os.getpid())
         os.write(fd, b"ready")
-        if os.read(fd, 64) == b"clone":
-            from nsbox.helper.launch import NAMESPACES
+        word, fds = _wire.receive(sock, MAX_FDS)
+        from nsbox.helper.launch import NAMESPACES
 
+        if word.startswith(b"{"):
+            # The native core: the flat plan came first; the child runs it in C.
+            blob = bytes.fromhex(json.loads(word)["native"])
+            pid = _native_core.spawn(blob, fds, (fd, comm),
+                                     NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD, -1)
+            os.write(fd, f"pid {pid}".encode())
+        elif word == b"clone":
             pid = _libc.raw_clone(NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD)
             if pid == 0:
                 os.close(comm)  # the spawner's own
@@ -259,9 +271,9 @@ def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoR
                 os.close(comm)
                 become_sandbox(helper, sock)
             os.write(fd, f"pid {pid}".encode())
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a flat plan the native core refused
         try:
-            os.write(fd, f"error {exc.errno or 0} {exc}".encode())
+            os.write(fd, f"error {getattr(exc, 'errno', 0) or 0} {exc}".encode())
         except OSError:
             pass
     os._exit(0)

@@ -1,0 +1,62 @@
+/* What the steps of the sandbox child share: the plan, the step being run, the failure report.
+ *
+ * Only system calls and this process's own memory are used after the clone: no Python, no
+ * malloc, no stdio (the helper that was cloned is single-threaded, so no lock is held, but
+ * nothing here needs one either).
+ */
+#ifndef NSBOX_NATIVE_CHILD_H
+#define NSBOX_NATIVE_CHILD_H
+
+#include "plan.h"
+
+#define TRACE_MAX 256
+#define TEXT_MAX 8192
+
+struct child {
+    const struct plan *plan;
+    const char *step;
+    int root_fd;
+    int trace_n;
+    const char *trace_names[TRACE_MAX];
+    long long trace_ns[TRACE_MAX];
+};
+
+/* A text being composed (an error message, a mount option string); truncated when full. */
+struct text {
+    char s[TEXT_MAX];
+    size_t n;
+};
+
+void text_init(struct text *t);
+void text_put(struct text *t, const char *s);
+void text_put_int(struct text *t, long long value);
+void text_put_octal(struct text *t, long long value);
+
+/* The step about to run: its name is what a failure reports (and, with NSBOX_TRACE, when). */
+void set_step(struct child *c, const char *name);
+
+/* With NSBOX_TRACE: the steps and their times, one line on the error pipe before the exec. */
+void send_trace(struct child *c);
+
+/* Report {step, errno, message} on the error pipe and exit 127 (nsbox/sandbox/child.py, fail). */
+void fail(struct child *c, int err, const char *message) __attribute__((noreturn));
+/* The same with errno and strerror(errno), as an OSError from the os module reads. */
+void fail_errno(struct child *c) __attribute__((noreturn));
+/* "<call>: <strerror>", as the ctypes bindings of nsbox/_libc.py name a failed call. */
+void fail_call(struct child *c, const char *call, const char *arg) __attribute__((noreturn));
+
+/* The mounts (mounts.c). */
+int stage(struct child *c);
+void apply_mount(struct child *c, const struct mount_op *op);
+void enter_root(struct child *c);
+
+/* Raw system calls without a glibc wrapper on every libc this builds with. */
+int sys_mount_setattr(int dirfd, const char *path, unsigned flags, unsigned long long attr_set);
+int sys_move_mount(int from_dirfd, const char *from_path, int to_dirfd, const char *to_path,
+                   unsigned flags);
+int sys_open_tree(int dirfd, const char *path, unsigned flags);
+int sys_openat2(int dirfd, const char *path, unsigned long long flags,
+                unsigned long long resolve);
+int sys_close_range(unsigned first, unsigned last, unsigned flags);
+
+#endif
