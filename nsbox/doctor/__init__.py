@@ -24,6 +24,7 @@ from nsbox.doctor.hostfacts import HostFacts, kernel_release
 from nsbox.errors import CommandNotFound, HostError, NsboxError
 from nsbox.policy import Policy
 from nsbox.result import Result
+from nsbox.sandbox import native
 
 # The guarantees of DESIGN.md's threat model, as a check names them.
 FILESYSTEM = "filesystem isolation (empty root, read-only binds)"
@@ -117,7 +118,11 @@ def check_python(facts: HostFacts, policy: Policy) -> list[Check]:
     if facts.python < (3, 10):
         return [Check("python", "fail", f"Python {version}; nsbox needs 3.10 or later",
                       [FILESYSTEM, PROCESSES], "run nsbox with python3.10 or later")]
-    return [Check("python", "ok", f"Python {version}")]
+    checks = [Check("python", "ok", f"Python {version}")]
+    if not facts.simulated:  # this installation's, not a simulated host's (docs/performance.md)
+        native_core, core = native.status()
+        checks.append(Check("launch core", "ok" if native_core else "info", core))
+    return checks
 
 
 def _version(text: str) -> tuple[int, ...]:
