@@ -52,7 +52,8 @@ def status() -> tuple[bool, str]:
         return False, "NSBOX_NATIVE=0: the Python child runs every launch"
     if _native is None:
         return False, (f"{MISSING}: the Python child runs every launch; install gcc and the "
-                       "Python headers (python3-dev), then reinstall nsbox")
+                       "Python headers (python3-dev), then reinstall nsbox (the one-file "
+                       "nsbox.pyz always has the Python child alone)")
     return True, "native: nsbox._native runs the sandbox child (C, no Python after the clone)"
 
 
