@@ -336,7 +336,7 @@ def test_a_spawner_that_cannot_enter_its_cgroup_stops_the_spawners_and_says_why(
     class Helper:  # the part of the launch helper that Spawners uses
         selector = selectors.DefaultSelector()
 
-    spawners = _spawner.Spawners(Helper(), NullBackend("test"))  # type: ignore[arg-type]
+    spawners = _spawner.Spawners(Helper(), NullBackend("test"), None)  # type: ignore[arg-type]
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:

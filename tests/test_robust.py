@@ -18,7 +18,7 @@ from sessiontools import UserRunner, sleepers, user_runner
 import nsbox
 from nsbox import launcher
 from nsbox.errors import PolicyError
-from nsbox.policy import DEFAULT_MOUNTS, File, Limits, Policy, Tmpfs
+from nsbox.policy import DEFAULT_MOUNTS, Bind, File, Limits, Policy, Tmpfs
 from nsbox.result import Status
 
 
@@ -356,6 +356,29 @@ def test_the_helper_survives_a_failing_launch_and_reports_it():
     assert info.value.step == "helper"
     assert "could not carry out this launch" in info.value.message
     assert nsbox.run(["echo", "fine"]).stdout == b"fine\n"
+    assert launcher._helper._pid == helper
+
+
+def test_a_launch_that_fails_after_pinning_its_binds_lets_go_of_them(unprivileged_tmp: Path):
+    """A writable bind's directory is pinned (an O_PATH descriptor) early in the launch; a
+    launch that fails later in the helper must not leave it held by the helper."""
+    out = unprivileged_tmp / "out"
+    out.mkdir()
+    os.chown(out, 1234, 1234)  # an owner the sandbox may be idmapped to as root
+    nsbox.run(["true"])
+    helper = launcher._helper._pid
+    policy = Policy(mounts=DEFAULT_MOUNTS + (Bind(str(out), "/out", writable=True),))
+    from nsbox import plan as planmod
+
+    wire = planmod.build(policy, ["true"]).to_wire()
+    wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
+    del wire["net"]  # the launch breaks after its sources are open (its side channels)
+    with pytest.raises(nsbox.SetupError) as info:
+        launcher._launch(wire, None, 1024, False)
+    assert info.value.step == "helper"
+    assert info.value.message.endswith("KeyError: 'net'"), info.value.message
+    held = [os.readlink(f"/proc/{helper}/fd/{fd}") for fd in os.listdir(f"/proc/{helper}/fd")]
+    assert str(out) not in held
     assert launcher._helper._pid == helper
 
 

@@ -36,8 +36,6 @@ COMPLEX = {
 
 # path -> why it is over MAX_LINES for now.
 LONG = {
-    "nsbox/helper/loop.py": "the event loop still holds the launch steps and the clone "
-                            "strategies; they leave for helper/launch.py and a clone module",
     "nsbox/session.py": "Session and its file transfer, to be split when its work settles",
     "nsbox/host/seccomp.py": "the built-in rules, the compiler and the cache, to be three",
     "nsbox/host/netproxy.py": "the proxy's HTTP parsing and its relay, to be two",

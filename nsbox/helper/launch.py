@@ -1,5 +1,6 @@
 """One launch as the helper holds it, from clone to reap: its state (``Launch``), the
-namespaces every sandbox gets, and how a failure of the helper's side is told to the host.
+namespaces every sandbox gets, the descriptors its child starts with (``ChildFds``), and how a
+failure of the helper's side is told to the host.
 
 Shared by the event loop (nsbox/helper/loop.py), the pool (pool.py) and the spawners
 (spawner.py), which all hold launches; none of them imports the others for these.
@@ -12,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +41,32 @@ class StepFailed(Exception):
         self.step, self.errno, self.message = step, errno, message
 
 
+class ChildFds:
+    """The descriptors a sandbox child starts with: its standard streams, its ends of the sync
+    and error pipes, the bind sources opened by the helper (mount index -> descriptor), and
+    learning mode's and network allow mode's sockets (-1 and None when not used)."""
+
+    def __init__(self, stdio: list[int], sync_r: int, err_w: int, sources: dict[int, int],
+                 notify: int, net: int | None) -> None:
+        self.stdio, self.sync_r, self.err_w = stdio, sync_r, err_w
+        self.sources, self.notify, self.net = sources, notify, net
+
+    def pack(self) -> tuple[dict[str, Any], list[int]]:
+        extra = ([self.notify] if self.notify >= 0 else []) + (
+            [self.net] if self.net is not None else [])
+        layout = {"notify": self.notify >= 0, "net": self.net is not None,
+                  "sources": list(self.sources)}
+        return layout, [*self.stdio, self.sync_r, self.err_w, *extra, *self.sources.values()]
+
+    @classmethod
+    def unpack(cls, layout: dict[str, Any], fds: list[int]) -> ChildFds:
+        rest = fds[5:]
+        notify = rest.pop(0) if layout["notify"] else -1
+        net = rest.pop(0) if layout["net"] else None
+        sources = dict(zip(layout["sources"], rest, strict=True))
+        return cls(fds[:3], fds[3], fds[4], sources, notify, net)
+
+
 class Launch:
     """One sandbox, from clone to reap."""
 
@@ -63,12 +91,20 @@ class Launch:
         self.mnt_ns = -1  # held until the report is out (hold_namespace)
         self.spawner: _spawner.Spawner | None = None  # the clone's spawner (helper/spawner.py)
         self.reaped = False
-        self.cloned_into_cgroup = False  # clone3 with CLONE_INTO_CGROUP: nothing to attach
+        self.pins: list[tuple[int, int]] = []  # writable binds' directories (helper/sources.py)
+        # Set by the clone (nsbox/helper/clone.py): the child was born in the run's cgroup
+        # (clone3 into it, or a spawner's), so nothing is attached afterwards.
+        self.born_in_cgroup = False
         self.internal_error: SetupErrorInfo | None = None  # Launch.fail
         self.core = "python"  # or "native": which ran the sandbox child (nsbox/sandbox/native.py)
         # The one owner of what the launch opened (pipes, descriptors, cgroup, spawner, the
         # child itself until reaped): closed at the reap, or when the launch fails before.
         self.cleanup = contextlib.ExitStack()
+
+    def mark(self, step: str) -> None:
+        """NSBOX_TRACE: the helper-side ``step`` starts now."""
+        if self.trace is not None:
+            self.trace.append((step, time.monotonic_ns()))
 
     def send(self, message: Mapping[str, Any]) -> None:
         if self.sock is None:

@@ -36,15 +36,21 @@ import os
 import selectors
 import signal
 import socket
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
 
 from nsbox import _libc, _wire, cgroups
 from nsbox._wire import WirePlan
 from nsbox.cgroups import _names
+from nsbox.helper.launch import NAMESPACES, ChildFds
 from nsbox.sandbox import native as _native_core
 
 if TYPE_CHECKING:
     from nsbox.helper.loop import Helper
+
+# What a sandbox child runs once it has its plan and descriptors: the clone strategy's
+# ``child`` (nsbox/helper/clone.py), given no descriptor of the helper's to close.
+ChildStart = Callable[[WirePlan, ChildFds, tuple[int, ...]], NoReturn]
 
 # Spawners kept ready. Each is a sleeping fork of the helper (its memory shared with it) and one
 # empty cgroup per hierarchy; two cover two concurrent launches, the benchmark's case.
@@ -54,30 +60,6 @@ READY = 2
 # and without them, launches back to back reached the same throughput (docs/performance.md).
 REFILL_DELAY = 0.002
 MAX_FDS = 253  # SCM_MAX_FD
-
-
-class ChildFds:
-    """The descriptors a sandbox child starts with (see ``Helper.become_child``)."""
-
-    def __init__(self, stdio: list[int], sync_r: int, err_w: int, sources: dict[int, int],
-                 notify: int, net: int | None) -> None:
-        self.stdio, self.sync_r, self.err_w = stdio, sync_r, err_w
-        self.sources, self.notify, self.net = sources, notify, net
-
-    def pack(self) -> tuple[dict[str, Any], list[int]]:
-        extra = ([self.notify] if self.notify >= 0 else []) + (
-            [self.net] if self.net is not None else [])
-        layout = {"notify": self.notify >= 0, "net": self.net is not None,
-                  "sources": list(self.sources)}
-        return layout, [*self.stdio, self.sync_r, self.err_w, *extra, *self.sources.values()]
-
-    @classmethod
-    def unpack(cls, layout: dict[str, Any], fds: list[int]) -> ChildFds:
-        rest = fds[5:]
-        notify = rest.pop(0) if layout["notify"] else -1
-        net = rest.pop(0) if layout["net"] else None
-        sources = dict(zip(layout["sources"], rest, strict=True))
-        return cls(fds[:3], fds[3], fds[4], sources, notify, net)
 
 
 class Spawner:
@@ -141,18 +123,11 @@ class Spawner:
 class Spawners:
     """The helper's ready spawners, refilled after each launch that took one."""
 
-    def __init__(self, helper: Helper, backend: cgroups.Backend) -> None:
-        self.helper, self.backend = helper, backend
+    def __init__(self, helper: Helper, backend: cgroups.Backend, child: ChildStart) -> None:
+        self.helper, self.backend, self.child = helper, backend, child
         self.idle: list[Spawner] = []
         self.broken = ""  # why spawners cannot work here; launches then attach instead
         self.refill_pending = False
-
-    @classmethod
-    def for_host(cls, helper: Helper) -> Spawners | None:
-        """Spawners where the run cgroups are v1 ones; None where they are not needed (cgroup
-        v2 clones into the cgroup) or there is no cgroup to make."""
-        backend = cgroups.get_backend()
-        return cls(helper, backend) if backend.kind == "v1" else None
 
     def fill(self) -> None:
         while not self.broken and len(self.idle) < READY:
@@ -193,7 +168,7 @@ class Spawners:
             cgroup.destroy()
             raise
         if pid == 0:
-            serve(self.helper, theirs, cgroup)
+            serve(self.child, theirs, cgroup)
         theirs.close()
         spawner = Spawner(pid, ours, cgroup)
         self.helper.selector.register(ours, selectors.EVENT_READ,
@@ -236,7 +211,7 @@ def error_message(reply: bytes) -> str:
     return message or f"the spawner failed: {reply[:200]!r}"
 
 
-def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoReturn:
+def serve(child: ChildStart, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoReturn:
     """The spawner process: move into the cgroup, wait for the word, clone, report, exit.
 
     Plain os calls only, for the reason in the module's docstring.
@@ -254,8 +229,6 @@ def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoR
         cgroup.attach(os.getpid())
         os.write(fd, b"ready")
         word, fds = _wire.receive(sock, MAX_FDS)
-        from nsbox.helper.launch import NAMESPACES
-
         if word.startswith(b"{"):
             # The native core: the flat plan came first; the child runs it in C.
             blob = bytes.fromhex(json.loads(word)["native"])
@@ -269,7 +242,7 @@ def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoR
                 comm = os.open("/proc/self/comm", os.O_WRONLY)
                 os.write(comm, helper_name)  # a sandbox is no spawner, also before its exec
                 os.close(comm)
-                become_sandbox(helper, sock)
+                become_sandbox(child, sock)
             os.write(fd, f"pid {pid}".encode())
     except (OSError, ValueError) as exc:  # ValueError: a flat plan the native core refused
         try:
@@ -279,7 +252,7 @@ def serve(helper: Helper, sock: socket.socket, cgroup: cgroups.RunCgroup) -> NoR
     os._exit(0)
 
 
-def become_sandbox(helper: Helper, sock: socket.socket) -> NoReturn:
+def become_sandbox(child_start: ChildStart, sock: socket.socket) -> NoReturn:
     """In the sandbox child: receive the plan and the descriptors, then go on as any child."""
     try:
         message, fds = _wire.receive(sock, MAX_FDS)
@@ -290,7 +263,6 @@ def become_sandbox(helper: Helper, sock: socket.socket) -> NoReturn:
             child = ChildFds.unpack(request["layout"], fds)
             if plan.get("session"):
                 import nsbox.sandbox.sessioninit  # noqa: F401  (see Helper.start)
-            helper.become_child(plan, child.stdio, child.sync_r, child.err_w, child.sources, (),
-                                child.notify, child.net)
+            child_start(plan, child, ())
     finally:
         os._exit(127)  # no plan: the helper gave up on this launch
