@@ -102,7 +102,8 @@ def flatten(plan: Mapping[str, Any], stdio: Sequence[int], sync_r: int, err_w: i
             sources: Mapping[int, int], notify: int, net: int | None, cap_last: int,
             comm: str = "") -> tuple[bytes, list[int]]:
     """The flat plan, and the descriptors it refers to by index (in that order). Raises
-    ValueError (UnicodeError) for a plan the native core cannot carry: use the Python child."""
+    ValueError (UnicodeError) or OverflowError for a plan the native core cannot carry: use the
+    Python child."""
     fds = [*stdio, sync_r, err_w]
     w = _Writer()
     w.put_int(FORMAT)
