@@ -93,7 +93,12 @@ _TAG = b'{"memfd": '
 def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()
          ) -> None:
     """Send ``message`` and ``fds``; raises OSError like sendmsg (EPIPE: the peer is gone)."""
-    data = json.dumps(message).encode()
+    send_bytes(sock, json.dumps(message).encode(), fds)
+
+
+def send_bytes(sock: socket.socket, data: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
+    """``send`` of bytes that are not JSON (the native core's flat plan, to a spawner); they
+    must not begin like the memfd's tag. ``receive`` gives them back as they are."""
     if len(data) <= INLINE_MAX:
         _sendmsg(sock, data, list(fds))
         return

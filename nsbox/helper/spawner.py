@@ -85,7 +85,7 @@ class Spawner:
             if flat is None:
                 os.write(self.sock.fileno(), b"clone")
             else:
-                _wire.send(self.sock, {"native": flat[0].hex()}, flat[1])
+                _wire.send_bytes(self.sock, flat[0], flat[1])  # begins with b"i"
             reply = os.read(self.sock.fileno(), 4096).decode()
         except OSError as exc:
             raise OSError(exc.errno or 0, f"the spawner went away: {exc}") from None
@@ -229,10 +229,10 @@ def serve(child: ChildStart, sock: socket.socket, cgroup: cgroups.RunCgroup) -> 
         cgroup.attach(os.getpid())
         os.write(fd, b"ready")
         word, fds = _wire.receive(sock, MAX_FDS)
-        if word.startswith(b"{"):
-            # The native core: the flat plan came first; the child runs it in C.
-            blob = bytes.fromhex(json.loads(word)["native"])
-            pid = _native_core.spawn(blob, fds, (fd, comm),
+        if word.startswith(b"i"):
+            # The native core: its flat plan (nsbox/sandbox/native.py) came first; the child
+            # runs it in C.
+            pid = _native_core.spawn(word, fds, (fd, comm),
                                      NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD, -1)
             os.write(fd, f"pid {pid}".encode())
         elif word == b"clone":
