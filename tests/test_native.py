@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import IN_CI, Runner, require
 
+from nsbox import Policy, Pool
 from nsbox.errors import SetupError
 from nsbox.result import Result, Status
 from nsbox.sandbox import native
@@ -144,3 +145,24 @@ def test_file_target_refusal_is_the_same(both: pytest.MonkeyPatch, sandbox: Runn
         assert caught.value.step == "bind /usr", core
         assert caught.value.errno == 21, core
         assert "mount target /usr is a directory where a file is bound" in caught.value.message
+
+
+def test_a_pooled_sandbox_is_the_same(both: pytest.MonkeyPatch, sandbox: Runner):
+    # Built ahead, then one command: the command's part of the native core runs after the
+    # wait (nsbox/native/child.c, await_command). The pool lives in this process.
+    if sandbox.unprivileged and os.geteuid() == 0:
+        pytest.skip("the pool is made in this process; the caller run covers it")
+    probe = ("echo $PROBE; ls /proc/self/fd; "
+             "grep -E '^(Uid|CapEff|NoNewPrivs|Seccomp):' /proc/self/status; exit 5")
+    outputs = {}
+    for core in ("native", "python"):
+        if core == "python":
+            both.setenv("NSBOX_NATIVE", "0")
+        with Pool(Policy(), size=1) as pool:
+            result = pool.run(["sh", "-c", probe], env={"PROBE": core})
+        assert result.extra["core"] == core
+        assert result.exit_code == 5, result.stderr
+        outputs[core] = result.stdout.replace(core.encode(), b"CORE")
+    assert outputs["native"] == outputs["python"]
+    # Only the standard streams and the directory ls reads reach the command.
+    assert outputs["native"].startswith(b"CORE\n0\n1\n2\n3\n"), outputs["native"]

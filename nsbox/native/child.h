@@ -16,6 +16,7 @@ struct child {
     const struct plan *plan;
     const char *step;
     int root_fd;
+    int capabilities_dropped;  /* a pooled sandbox drops them before it waits */
     int trace_n;
     const char *trace_names[TRACE_MAX];
     long long trace_ns[TRACE_MAX];

@@ -197,6 +197,7 @@ int plan_parse(struct plan *plan, const char *blob, size_t len, const int *fds, 
     plan->gid = (int)next_int(&r);
     plan->cap_last = (int)next_int(&r);
     plan->trace = (int)next_int(&r);
+    plan->pooled = (int)next_int(&r);
     plan->comm = next_str(&r);
     plan->hostname = next_str(&r);
     plan->net_mode = (int)next_int(&r);
@@ -219,4 +220,12 @@ void plan_free(struct plan *plan)
     for (int i = 0; i < plan->nallocations; i++)
         free(plan->allocations[i]);
     plan->nallocations = 0;
+}
+
+int plan_parse_command(struct plan *plan, const char *blob, size_t len)
+{
+    struct reader r = {blob, blob + len, NULL, 0, 0};
+    if (parse_command(plan, &r) < 0 || r.bad || r.p != r.end || plan->argv[0] == NULL)
+        return -1;
+    return 0;
 }

@@ -46,6 +46,7 @@ struct plan {
     int stdio[3];
     int sync_fd, err_fd, notify_fd, net_fd;
     int uid, gid, cap_last, trace;
+    int pooled;              /* built ahead: waits on fd 0 for its command (nsbox/pool.py) */
     const char *comm;        /* the process name to show (a spawner's child), or "" */
     const char *hostname;
     int net_mode, proxy_port;
@@ -70,6 +71,9 @@ struct plan {
 int plan_parse(struct plan *plan, const char *blob, size_t len, const int *fds, size_t nfds,
                const char **why);
 void plan_free(struct plan *plan);
+/* A pooled sandbox's command (the per-command part of the blob) over ``plan``'s own: 0, or -1
+ * when it is malformed. */
+int plan_parse_command(struct plan *plan, const char *blob, size_t len);
 
 /* The sandbox child: runs the steps of nsbox/sandbox/child.py; never returns. */
 void child_main(const struct plan *plan, const int *close_fds, int nclose)

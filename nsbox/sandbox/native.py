@@ -65,8 +65,6 @@ def unsupported(plan: Mapping[str, Any]) -> str | None:
         return "NSBOX_NATIVE=0"
     if plan.get("session"):
         return "a session's init is Python (nsbox/sandbox/sessioninit.py)"
-    if plan.get("pooled"):
-        return "a pooled sandbox waits for its command in Python"
     for op in plan["mounts"]:
         if op["op"] not in KINDS:
             return f"{op['op']} mounts are made by the Python child"
@@ -113,7 +111,8 @@ def flatten(plan: Mapping[str, Any], stdio: Sequence[int], sync_r: int, err_w: i
         w.put_int(len(fds) if fd >= 0 else -1)
         if fd >= 0:
             fds.append(fd)
-    for value in (plan["uid"], plan["gid"], cap_last, 1 if plan.get("trace") else 0):
+    for value in (plan["uid"], plan["gid"], cap_last, 1 if plan.get("trace") else 0,
+                  1 if plan.get("pooled") else 0):
         w.put_int(value)
     w.put_str(comm)
     w.put_str(plan["hostname"])
@@ -177,6 +176,15 @@ def _command(w: _Writer, plan: Mapping[str, Any]) -> None:
     w.put_bytes(bytes.fromhex(plan["setid_bpf"]), c_string=False)
     w.put_bytes(bytes.fromhex(plan["seccomp_bpf"] or ""), c_string=False)
     w.put_int(1 if plan.get("seccomp_notify") else 0)
+
+
+def flatten_command(command: Mapping[str, Any], setid_bpf: str) -> bytes:
+    """A pooled sandbox's command in flat form (its per-command items alone): the native core
+    parses it after the wait (nsbox/native/child.c, await_command). Raises ValueError or
+    OverflowError as ``flatten`` does."""
+    w = _Writer()
+    _command(w, {**command, "setid_bpf": setid_bpf})
+    return b"".join(w.parts)
 
 
 def spawn(blob: bytes, fds: Sequence[int], close_fds: Sequence[int], flags: int,
