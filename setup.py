@@ -9,8 +9,9 @@ from setuptools import Extension, setup
 
 NATIVE = Extension(
     "nsbox._native",
-    sources=[f"nsbox/native/{name}.c" for name in ("module", "plan", "child", "mounts", "report")],
-    depends=["nsbox/native/plan.h", "nsbox/native/child.h"],
+    sources=[f"nsbox/native/{name}.c" for name in ("module", "plan", "child", "mounts", "report",
+                                                    "spawner")],
+    depends=["nsbox/native/plan.h", "nsbox/native/child.h", "nsbox/native/spawner.h"],
     extra_compile_args=["-Wall", "-Wextra", "-O2"],
     optional=True,
 )

@@ -33,6 +33,13 @@ from nsbox.result import Result, Status
 _READ_CHUNK = 65536
 
 
+def _helper_environment() -> dict[str, str]:
+    env = {"PATH": "/usr/bin:/bin"}
+    if os.environ.get("NSBOX_NATIVE") == "0":
+        env["NSBOX_NATIVE"] = "0"  # no native spawners either (nsbox/helper/spawner.py)
+    return env
+
+
 class _HelperClient:
     """One launch helper per host process, started on first use, restarted if it died."""
 
@@ -69,7 +76,7 @@ class _HelperClient:
         python = sys.executable or "/usr/bin/python3"
         try:
             self._pid = os.posix_spawn(
-                python, [python, "-I", "-S", "-c", boot, "3"], {"PATH": "/usr/bin:/bin"},
+                python, [python, "-I", "-S", "-c", boot, "3"], _helper_environment(),
                 file_actions=[(os.POSIX_SPAWN_DUP2, theirs.fileno(), 3)],
                 setsid=True,
             )

@@ -159,9 +159,14 @@ class Spawners:
         cgroup = self.backend.create(cgroups.Request(), _names.spare_name())
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            # Not os.fork(): its at-fork handlers would touch (and copy) pages for nothing in a
-            # process that has no threads and runs almost no Python.
-            pid = _libc.raw_clone(signal.SIGCHLD)
+            if native_spawners():
+                pid = spawn_native(theirs, cgroup)
+                if pid == 0:  # a sandbox child for the Python child, cloned by the C spawner
+                    become_sandbox(self.child, theirs)
+            else:
+                # Not os.fork(): its at-fork handlers would touch (and copy) pages for nothing
+                # in a process that has no threads and runs almost no Python.
+                pid = _libc.raw_clone(signal.SIGCHLD)
         except OSError:
             ours.close()
             theirs.close()
@@ -202,6 +207,27 @@ class Spawners:
             self.helper.selector.unregister(spawner.sock)
             self.discard(spawner)
         self.idle = []
+
+
+def native_spawners() -> bool:
+    """Spawners as C loops (nsbox/native/spawner.c) where the native core is built and not
+    switched off (the helper gets the caller's NSBOX_NATIVE when it starts)."""
+    return _native_core.MISSING == "" and not _native_core.disabled_by_caller()
+
+
+def spawn_native(sock: socket.socket, cgroup: cgroups.RunCgroup) -> int:
+    """Start a C spawner for ``cgroup``: its pid (0 in a sandbox child, see Spawners.spawn)."""
+    procs = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in cgroup.procs_files()]
+    pid = -1
+    try:
+        pid = _native_core.start_spawner(
+            sock.fileno(), procs, NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD,
+            _names.SPAWNER_NAME)
+    finally:
+        if pid != 0:  # a sandbox child has none of them: the spawner kept only its socket
+            for fd in procs:
+                os.close(fd)
+    return pid
 
 
 def error_message(reply: bytes) -> str:

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "plan.h"
+#include "spawner.h"
 
 #ifndef SYS_clone3
 #define SYS_clone3 435
@@ -120,8 +121,42 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(start_spawner_doc,
+"start_spawner(sock, procs, flags, spawner_name, sandbox_name) -> pid\n\n"
+"Clone a spawner (nsbox/native/spawner.c) that moves itself into a cgroup by writing its pid\n"
+"to each descriptor of ``procs`` (cgroup.procs files), says ready on ``sock`` and clones one\n"
+"sandbox with clone ``flags``. Returns its pid here; returns 0 in a sandbox child the spawner\n"
+"cloned for the Python child (the word \"clone\"), which goes on in Python.");
+
+static PyObject *start_spawner(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int sock;
+    PyObject *procs_obj;
+    unsigned long flags;
+    const char *spawner_name, *sandbox_name;
+    if (!PyArg_ParseTuple(args, "iOkss:start_spawner", &sock, &procs_obj, &flags,
+                          &spawner_name, &sandbox_name))
+        return NULL;
+    Py_ssize_t nprocs = 0;
+    int *procs = int_array(procs_obj, &nprocs);
+    if (procs == NULL)
+        return NULL;
+    long pid = syscall(SYS_clone, (unsigned long)SIGCHLD, 0, 0, 0, 0);
+    if (pid == 0)
+        pid = spawner_main(sock, procs, (int)nprocs, flags, spawner_name, sandbox_name);
+    int err = errno;
+    PyMem_Free(procs);
+    if (pid < 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLong(pid);
+}
+
 static PyMethodDef methods[] = {
     {"spawn", spawn, METH_VARARGS, spawn_doc},
+    {"start_spawner", start_spawner, METH_VARARGS, start_spawner_doc},
     {NULL, NULL, 0, NULL},
 };
 

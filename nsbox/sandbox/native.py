@@ -194,6 +194,13 @@ def spawn(blob: bytes, fds: Sequence[int], close_fds: Sequence[int], flags: int,
     return int(_native.spawn(blob, list(fds), list(close_fds), flags, cgroup_fd))
 
 
+def start_spawner(sock: int, procs: Sequence[int], flags: int, spawner_name: str) -> int:
+    """A spawner as a C loop (nsbox/native/spawner.c): its pid; 0 in a sandbox child that it
+    cloned for the Python child, which goes on in Python."""
+    assert _native is not None
+    return int(_native.start_spawner(sock, list(procs), flags, spawner_name, own_name()))
+
+
 _comm: list[str] = []
 
 
