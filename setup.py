@@ -10,7 +10,7 @@ from setuptools import Extension, setup
 NATIVE = Extension(
     "nsbox._native",
     sources=[f"nsbox/native/{name}.c" for name in ("module", "plan", "child", "mounts", "report",
-                                                    "spawner")],
+                                                    "spawner", "pooled", "devproc")],
     depends=["nsbox/native/plan.h", "nsbox/native/child.h", "nsbox/native/spawner.h"],
     extra_compile_args=["-Wall", "-Wextra", "-O2"],
     optional=True,

@@ -19,48 +19,18 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#ifndef AT_RECURSIVE
-#define AT_RECURSIVE 0x8000
-#endif
-#ifndef OPEN_TREE_CLONE
-#define OPEN_TREE_CLONE 1
-#endif
-#ifndef MOVE_MOUNT_F_EMPTY_PATH
-#define MOVE_MOUNT_F_EMPTY_PATH 0x4
-#endif
-#ifndef MOVE_MOUNT_T_EMPTY_PATH
-#define MOVE_MOUNT_T_EMPTY_PATH 0x40
-#endif
-#ifndef MOUNT_ATTR_RDONLY
-#define MOUNT_ATTR_RDONLY 0x1
-#define MOUNT_ATTR_NOSUID 0x2
-#define MOUNT_ATTR_NODEV 0x4
-#define MOUNT_ATTR_NOEXEC 0x8
-#endif
-#define RESOLVE_NO_SYMLINKS_ 0x04
-#define RESOLVE_BENEATH_ 0x08
-
-/* The staging tmpfs over /tmp becomes the root until the final pivot; the host's root stays
- * under /oldroot, the sandbox's root is built under /newroot, new mounts are made at /build
- * (reachable by this process alone) and moved onto their target's descriptor. */
-#define STAGING "/tmp"
-#define OLDROOT "/oldroot"
-#define NEWROOT "/newroot"
-#define BUILD "/build"
-#define EMPTY "/empty"
-
 #define DIR_FLAGS (O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
 #define NODE_FLAGS (O_PATH | O_NOFOLLOW | O_CLOEXEC)
 
-static void mount_or_fail(struct child *c, const char *source, const char *target,
-                          const char *fstype, unsigned long flags, const char *data)
+void mount_or_fail(struct child *c, const char *source, const char *target, const char *fstype,
+                   unsigned long flags, const char *data)
 {
     if (mount(source, target, fstype, flags, data) != 0)
         fail_call(c, "mount", target);
 }
 
-static void mount_tmpfs(struct child *c, const char *target, long long size, int mode,
-                        unsigned long flags)
+void mount_tmpfs(struct child *c, const char *target, long long size, int mode,
+                 unsigned long flags)
 {
     struct text options;
     text_init(&options);
@@ -71,20 +41,19 @@ static void mount_tmpfs(struct child *c, const char *target, long long size, int
     mount_or_fail(c, "tmpfs", target, "tmpfs", flags, options.s);
 }
 
-static void setattr_or_fail(struct child *c, const char *path, unsigned long long attrs,
-                            int recursive)
+void setattr_or_fail(struct child *c, const char *path, unsigned long long attrs, int recursive)
 {
     if (sys_mount_setattr(AT_FDCWD, path, recursive ? AT_RECURSIVE : 0, attrs) != 0)
         fail_call(c, "mount_setattr", path);
 }
 
-static void mkdir_or_fail(struct child *c, const char *path, mode_t mode)
+void mkdir_or_fail(struct child *c, const char *path, mode_t mode)
 {
     if (mkdir(path, mode) != 0)
         fail_errno(c);
 }
 
-static void symlink_or_fail(struct child *c, const char *to, const char *path)
+void symlink_or_fail(struct child *c, const char *to, const char *path)
 {
     if (symlink(to, path) != 0)
         fail_errno(c);
@@ -331,7 +300,7 @@ static void write_file(struct child *c, int root, const struct mount_op *op)
 /* --- the handlers ------------------------------------------------------------------------ */
 
 /* Move the mount built at ``path`` (with what is below it) onto the descriptor ``target``. */
-static void move_into_place(struct child *c, const char *path, int target)
+void move_into_place(struct child *c, const char *path, int target)
 {
     if (sys_move_mount(AT_FDCWD, path, target, "", MOVE_MOUNT_T_EMPTY_PATH) != 0)
         fail_call(c, "move_mount", path);
@@ -406,92 +375,6 @@ static void bind(struct child *c, int root, const struct mount_op *op)
         fail_call(c, "move_mount", op->target);
     close(tree);
     close(target);
-}
-
-static void mount_devpts(struct child *c)
-{
-    /* newinstance: a private set of ptys; no gid=tty, which is not mapped here. */
-    mkdir_or_fail(c, BUILD "/pts", 0777);
-    mount_or_fail(c, "devpts", BUILD "/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-                  "newinstance,ptmxmode=0666,mode=0620");
-    symlink_or_fail(c, "pts/ptmx", BUILD "/ptmx");
-}
-
-static void bind_device(struct child *c, const char *name)
-{
-    struct text node, source;
-    text_init(&node);
-    text_put(&node, BUILD "/");
-    text_put(&node, name);
-    text_init(&source);
-    text_put(&source, OLDROOT "/dev/");
-    text_put(&source, name);
-    int fd = open(node.s, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
-    if (fd < 0)
-        fail_errno(c);
-    close(fd);
-    mount_or_fail(c, source.s, node.s, NULL, MS_BIND, NULL);
-    setattr_or_fail(c, node.s, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, 0);
-}
-
-static void mount_dev(struct child *c, const struct mount_op *op, int target)
-{
-    mount_or_fail(c, "tmpfs", BUILD, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755");
-    for (int i = 0; i < op->ndevices; i++)
-        bind_device(c, op->devices[i]);
-    symlink_or_fail(c, "/proc/self/fd", BUILD "/fd");
-    symlink_or_fail(c, "/proc/self/fd/0", BUILD "/stdin");
-    symlink_or_fail(c, "/proc/self/fd/1", BUILD "/stdout");
-    symlink_or_fail(c, "/proc/self/fd/2", BUILD "/stderr");
-    mkdir_or_fail(c, BUILD "/shm", 0777);
-    mount_tmpfs(c, BUILD "/shm", op->size, 01777, MS_NOSUID | MS_NODEV);
-    mount_devpts(c);
-    setattr_or_fail(c, BUILD, MOUNT_ATTR_RDONLY, 0);
-    move_into_place(c, BUILD, target);
-}
-
-/* Parts of /proc that show the whole host (see PROC_MASKED in nsbox/sandbox/mounts.py). */
-static const char *const proc_masked[] = {"cmdline", "partitions", "diskstats", "swaps"};
-static const char *const proc_read_only[] = {"sys", "sysrq-trigger", "irq", "bus"};
-
-static void mask_host_files(struct child *c)
-{
-    for (size_t i = 0; i < sizeof(proc_masked) / sizeof(proc_masked[0]); i++) {
-        struct text path;
-        text_init(&path);
-        text_put(&path, BUILD "/");
-        text_put(&path, proc_masked[i]);
-        if (mount(OLDROOT "/dev/null", path.s, NULL, MS_BIND, NULL) != 0 && errno != ENOENT)
-            fail_call(c, "mount", path.s);
-    }
-    if (mount(EMPTY, BUILD "/fs", NULL, MS_BIND, NULL) != 0) {
-        if (errno != ENOENT)
-            fail_call(c, "mount", BUILD "/fs");
-        return;
-    }
-    setattr_or_fail(c, BUILD "/fs", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
-                    | MOUNT_ATTR_NOEXEC, 0);
-}
-
-static void mount_proc(struct child *c, int target)
-{
-    /* Before pivot_root: once the host's /proc is detached, the kernel refuses a new proc
-     * mount in a user namespace (mount_too_revealing in fs/namespace.c). */
-    mount_or_fail(c, "proc", BUILD, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
-    for (size_t i = 0; i < sizeof(proc_read_only) / sizeof(proc_read_only[0]); i++) {
-        struct text path;
-        text_init(&path);
-        text_put(&path, BUILD "/");
-        text_put(&path, proc_read_only[i]);
-        if (mount(path.s, path.s, NULL, MS_BIND | MS_REC, NULL) != 0) {
-            if (errno == ENOENT)
-                continue;
-            fail_call(c, "mount", path.s);
-        }
-        setattr_or_fail(c, path.s, MOUNT_ATTR_RDONLY, 1);
-    }
-    mask_host_files(c);
-    move_into_place(c, BUILD, target);
 }
 
 static void make_symlink(struct child *c, int root, const struct mount_op *op)
