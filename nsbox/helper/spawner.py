@@ -288,7 +288,7 @@ def become_sandbox(child_start: ChildStart, sock: socket.socket) -> NoReturn:
             plan = request["plan"]
             child = ChildFds.unpack(request["layout"], fds)
             if plan.get("session"):
-                import nsbox.sandbox.sessioninit  # noqa: F401  (see Helper.start)
+                import nsbox.sandbox.sessioninit  # noqa: F401  (see start.import_session_init)
             child_start(plan, child, ())
     finally:
         os._exit(127)  # no plan: the helper gave up on this launch
