@@ -166,3 +166,22 @@ def test_a_pooled_sandbox_is_the_same(both: pytest.MonkeyPatch, sandbox: Runner)
     assert outputs["native"] == outputs["python"]
     # Only the standard streams and the directory ls reads reach the command.
     assert outputs["native"].startswith(b"CORE\n0\n1\n2\n3\n"), outputs["native"]
+
+
+def test_a_plan_the_native_core_cannot_carry_takes_the_python_child(both: pytest.MonkeyPatch,
+                                                                    sandbox: Runner):
+    # A value that is not UTF-8 (an undecodable byte, as os.environb would give it): the
+    # native core writes names into its JSON report as they are, so this launch falls back to
+    # the reference, with the same sandbox.
+    result = sandbox.run(["sh", "-c", "printf %s \"$ODD\" | od -An -tx1"], env={"ODD": "a\udcff"})
+    assert result.extra["core"] == "python"
+    assert result.stdout.split() == [b"61", b"ff"]
+
+
+def test_a_pooled_native_sandbox_refuses_a_command_it_cannot_carry(both: pytest.MonkeyPatch):
+    with Pool(Policy(), size=1) as pool:
+        with pytest.raises(SetupError) as caught:
+            pool.run(["/bin/echo", "a\udcff"])
+        assert caught.value.step == "wait for command"
+        assert "NSBOX_NATIVE=0" in caught.value.message
+        assert pool.run(["/bin/echo", "next"]).stdout == b"next\n"
