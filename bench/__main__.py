@@ -24,6 +24,7 @@ from typing import Any
 
 import nsbox
 from bench import chart, cpu, measure, methods, soak, targets
+from nsbox.sandbox import native
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 PAYLOADS = {"/bin/true": ["/bin/true"], "python3 -c pass": ["/usr/bin/python3", "-c", "pass"]}
@@ -57,7 +58,7 @@ def machine() -> dict[str, Any]:
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = []
+    lines = [f"launch core: {report.get('core', '?')}"]
     for payload, rows in report["latency"].items():
         lines.append(f"\n{payload}  (median, p10-p90, ms; ratio to bwrap; to the peer doing "
                      "the same work)")
@@ -158,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         "methods": {m.name: {"command": m.describe, "isolation": m.isolation}
                     for m in everything},
         "skipped": skipped,
+        # NSBOX_NATIVE=0 measures the Python child instead (docs/performance.md).
+        "core": native.status()[1],
     }
     for name, why in skipped.items():
         say(f"skipped {name}: {why}")

@@ -75,6 +75,7 @@ class WirePlan(TypedDict, total=False):
     trace: bool
     pooled: bool
     degraded: list[str]
+    native: bool  # False: NSBOX_NATIVE=0, the Python child (nsbox/sandbox/native.py)
 
 
 class ExitReport(TypedDict, total=False):
@@ -90,6 +91,7 @@ class ExitReport(TypedDict, total=False):
     kill_reason: str | None
     setup_error: SetupErrorInfo | None
     host_error: HostErrorInfo
+    core: str  # "native" or "python": the core that ran the sandbox child
     seccomp_denied: list[str] | None
     limits: dict[str, Any]
     trace: list[Any]
@@ -318,7 +320,12 @@ _TAG = b'{"memfd": '
 def send(sock: socket.socket, message: Mapping[str, Any], fds: list[int] | tuple[int, ...] = ()
          ) -> None:
     """Send ``message`` and ``fds``; raises OSError like sendmsg (EPIPE: the peer is gone)."""
-    data = json.dumps(message).encode()
+    send_bytes(sock, json.dumps(message).encode(), fds)
+
+
+def send_bytes(sock: socket.socket, data: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
+    """``send`` of bytes that are not JSON (the native core's flat plan, to a spawner); they
+    must not begin like the memfd's tag. ``receive`` gives them back as they are."""
     if len(data) <= INLINE_MAX:
         _sendmsg(sock, data, list(fds))
         return

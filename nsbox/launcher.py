@@ -34,6 +34,13 @@ from nsbox.policy import Network, Policy
 from nsbox.result import Result, Status
 
 
+def _helper_environment() -> dict[str, str]:
+    env = {"PATH": "/usr/bin:/bin"}
+    if os.environ.get("NSBOX_NATIVE") == "0":
+        env["NSBOX_NATIVE"] = "0"  # no native spawners either (nsbox/helper/spawner.py)
+    return env
+
+
 class _HelperClient:
     """One launch helper per host process, started on first use, restarted if it died."""
 
@@ -70,7 +77,7 @@ class _HelperClient:
         python = sys.executable or "/usr/bin/python3"
         try:
             self._pid = os.posix_spawn(
-                python, [python, "-I", "-S", "-c", boot, "3"], {"PATH": "/usr/bin:/bin"},
+                python, [python, "-I", "-S", "-c", boot, "3"], _helper_environment(),
                 file_actions=[(os.POSIX_SPAWN_DUP2, theirs.fileno(), 3)],
                 setsid=True,
             )
@@ -283,6 +290,8 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     started = time.monotonic()
     net = net or RunNetwork(Network())
     submit = submit or _helper.submit
+    if os.environ.get("NSBOX_NATIVE") == "0":
+        wire["native"] = False  # the helper's environment is not the caller's
     if trace is not None:
         wire["trace"] = True
         trace.append(("host: send to helper", time.monotonic_ns()))
@@ -443,6 +452,8 @@ def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
         timed_out=report["timed_out"],
     )
     result.extra["pid"] = pid
+    if report.get("core"):
+        result.extra["core"] = report["core"]
     if report.get("seccomp_denied") is not None:
         result.extra["seccomp_denied"] = report["seccomp_denied"]
     if report["timed_out"]:

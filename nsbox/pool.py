@@ -59,6 +59,8 @@ class Pool:
         self._template = cast(WireCommand, {key: wire.get(key) for key in COMMAND_KEYS})
         if os.environ.get("NSBOX_TRACE") == "1":
             wire["trace"] = True
+        if os.environ.get("NSBOX_NATIVE") == "0":
+            wire["native"] = False  # the Python child (nsbox/sandbox/native.py)
         self._lock = threading.Lock()
         self._sock: socket.socket | None
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -93,7 +93,9 @@ def run_as(uid: int, tree: Path | None, argv: list[str], **kwargs: Any) -> Resul
         ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
          "/usr/bin/python3", "-I", str(tree / "_driver.py")],
         input=request.encode(), capture_output=True, cwd="/", timeout=120,
-        env={"PATH": "/usr/bin:/bin", "NSBOX_TEST_CANARY": os.environ.get("NSBOX_TEST_CANARY", "")},
+        env={"PATH": "/usr/bin:/bin", "NSBOX_TEST_CANARY": os.environ.get("NSBOX_TEST_CANARY", ""),
+             # The launch core under test (tests/test_native.py; CI runs with both).
+             "NSBOX_NATIVE": os.environ.get("NSBOX_NATIVE", "")},
     )
     if proc.returncode != 0:
         raise AssertionError(f"driver failed: {proc.stderr.decode()}")

@@ -97,7 +97,10 @@ def compiled(entries: dict[str, bytes]) -> dict[str, bytes]:
 def build(output: Path) -> Path:
     entries: dict[str, bytes] = {"__main__.py": MAIN.encode()}
     for path in (REPO / "nsbox").rglob("*"):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+        # No native core in a zip (zipimport loads no extension module): the one-file CLI
+        # launches with the Python child, and says so in `nsbox doctor`.
+        if (path.is_file() and "__pycache__" not in path.parts
+                and path.suffix not in (".pyc", ".so", ".c", ".h")):
             entries[str(path.relative_to(REPO))] = path.read_bytes()
     entries["nsbox/_build_info.py"] = f"COMMIT = {commit()!r}\n".encode()
     for name in DEPENDENCIES:

@@ -76,6 +76,11 @@ class RunCgroup(abc.ABC):
     def reset_peak_memory(self) -> None:
         """Count the peak memory from now on (after a spawner has left, nsbox/helper/spawner.py)."""
 
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` file of each hierarchy: a process that writes its own pid into
+        each moves itself in (the native spawner, nsbox/native/spawner.c); [] for none."""
+        return []
+
     def clone_fd(self) -> int | None:
         """A directory descriptor to clone the run's first process into the cgroup at once
         (clone3 with CLONE_INTO_CGROUP; cgroup v2 only), or None: ``attach`` it instead."""

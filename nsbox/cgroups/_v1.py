@@ -73,6 +73,9 @@ class V1Run(RunCgroup):
         if "memory" in self.dirs:
             _fs.write(os.path.join(self.dirs["memory"], "memory.max_usage_in_bytes"), 0)
 
+    def procs_files(self) -> list[str]:
+        return [os.path.join(directory, "cgroup.procs") for directory in self._all]
+
     def attach(self, pid: int) -> None:
         for directory in self._all:
             _fs.write(os.path.join(directory, "cgroup.procs"), pid)

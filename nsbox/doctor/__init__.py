@@ -46,6 +46,7 @@ from nsbox.doctor.verdicts import (
 )
 from nsbox.errors import HostError
 from nsbox.policy import Policy
+from nsbox.sandbox import native
 
 __all__ = [
     "CHECKS", "CLEANUP", "CPU", "FILESYSTEM", "GUARANTEES", "LIMITS", "MEMORY", "NETWORK", "PIDS",
@@ -81,7 +82,11 @@ def check_python(facts: HostFacts, policy: Policy) -> list[Check]:
     if facts.python < (3, 10):
         return [Check("python", "fail", f"Python {version}; nsbox needs 3.10 or later",
                       [FILESYSTEM, PROCESSES], "run nsbox with python3.10 or later")]
-    return [Check("python", "ok", f"Python {version}")]
+    checks = [Check("python", "ok", f"Python {version}")]
+    if not facts.simulated:  # this installation's, not a simulated host's (docs/performance.md)
+        native_core, core = native.status()
+        checks.append(Check("launch core", "ok" if native_core else "info", core))
+    return checks
 
 
 def _version(text: str) -> tuple[int, ...]:

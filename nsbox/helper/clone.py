@@ -20,7 +20,10 @@ clone into, or None), ``clone`` (the child's pid; it sets ``Launch.born_in_cgrou
 when the helper ends.
 
 A strategy owns the clone and what the child runs: ``Cloner.child``, which by default is
-``become_child``, the Python child (nsbox/sandbox/child.py). A strategy whose clone and child
+``become_child``, the Python child (nsbox/sandbox/child.py). Every strategy first asks
+``native_plan`` whether the native core (nsbox/sandbox/native.py, the extension nsbox._native)
+can run this launch; if so, the clone and the whole child are C (``_native_core.spawn``, or the
+spawner's with the flat plan), and ``Launch.core`` says "native". A strategy whose clone and child
 steps are not Python replaces ``clone`` (and, for spawners, ``child``); what the child receives
 is ``ChildFds`` and the plan, and it reports failures on the error pipe as
 ``{step, errno, message}`` like the Python child.
@@ -38,6 +41,7 @@ from nsbox._wire import WirePlan
 from nsbox.helper import spawner as _spawner
 from nsbox.helper.launch import NAMESPACES, ChildFds
 from nsbox.sandbox import child as _child
+from nsbox.sandbox import native as _native_core
 
 if TYPE_CHECKING:
     from nsbox.helper.launch import Launch
@@ -67,6 +71,22 @@ def become_child(plan: WirePlan, fds: ChildFds, parent_fds: tuple[int, ...],
         os._exit(127)
 
 
+def native_plan(launch: Launch, plan: WirePlan, fds: ChildFds,
+                cap_last: int) -> tuple[bytes, list[int]] | None:
+    """The native core's flat plan and its descriptors, or None: the Python child runs this
+    launch (nsbox/sandbox/native.py says when). Sets ``launch.core``."""
+    launch.core = "python"
+    if _native_core.unsupported(plan) is not None:
+        return None
+    try:
+        flat = _native_core.flatten(plan, fds.stdio, fds.sync_r, fds.err_w, fds.sources,
+                                    fds.notify, fds.net, cap_last, _native_core.own_name())
+    except (ValueError, OverflowError):
+        return None  # a name or a number the C side cannot carry: the Python child takes it
+    launch.core = "native"
+    return flat
+
+
 class Cloner:
     """Clone here, then attach the child to the run's cgroup (when there is one) before it is
     released. The base of the other strategies, and their fallback."""
@@ -89,7 +109,12 @@ class Cloner:
         """Clone the child with every namespace (into ``cgroup_fd`` when given); in the child,
         go on as the sandbox (``child``). Sets ``launch.pid`` and ``launch.born_in_cgroup``.
         Raises OSError when there is no child."""
-        if cgroup_fd is not None:
+        flat = native_plan(launch, plan, fds, self.cap_last)
+        if flat is not None:
+            pid = _native_core.spawn(*flat, (launch.sync_fd, launch.err_fd),
+                                     NAMESPACES | signal.SIGCHLD,
+                                     -1 if cgroup_fd is None else cgroup_fd)
+        elif cgroup_fd is not None:
             pid = _libc.clone_into_cgroup(NAMESPACES, signal.SIGCHLD, cgroup_fd)
         else:
             pid = _libc.raw_clone(NAMESPACES | signal.SIGCHLD)
@@ -162,8 +187,9 @@ class Spawned(Cloner):
               cgroup_fd: int | None) -> int:
         if launch.spawner is None:
             return super().clone(launch, plan, fds, cgroup_fd)
+        flat = native_plan(launch, plan, fds, self.cap_last)
         try:
-            pid = launch.spawner.clone()
+            pid = launch.spawner.clone(flat)
         except OSError:
             # It died before it cloned (killed from outside, say): clone here and attach
             # instead; its cgroup, with the run's limits, stays the run's.
@@ -171,8 +197,10 @@ class Spawned(Cloner):
             dead.leave(kill=True)
             return super().clone(launch, plan, fds, cgroup_fd)
         try:
-            # The child waits for its plan first, then for the id maps like any other.
-            launch.spawner.send_plan(plan, fds)
+            # The child waits for its plan first, then for the id maps like any other; the
+            # native core's had its flat plan before the clone.
+            if flat is None:
+                launch.spawner.send_plan(plan, fds)
         except OSError:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)

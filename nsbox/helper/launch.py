@@ -96,6 +96,7 @@ class Launch:
         # (clone3 into it, or a spawner's), so nothing is attached afterwards.
         self.born_in_cgroup = False
         self.internal_error: SetupErrorInfo | None = None  # Launch.fail
+        self.core = "python"  # or "native": which ran the sandbox child (nsbox/sandbox/native.py)
         # The one owner of what the launch opened (pipes, descriptors, cgroup, spawner, the
         # child itself until reaped): closed at the reap, or when the launch fails before.
         self.cleanup = contextlib.ExitStack()

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from nsbox import _wire
 from nsbox._wire import SetupErrorInfo, WirePlan
 from nsbox.errors import HostError
+from nsbox.sandbox import native as _native_core
 
 if TYPE_CHECKING:
     from nsbox.helper.launch import Launch
@@ -207,7 +208,7 @@ class HelperPool:
         else:
             launch.trace = None
         try:
-            _wire.send(sock, command, fds[1:4])
+            _wire.send_bytes(sock, self.command_message(launch, command), fds[1:4])
         except OSError:
             launch.kill("pool: sandbox gone before its command")
             self.drop_command_sock(launch)
@@ -226,6 +227,17 @@ class HelperPool:
             return True
         launch.send_fd({"event": "pid", "pid": launch.pid}, launch.pidfd)  # see Helper.release
         return True
+
+    def command_message(self, launch: Launch, command: dict[str, Any]) -> bytes:
+        """The command as its sandbox reads it: JSON for the Python child, the flat form for
+        the native core (nsbox/sandbox/native.py). One the flat form cannot carry goes as JSON,
+        which the native core refuses with a message that names the remedy."""
+        if launch.core == "native":
+            try:
+                return _native_core.flatten_command(command, self.plan["setid_bpf"])
+            except (ValueError, OverflowError):
+                pass
+        return json.dumps(command).encode()
 
     def refuse(self, fds: list[int]) -> None:
         sock = socket.socket(fileno=fds[0])

@@ -31,6 +31,7 @@ def exit_report(launch: Launch, wait_status: int, rusage: resource.struct_rusage
         "setup_error": launch.internal_error or setup_error,  # the helper's is the cause
         "seccomp_denied": denied,
         "limits": limits,
+        "core": launch.core,
     }
     if launch.trace is not None:
         report["trace"] = [*launch.trace, *child_trace, ("helper: reaped", reaped_ns)]

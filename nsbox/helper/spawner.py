@@ -43,6 +43,7 @@ from nsbox import _libc, _wire, cgroups
 from nsbox._wire import WirePlan
 from nsbox.cgroups import _names
 from nsbox.helper.launch import NAMESPACES, ChildFds
+from nsbox.sandbox import native as _native_core
 
 if TYPE_CHECKING:
     from nsbox.helper.loop import Helper
@@ -77,10 +78,14 @@ class Spawner:
         self.cgroup.set_limits(cgroups.Request(memory=request.memory, pids=pids,
                                                cpus=request.cpus))
 
-    def clone(self) -> int:
-        """Have the spawner clone the sandbox; its pid (a child of the helper)."""
+    def clone(self, flat: tuple[bytes, list[int]] | None = None) -> int:
+        """Have the spawner clone the sandbox; its pid (a child of the helper). With ``flat``
+        (the native core's plan and descriptors), the spawner clones it with the native core."""
         try:
-            os.write(self.sock.fileno(), b"clone")
+            if flat is None:
+                os.write(self.sock.fileno(), b"clone")
+            else:
+                _wire.send_bytes(self.sock, flat[0], flat[1])  # begins with b"i"
             reply = os.read(self.sock.fileno(), 4096).decode()
         except OSError as exc:
             raise OSError(exc.errno or 0, f"the spawner went away: {exc}") from None
@@ -154,9 +159,14 @@ class Spawners:
         cgroup = self.backend.create(cgroups.Request(), _names.spare_name())
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            # Not os.fork(): its at-fork handlers would touch (and copy) pages for nothing in a
-            # process that has no threads and runs almost no Python.
-            pid = _libc.raw_clone(signal.SIGCHLD)
+            if native_spawners():
+                pid = spawn_native(theirs, cgroup)
+                if pid == 0:  # a sandbox child for the Python child, cloned by the C spawner
+                    become_sandbox(self.child, theirs)
+            else:
+                # Not os.fork(): its at-fork handlers would touch (and copy) pages for nothing
+                # in a process that has no threads and runs almost no Python.
+                pid = _libc.raw_clone(signal.SIGCHLD)
         except OSError:
             ours.close()
             theirs.close()
@@ -199,6 +209,27 @@ class Spawners:
         self.idle = []
 
 
+def native_spawners() -> bool:
+    """Spawners as C loops (nsbox/native/spawner.c) where the native core is built and not
+    switched off (the helper gets the caller's NSBOX_NATIVE when it starts)."""
+    return _native_core.MISSING == "" and not _native_core.disabled_by_caller()
+
+
+def spawn_native(sock: socket.socket, cgroup: cgroups.RunCgroup) -> int:
+    """Start a C spawner for ``cgroup``: its pid (0 in a sandbox child, see Spawners.spawn)."""
+    procs = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in cgroup.procs_files()]
+    pid = -1
+    try:
+        pid = _native_core.start_spawner(
+            sock.fileno(), procs, NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD,
+            _names.SPAWNER_NAME)
+    finally:
+        if pid != 0:  # a sandbox child has none of them: the spawner kept only its socket
+            for fd in procs:
+                os.close(fd)
+    return pid
+
+
 def error_message(reply: bytes) -> str:
     """The MESSAGE of a spawner's ``error E MESSAGE``."""
     kind, _, rest = reply.decode(errors="replace").partition(" ")
@@ -223,7 +254,14 @@ def serve(child: ChildStart, sock: socket.socket, cgroup: cgroups.RunCgroup) -> 
         os.write(comm, _names.SPAWNER_NAME.encode())  # ps shows it; tools tell idle spares by it
         cgroup.attach(os.getpid())
         os.write(fd, b"ready")
-        if os.read(fd, 64) == b"clone":
+        word, fds = _wire.receive(sock, MAX_FDS)
+        if word.startswith(b"i"):
+            # The native core: its flat plan (nsbox/sandbox/native.py) came first; the child
+            # runs it in C.
+            pid = _native_core.spawn(word, fds, (fd, comm),
+                                     NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD, -1)
+            os.write(fd, f"pid {pid}".encode())
+        elif word == b"clone":
             pid = _libc.raw_clone(NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD)
             if pid == 0:
                 os.close(comm)  # the spawner's own
@@ -232,9 +270,9 @@ def serve(child: ChildStart, sock: socket.socket, cgroup: cgroups.RunCgroup) -> 
                 os.close(comm)
                 become_sandbox(child, sock)
             os.write(fd, f"pid {pid}".encode())
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a flat plan the native core refused
         try:
-            os.write(fd, f"error {exc.errno or 0} {exc}".encode())
+            os.write(fd, f"error {getattr(exc, 'errno', 0) or 0} {exc}".encode())
         except OSError:
             pass
     os._exit(0)
