@@ -48,3 +48,19 @@ def test_doc_example_runs(name: str, lang: str, code: str, tag: str | None, tmp_
     proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, f"{name} failed:\n{code}\n--- stderr:\n{proc.stderr}"
+
+
+def test_the_architecture_names_every_module() -> None:
+    """docs/architecture.md's module table has a row for every source file of the package (a
+    row may name a header beside its .c file), and no row for a file that is gone."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `nsbox/")]
+    named = set()
+    for row in rows:
+        first, *others = re.findall(r"`([^`]+)`", row.split("|")[1])
+        named.add(first)
+        named.update(str(Path(first).parent / other) for other in others)
+    files = {str(p.relative_to(REPO)) for ext in ("py", "c", "h")
+             for p in (REPO / "nsbox").rglob(f"*.{ext}")}
+    assert sorted(files - named) == []
+    assert sorted(named - files) == []
