@@ -250,17 +250,24 @@ def check_tmpfs(mount: Any) -> None:
           "a mode (an int, e.g. 0o755)")
 
 
+def _one_of(kinds: tuple[type, ...]) -> str:
+    """The mount classes a policy takes, as in "a Bind, Tmpfs or Dir"."""
+    names = [kind.__name__ for kind in kinds]
+    return "a " + (", ".join(names[:-1]) + " or " if len(names) > 1 else "") + names[-1]
+
+
 def check_policy(value: Any) -> None:
     """The types of a Policy's fields (the path rules are nsbox.rules')."""
-    from nsbox.policy import Bind, Dir, File, Limits, Network, Seccomp, Symlink, Tmpfs
+    from nsbox.policy import MOUNT_KINDS, Limits, Network, Seccomp
 
     if not isinstance(value.mounts, (tuple, list)):
         raise PolicyError(f"expected a tuple of mounts, got {_type(value.mounts)} "
                           f"{quote(value.mounts)}", key="mounts")
+    kinds = tuple(MOUNT_KINDS.values())
     for i, mount in enumerate(value.mounts):
-        if not isinstance(mount, (Bind, Tmpfs, File, Symlink, Dir)):
-            raise PolicyError(f"expected a Bind, Tmpfs, File, Symlink or Dir, got "
-                              f"{_type(mount)} {quote(mount)}", key=f"mounts[{i}]")
+        if not isinstance(mount, kinds):
+            raise PolicyError(f"expected {_one_of(kinds)}, got {_type(mount)} {quote(mount)}",
+                              key=f"mounts[{i}]")
     if not isinstance(value.env, (tuple, list)):
         raise PolicyError(f"expected (name, value) pairs, got {_type(value.env)}", key="env")
     for i, pair in enumerate(value.env):

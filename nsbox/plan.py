@@ -11,7 +11,9 @@ policy cannot hide or replace those.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +24,7 @@ from nsbox.host import network as netmod
 from nsbox.host import pathrules
 from nsbox.host import seccomp as seccompmod
 from nsbox.limits import plan_limits
-from nsbox.policy import Bind, Dir, File, Mount, Policy, Symlink, Tmpfs
+from nsbox.policy import Bind, Mount, Policy
 
 WORKSPACE = "/workspace"
 # Devices a program expects; no console, nothing that reaches hardware. /dev/tty is only ever
@@ -93,20 +95,29 @@ def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],
     }]
 
 
+def _plain_op(mount: Mount, key: str, _allow: tuple[str, ...],
+              _host: pathrules.HostView | None) -> list[dict[str, Any]]:
+    """A kind whose operation is its own fields, the target checked: tmpfs, file, symlink, dir
+    (nsbox/sandbox/mounts.py has a handler for each)."""
+    target = rules.check_target(mount.target, f"{key}.target", mount.kind)
+    fields = {spec.name: getattr(mount, spec.name) for spec in dataclasses.fields(mount)}
+    return [{**fields, "op": fields.pop("kind"), "target": target}]
+
+
+# The plan's operations of each kind of policy.MOUNT_KINDS, in the order the policy gives them.
+MOUNT_OPS: dict[str, Callable[[Any, str, tuple[str, ...], pathrules.HostView | None],
+                              list[dict[str, Any]]]] = {
+    "bind": _bind_ops, "tmpfs": _plain_op, "file": _plain_op, "symlink": _plain_op,
+    "dir": _plain_op,
+}
+
+
 def _mount_ops(mount: Mount, key: str, allow: tuple[str, ...],
                host: pathrules.HostView | None) -> list[dict[str, Any]]:
-    if isinstance(mount, Bind):
-        return _bind_ops(mount, key, allow, host)
-    target = rules.check_target(mount.target, f"{key}.target", mount.kind)
-    if isinstance(mount, Tmpfs):
-        return [{"op": "tmpfs", "target": target, "size": mount.size, "mode": mount.mode}]
-    if isinstance(mount, File):
-        return [{"op": "file", "target": target, "content": mount.content, "mode": mount.mode}]
-    if isinstance(mount, Symlink):
-        return [{"op": "symlink", "target": target, "points_to": mount.points_to}]
-    if isinstance(mount, Dir):
-        return [{"op": "dir", "target": target, "mode": mount.mode}]
-    raise PolicyError(f"unknown mount kind {type(mount).__name__}", key="mounts")
+    ops = MOUNT_OPS.get(getattr(mount, "kind", None))  # type: ignore[arg-type]
+    if ops is None:
+        raise PolicyError(f"unknown mount kind {type(mount).__name__}", key="mounts")
+    return ops(mount, key, allow, host)
 
 
 # Programs look up uid 0 and nobody by number (tarfile, shutil.chown, ls -l, id): a normal

@@ -75,6 +75,11 @@ class Dir:
 
 Mount = Bind | Tmpfs | File | Symlink | Dir
 
+# The closed set of mount kinds, by their ``kind``: the policy's type check (inputs.py), the
+# profile's TOML form (profiles/schema.py reads, profiles/writers.py writes a kind from its
+# fields) and the plan's operation (plan.py, MOUNT_OPS) all come from here.
+MOUNT_KINDS: dict[str, type[Mount]] = {cls.kind: cls for cls in (Bind, Tmpfs, File, Symlink, Dir)}
+
 # What programs on the host need to run: /usr and the merged-usr links, and the dynamic
 # linker's cache. Nothing else of the host's /etc.
 DEFAULT_MOUNTS: tuple[Mount, ...] = (

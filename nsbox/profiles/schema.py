@@ -1,13 +1,15 @@
 """The profile schema: every key, how its value is checked, and which Policy field it fills.
 
 One table (FIELDS) describes the scalar keys; mounts and seccomp rules, being ordered lists of
-tables, have their own parsers below. The same parsers check profile files and the caller's
-overrides, so both doors lead to the same validated values. Defaults are Policy's field defaults.
+tables, have their own parsers below (a mount's keys are its class's fields, policy.MOUNT_KINDS).
+The same parsers check profile files and the caller's overrides, so both doors lead to the same
+validated values. Defaults are Policy's field defaults.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import functools
 import math
@@ -22,7 +24,7 @@ from nsbox import limittable, rules, units
 from nsbox.errors import PolicyError, suggest
 from nsbox.host import seccomp_compile
 from nsbox.limittable import LimitSpec
-from nsbox.policy import Bind, Dir, File, Mount, SeccompArg, SeccompRule, Symlink, Tmpfs
+from nsbox.policy import MOUNT_KINDS, Bind, Mount, SeccompArg, SeccompRule
 from nsbox.profiles.writers import _none_or, format_duration, format_size
 
 # --- where an error is reported ------------------------------------------------------------------
@@ -256,13 +258,27 @@ def check_dir(origin: Origin, key: str, value: str) -> None:
 
 # --- mounts --------------------------------------------------------------------------------------
 
-MOUNT_KEYS: dict[str, tuple[str, ...]] = {
-    "bind": ("type", "source", "target", "writable", "optional"),
-    "tmpfs": ("type", "target", "size", "mode"),
-    "file": ("type", "target", "content", "mode"),
-    "symlink": ("type", "target", "points_to"),
-    "dir": ("type", "target", "mode"),
-}
+def points_to(origin: Origin, key: str, raw: Any) -> str:
+    value = string(origin, key, raw)
+    if not value:
+        raise origin.error(key, "is empty")
+    return value
+
+
+# The parser of a mount's field (its class is in policy.MOUNT_KINDS) by the field's name, else by
+# its type: a new kind whose fields are of these sorts is read with no edit here.
+MOUNT_FIELDS: dict[str, Parser] = {"source": host_path, "size": size(), "mode": mode,
+                                   "points_to": points_to}
+MOUNT_FIELD_TYPES: dict[str, Parser] = {"bool": boolean, "str": string, "int": integer(0)}
+
+
+def mount_field_parser(kind: str, item: dataclasses.Field[Any]) -> Parser:
+    # policy.py has postponed annotations, so a field's type is its source text ("bool").
+    parser = MOUNT_FIELDS.get(item.name) or MOUNT_FIELD_TYPES.get(str(item.type))
+    if parser is None:
+        raise TypeError(f"mount kind {kind!r}: no profile parser for its field {item.name!r} "
+                        f"({item.type}); add one to MOUNT_FIELDS or MOUNT_FIELD_TYPES")
+    return parser
 
 
 def check_keys(origin: Origin, key: str, table: dict[str, Any], known: Iterable[str]) -> None:
@@ -280,35 +296,31 @@ def require(origin: Origin, key: str, table: dict[str, Any], name: str) -> Any:
 
 
 def mount(origin: Origin, key: str, raw: Any) -> Mount:
+    """A mount's table: "type" picks the kind; a field without a default is required."""
     expect(origin, key, raw, dict, "a table")
-    kind = choice(*MOUNT_KEYS)(origin, f"{key}.type", require(origin, key, raw, "type"))
-    check_keys(origin, key, raw, MOUNT_KEYS[kind])
+    kind = choice(*MOUNT_KINDS)(origin, f"{key}.type", require(origin, key, raw, "type"))
+    fields = [f for f in dataclasses.fields(MOUNT_KINDS[kind]) if f.name != "kind"]
+    check_keys(origin, key, raw, ("type", *(f.name for f in fields)))
     target = target_path(origin, f"{key}.target", require(origin, key, raw, "target"), kind)
-    if kind == "bind":
-        writable = boolean(origin, f"{key}.writable", raw.get("writable", False))
-        optional = boolean(origin, f"{key}.optional", raw.get("optional", False))
-        source = host_path(origin, f"{key}.source", require(origin, key, raw, "source"))
-        # The launch reproduces a symlink only for a read-only bind onto the same path (the
-        # merged-usr /bin -> usr/bin); any other symlink is resolved now, so the policy names
-        # the file that will be bound, whatever is later written where the link was.
-        if os.path.islink(source) and (writable or source != target):
-            source = os.path.realpath(source)
-        # What the source may be is checked when the mount is applied, with the policy's
-        # allow_rules (profiles.apply_layer, which then calls check_exists), and again on the
-        # resolved path at plan time.
-        return Bind(source, target, writable=writable, optional=optional)
-    if kind == "tmpfs":
-        return Tmpfs(target, size=size()(origin, f"{key}.size", raw.get("size", Tmpfs.size)),
-                     mode=mode(origin, f"{key}.mode", raw.get("mode", Tmpfs.mode)))
-    if kind == "file":
-        content = string(origin, f"{key}.content", require(origin, key, raw, "content"))
-        return File(target, content, mode=mode(origin, f"{key}.mode", raw.get("mode", File.mode)))
-    if kind == "symlink":
-        points_to = string(origin, f"{key}.points_to", require(origin, key, raw, "points_to"))
-        if not points_to:
-            raise origin.error(f"{key}.points_to", "is empty")
-        return Symlink(target, points_to)
-    return Dir(target, mode=mode(origin, f"{key}.mode", raw.get("mode", Dir.mode)))
+    values: dict[str, Any] = {"target": target}
+    for item in (f for f in fields if f.name != "target"):
+        if item.name in raw:
+            parse = mount_field_parser(kind, item)
+            values[item.name] = parse(origin, f"{key}.{item.name}", raw[item.name])
+        elif item.default is dataclasses.MISSING:
+            raise origin.error(key, f'missing "{item.name}"')
+    if "source" in values:
+        values["source"] = bound_source(values["source"], target, values.get("writable", False))
+    return MOUNT_KINDS[kind](**values)
+
+
+def bound_source(source: str, target: str, writable: bool) -> str:
+    """A bind's source, a symlink resolved now unless the launch reproduces it (read-only onto
+    the same path: the merged-usr /bin -> usr/bin). What it may be is checked when the mount is
+    applied (profiles.apply_layer, with allow_rules) and again at plan time."""
+    if os.path.islink(source) and (writable or source != target):
+        return os.path.realpath(source)
+    return source
 
 
 def check_exists(origin: Origin, key: str, mount: Mount) -> None:

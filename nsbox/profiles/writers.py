@@ -3,29 +3,32 @@ for each key, so that loading it gives the same policy back. The parsers are in 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from nsbox.policy import Bind, File, Mount, SeccompRule, Symlink, Tmpfs
+from nsbox.policy import Mount, SeccompRule
 
 
 def mount_to_toml(item: Mount) -> dict[str, Any]:
+    """A mount's table: its "type", then its fields in their order, each in the TOML form of
+    its name (MOUNT_FORMATS) or as it is; a flag (writable, optional) only when it is not its
+    default. Any kind of policy.MOUNT_KINDS, with no edit here."""
     entries: dict[str, Any] = {"type": item.kind}
-    if isinstance(item, Bind):
-        entries.update(source=item.source, target=item.target)
-        if item.writable:
-            entries["writable"] = True
-        if item.optional:
-            entries["optional"] = True
-    elif isinstance(item, Tmpfs):
-        entries.update(target=item.target, size=format_size(item.size), mode=f"{item.mode:04o}")
-    elif isinstance(item, File):
-        entries.update(target=item.target, content=item.content, mode=f"{item.mode:04o}")
-    elif isinstance(item, Symlink):
-        entries.update(target=item.target, points_to=item.points_to)
-    else:
-        entries.update(target=item.target, mode=f"{item.mode:04o}")
+    for spec in dataclasses.fields(item):
+        value = getattr(item, spec.name)
+        if spec.name == "kind" or (isinstance(value, bool) and value == spec.default):
+            continue
+        entries[spec.name] = MOUNT_FORMATS.get(spec.name, _as_is)(value)
     return entries
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def format_mode(value: int) -> str:
+    return f"{value:04o}"
 
 
 _SIZE_FACTORS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -37,6 +40,10 @@ def format_size(value: int) -> str | int:
         if value >= factor and value % factor == 0:
             return f"{value // factor}{unit}"
     return value
+
+
+# The TOML form of a mount's field, by its name (the parsers are schema.MOUNT_FIELDS).
+MOUNT_FORMATS: dict[str, Callable[[Any], Any]] = {"size": format_size, "mode": format_mode}
 
 
 def format_duration(value: float) -> str:
