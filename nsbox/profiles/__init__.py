@@ -27,7 +27,7 @@ from typing import Any
 
 from nsbox import rules as rule_book
 from nsbox.errors import PolicyError
-from nsbox.policy import Mount, Policy, SeccompRule
+from nsbox.policy import MOUNT_KINDS, Mount, Policy, SeccompRule
 from nsbox.profiles import schema, writers
 from nsbox.profiles import tomltext as _tomltext
 
@@ -343,8 +343,8 @@ def apply_overrides(policy: Policy, overrides: Mapping[str, Any]) -> Policy:
             raise PolicyError("not an option that can be overridden", key=name,
                               hint=schema.suggest(name, known))
         if key == "filesystem.mounts":  # API callers may pass Bind(...) and friends
-            value = [writers.mount_to_toml(m) if isinstance(m, Mount) else m
-                     for m in value]
+            kinds = tuple(MOUNT_KINDS.values())
+            value = [writers.mount_to_toml(m) if isinstance(m, kinds) else m for m in value]
         section, _, leaf = key.rpartition(".")
         (data.setdefault(section, {}) if section else data)[leaf] = (
             "none" if value is None else value)
