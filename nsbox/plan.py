@@ -100,8 +100,9 @@ def _plain_op(mount: Mount, key: str, _allow: tuple[str, ...],
     """A kind whose operation is its own fields, the target checked: tmpfs, file, symlink, dir
     (nsbox/sandbox/mounts.py has a handler for each)."""
     target = rules.check_target(mount.target, f"{key}.target", mount.kind)
-    fields = {spec.name: getattr(mount, spec.name) for spec in dataclasses.fields(mount)}
-    return [{**fields, "op": fields.pop("kind"), "target": target}]
+    fields = {spec.name: getattr(mount, spec.name) for spec in dataclasses.fields(mount)
+              if spec.name != "kind"}
+    return [{"op": mount.kind, **fields, "target": target}]
 
 
 # The plan's operations of each kind of policy.MOUNT_KINDS, in the order the policy gives them.

@@ -142,3 +142,15 @@ def test_a_plan_operation_the_native_core_lacks_takes_the_python_child() -> None
     assert native.unsupported({"mounts": [carried]}) is None
     assert native.unsupported({"mounts": [carried, {"op": "fifo", "target": "/opt/p"}]}) == (
         "fifo mounts are made by the Python child")
+
+
+def test_the_plain_kinds_plan_exactly_their_fields() -> None:
+    policy = Policy(mounts=(Tmpfs("/opt/t", size=4096, mode=0o700), File("/opt/f", "x"),
+                            Symlink("/opt/s", "/x"), Dir("/opt/d")))
+    ops = plan.build(policy, ["/bin/true"]).mounts[:4]
+    assert ops == [
+        {"op": "tmpfs", "target": "/opt/t", "size": 4096, "mode": 0o700},
+        {"op": "file", "target": "/opt/f", "content": "x", "mode": 0o644},
+        {"op": "symlink", "target": "/opt/s", "points_to": "/x"},
+        {"op": "dir", "target": "/opt/d", "mode": 0o755},
+    ]
