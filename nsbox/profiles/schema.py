@@ -303,7 +303,8 @@ def mount(origin: Origin, key: str, raw: Any) -> Mount:
     check_keys(origin, key, raw, ("type", *(f.name for f in fields)))
     target = target_path(origin, f"{key}.target", require(origin, key, raw, "target"), kind)
     values: dict[str, Any] = {"target": target}
-    for item in (f for f in fields if f.name != "target"):
+    # The flags first: a table with two errors reports the one it always has (a bind's source).
+    for item in sorted((f for f in fields if f.name != "target"), key=lambda f: f.type != "bool"):
         if item.name in raw:
             parse = mount_field_parser(kind, item)
             values[item.name] = parse(origin, f"{key}.{item.name}", raw[item.name])
@@ -316,8 +317,7 @@ def mount(origin: Origin, key: str, raw: Any) -> Mount:
 
 def bound_source(source: str, target: str, writable: bool) -> str:
     """A bind's source, a symlink resolved now unless the launch reproduces it (read-only onto
-    the same path: the merged-usr /bin -> usr/bin). What it may be is checked when the mount is
-    applied (profiles.apply_layer, with allow_rules) and again at plan time."""
+    the same path: /bin -> usr/bin). The rules check it when applied and again at plan time."""
     if os.path.islink(source) and (writable or source != target):
         return os.path.realpath(source)
     return source
