@@ -115,7 +115,7 @@ MOUNT_OPS: dict[str, Callable[[Any, str, tuple[str, ...], pathrules.HostView | N
 
 def _mount_ops(mount: Mount, key: str, allow: tuple[str, ...],
                host: pathrules.HostView | None) -> list[dict[str, Any]]:
-    ops = MOUNT_OPS.get(getattr(mount, "kind", None))  # type: ignore[arg-type]
+    ops = MOUNT_OPS.get(str(getattr(mount, "kind", "")))
     if ops is None:
         raise PolicyError(f"unknown mount kind {type(mount).__name__}", key="mounts")
     return ops(mount, key, allow, host)
