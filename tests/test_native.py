@@ -168,6 +168,19 @@ def test_a_pooled_sandbox_is_the_same(both: pytest.MonkeyPatch, sandbox: Runner)
     assert outputs["native"].startswith(b"CORE\n0\n1\n2\n3\n"), outputs["native"]
 
 
+def test_a_pooled_command_larger_than_a_datagram_arrives_whole(both: pytest.MonkeyPatch):
+    # Over 64 KiB the command travels in a memfd (nsbox/_wire.py), which the native core maps
+    # (nsbox/native/report.c, map_memfd_message).
+    env = {f"V{i}": str(i) * 100_000 for i in range(3)}
+    for core in ("native", "python"):
+        if core == "python":
+            both.setenv("NSBOX_NATIVE", "0")
+        with Pool(Policy(), size=1) as pool:
+            result = pool.run(["sh", "-c", "echo ${#V0} ${#V2}"], env=env)
+        assert result.extra["core"] == core
+        assert result.stdout == b"100000 100000\n", result
+
+
 def test_a_plan_the_native_core_cannot_carry_takes_the_python_child(both: pytest.MonkeyPatch,
                                                                     sandbox: Runner):
     # A value that is not UTF-8 (an undecodable byte, as os.environb would give it): the

@@ -109,4 +109,12 @@ int sys_openat2(int dirfd, const char *path, unsigned long long flags,
                 unsigned long long resolve);
 int sys_close_range(unsigned first, unsigned last, unsigned flags);
 
+/* Messages from the helper (nsbox/_wire.py): a datagram of at most MESSAGE_MAX bytes, or
+ * {"memfd": SIZE} with the message in a memfd passed last among its descriptors. */
+#define MESSAGE_MAX (64 * 1024)  /* nsbox/_wire.py, INLINE_MAX */
+#define MEMFD_TAG "{\"memfd\": "
+#define RECEIVE_MAX_FDS 254      /* SCM_MAX_FD (253), and the memfd of a large message */
+ssize_t receive_with_fds(int sock, char *buf, size_t size, int *fds, int max_fds, int *nfds);
+const char *map_memfd_message(const char *tag, int fd, size_t *len);
+
 #endif

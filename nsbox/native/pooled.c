@@ -7,55 +7,11 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 /* --- a pooled sandbox: built ahead, then one command (nsbox/helper/pool.py) ---------------- */
-
-#define MESSAGE_MAX (64 * 1024)  /* nsbox/_wire.py, INLINE_MAX */
-#define MEMFD_TAG "{\"memfd\": "
-
-/* One message on fd 0 and up to 4 descriptors (nsbox/_wire.py, receive); its length. */
-static ssize_t receive_command(char *buf, size_t size, int *fds, int *nfds)
-{
-    union {
-        char buf[CMSG_SPACE(4 * sizeof(int))];
-        struct cmsghdr align;
-    } control;
-    struct iovec iov = {buf, size};
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.buf;
-    msg.msg_controllen = sizeof(control.buf);
-    ssize_t n = recvmsg(0, &msg, MSG_CMSG_CLOEXEC);
-    *nfds = 0;
-    for (struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg); n >= 0 && cmsg != NULL;
-         cmsg = CMSG_NXTHDR(&msg, cmsg)) {
-        if (cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS)
-            continue;
-        *nfds = (int)((cmsg->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        memcpy(fds, CMSG_DATA(cmsg), (size_t)*nfds * sizeof(int));
-    }
-    return n;
-}
-
-/* A command too large for a datagram came in a memfd: mapped, never copied. */
-static const char *map_memfd(struct child *c, const char *tag, int fd, size_t *len)
-{
-    long long size = 0;
-    for (const char *p = tag + strlen(MEMFD_TAG); *p >= '0' && *p <= '9'; p++)
-        size = size * 10 + (*p - '0');
-    errno = EINVAL;  /* for a size of 0, which mmap does not check for us */
-    void *map = size > 0 ? mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-    if (size <= 0 || map == MAP_FAILED)
-        fail_errno(c);
-    close(fd);
-    *len = (size_t)size;
-    return map;
-}
 
 void await_command(struct child *c, struct plan *command)
 {
@@ -71,14 +27,17 @@ void await_command(struct child *c, struct plan *command)
     set_step(c, "wait for command");
     if (send(0, "ready", 5, MSG_NOSIGNAL) < 0)
         fail_errno(c);
-    ssize_t n = receive_command(buf, MESSAGE_MAX, fds, &nfds);
+    ssize_t n = receive_with_fds(0, buf, MESSAGE_MAX, fds, 4, &nfds);
     if (n < 0)
         fail_errno(c);
     const char *blob = buf;
     size_t len = (size_t)n;
     buf[n] = '\0';
-    if (nfds == 4 && strncmp(buf, MEMFD_TAG, strlen(MEMFD_TAG)) == 0)
-        blob = map_memfd(c, buf, fds[--nfds], &len);
+    if (nfds == 4 && strncmp(buf, MEMFD_TAG, strlen(MEMFD_TAG)) == 0) {
+        blob = map_memfd_message(buf, fds[--nfds], &len);
+        if (blob == NULL)
+            fail_errno(c);
+    }
     if (n == 0 || nfds != 3)
         fail(c, 0, "the pool closed before this sandbox got a command");
     for (int i = 0; i < 3; i++) {

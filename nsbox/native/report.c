@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -196,4 +198,50 @@ int sys_openat2(int dirfd, const char *path, unsigned long long flags, unsigned 
 int sys_close_range(unsigned first, unsigned last, unsigned flags)
 {
     return (int)syscall(SYS_close_range, first, last, flags);
+}
+
+/* --- messages from the helper (child.h) --------------------------------------------------- */
+
+/* One datagram on ``sock`` and the descriptors that came with it, close-on-exec (unix(7),
+ * SCM_RIGHTS): its length, or -1 with errno. The control buffer takes at most ``max_fds``
+ * (<= RECEIVE_MAX_FDS) descriptors; the kernel closes any more (MSG_CTRUNC). */
+ssize_t receive_with_fds(int sock, char *buf, size_t size, int *fds, int max_fds, int *nfds)
+{
+    union {
+        char buf[CMSG_SPACE(RECEIVE_MAX_FDS * sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    struct iovec iov = {buf, size};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = CMSG_SPACE((size_t)max_fds * sizeof(int));
+    ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    *nfds = 0;
+    for (struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg); n >= 0 && cmsg != NULL;
+         cmsg = CMSG_NXTHDR(&msg, cmsg)) {
+        if (cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS)
+            continue;
+        *nfds = (int)((cmsg->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        memcpy(fds, CMSG_DATA(cmsg), (size_t)*nfds * sizeof(int));
+    }
+    return n;
+}
+
+/* The message announced by ``tag`` ({"memfd": SIZE}) in the memfd ``fd``: mapped read-only,
+ * not copied, and the descriptor closed (the mapping stays). NULL with errno when it cannot
+ * be mapped. */
+const char *map_memfd_message(const char *tag, int fd, size_t *len)
+{
+    long long size = 0;
+    for (const char *p = tag + strlen(MEMFD_TAG); *p >= '0' && *p <= '9'; p++)
+        size = size * 10 + (*p - '0');
+    errno = EINVAL;  /* for a size of 0, which mmap does not check for us */
+    void *map = size > 0 ? mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    if (map == MAP_FAILED)
+        return NULL;
+    close(fd);
+    *len = (size_t)size;
+    return map;
 }

@@ -18,7 +18,6 @@
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -26,9 +25,6 @@
 
 #include "spawner.h"
 
-#define MESSAGE_MAX (64 * 1024)  /* nsbox/_wire.py, INLINE_MAX */
-#define MAX_FDS 254              /* SCM_MAX_FD (253), and the memfd of a large message */
-#define MEMFD_TAG "{\"memfd\": "
 
 static void reply(int sock, const char *word, long long number, const char *message)
 {
@@ -70,44 +66,6 @@ static void enter_cgroup(int sock, const int *procs, int nprocs)
     }
 }
 
-static ssize_t receive(int sock, char *buf, size_t size, int *fds, int *nfds)
-{
-    union {
-        char buf[CMSG_SPACE(MAX_FDS * sizeof(int))];
-        struct cmsghdr align;
-    } control;
-    struct iovec iov = {buf, size};
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.buf;
-    msg.msg_controllen = sizeof(control.buf);
-    ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    *nfds = 0;
-    for (struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg); n >= 0 && cmsg != NULL;
-         cmsg = CMSG_NXTHDR(&msg, cmsg)) {
-        if (cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS) {
-            *nfds = (int)((cmsg->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            memcpy(fds, CMSG_DATA(cmsg), (size_t)*nfds * sizeof(int));
-        }
-    }
-    return n;
-}
-
-/* A plan too large for a datagram comes in a memfd (nsbox/_wire.py): mapped, not copied. */
-static const char *map_message(int sock, const char *tag, int fd, size_t *len)
-{
-    long long size = 0;
-    for (const char *p = tag + strlen(MEMFD_TAG); *p >= '0' && *p <= '9'; p++)
-        size = size * 10 + (*p - '0');
-    errno = EINVAL;
-    void *map = size > 0 ? mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-    if (map == MAP_FAILED)
-        fail_spawner(sock, "read the plan");
-    *len = (size_t)size;
-    return map;
-}
-
 static void clone_native(int sock, const char *blob, size_t len, const int *fds, int nfds,
                          unsigned long flags) __attribute__((noreturn));
 static void clone_native(int sock, const char *blob, size_t len, const int *fds, int nfds,
@@ -132,7 +90,7 @@ long spawner_main(int sock, const int *procs, int nprocs, unsigned long flags,
                   const char *spawner_name, const char *sandbox_name)
 {
     char buf[MESSAGE_MAX + 1];
-    int fds[MAX_FDS];
+    int fds[RECEIVE_MAX_FDS];
     int nfds;
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
         fail_spawner(sock, "prctl");
@@ -145,7 +103,7 @@ long spawner_main(int sock, const int *procs, int nprocs, unsigned long flags,
     sys_close_range((unsigned)sock + 1, ~0U, 0);
     if (write(sock, "ready", 5) < 0)
         _exit(0);
-    ssize_t n = receive(sock, buf, MESSAGE_MAX, fds, &nfds);
+    ssize_t n = receive_with_fds(sock, buf, MESSAGE_MAX, fds, RECEIVE_MAX_FDS, &nfds);
     if (n <= 0)
         _exit(0);  /* the helper gave up on this spare */
     buf[n] = '\0';
@@ -162,7 +120,10 @@ long spawner_main(int sock, const int *procs, int nprocs, unsigned long flags,
     }
     const char *blob = buf;
     size_t len = (size_t)n;
-    if (nfds > 0 && strncmp(buf, MEMFD_TAG, strlen(MEMFD_TAG)) == 0)
-        blob = map_message(sock, buf, fds[--nfds], &len);
+    if (nfds > 0 && strncmp(buf, MEMFD_TAG, strlen(MEMFD_TAG)) == 0) {
+        blob = map_memfd_message(buf, fds[--nfds], &len);
+        if (blob == NULL)
+            fail_spawner(sock, "read the plan");
+    }
     clone_native(sock, blob, len, fds, nfds, flags);
 }
