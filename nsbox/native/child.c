@@ -261,11 +261,7 @@ static void execute(struct child *c)
     }
     if (denied)
         fail(c, EACCES, strerror(EACCES));
-    struct text t;
-    text_init(&t);
-    text_put(&t, "command not found inside the sandbox: ");
-    text_put(&t, plan->argv[0]);
-    fail(c, ENOENT, t.s);
+    fail_about(c, ENOENT, "command not found inside the sandbox: ", plan->argv[0], "");
 }
 
 /* --- the init: pid 1 of every run ------------------------------------------------------ */

@@ -49,6 +49,9 @@ void fail(struct child *c, int err, const char *message) __attribute__((noreturn
 void fail_errno(struct child *c) __attribute__((noreturn));
 /* "<call>: <strerror>", as the ctypes bindings of nsbox/_libc.py name a failed call. */
 void fail_call(struct child *c, const char *call, const char *arg) __attribute__((noreturn));
+/* Fail with the message ``before`` ``what`` ``after``: a path or a name between two texts. */
+void fail_about(struct child *c, int err, const char *before, const char *what, const char *after)
+    __attribute__((noreturn));
 
 /* The mounts (mounts.c) and the kernel's filesystems (devproc.c). */
 #ifndef AT_RECURSIVE

@@ -110,14 +110,8 @@ static void check_components(struct child *c, const char *path)
         size_t n = strcspn(name, "/");
         bad = n == 0 || (n == 1 && name[0] == '.') || (n == 2 && name[0] == '.' && name[1] == '.');
     }
-    if (bad) {
-        struct text t;
-        text_init(&t);
-        text_put(&t, "mount target ");
-        text_put(&t, path);
-        text_put(&t, " is not a normalized absolute path");
-        fail(c, EINVAL, t.s);
-    }
+    if (bad)
+        fail_about(c, EINVAL, "mount target ", path, " is not a normalized absolute path");
 }
 
 static void not_a_directory(struct child *c, int fd, const char *name, const char *shown)
@@ -215,13 +209,9 @@ static void release(int fd, int root)
 
 static void refuse_file_target(struct child *c, const char *path, int is_dir)
 {
-    struct text t;
-    text_init(&t);
-    text_put(&t, "mount target ");
-    text_put(&t, path);
-    text_put(&t, is_dir ? " is a directory where a file is bound"
-                        : " is a symlink where a file is bound");
-    fail(c, is_dir ? EISDIR : ELOOP, t.s);
+    fail_about(c, is_dir ? EISDIR : ELOOP, "mount target ", path,
+               is_dir ? " is a directory where a file is bound"
+                      : " is a symlink where a file is bound");
 }
 
 /* The place a mount goes: a directory, or a file (made if missing) for a file bind. */
@@ -249,12 +239,8 @@ static int open_mountpoint(struct child *c, int root, const char *path, int is_d
 
 static void refuse_existing(struct child *c, const char *path)
 {
-    struct text t;
-    text_init(&t);
-    text_put(&t, path);
-    text_put(&t, " exists and is not a plain file of its own (a directory, a device, a FIFO, a "
-                 "socket or a hard link): not written");
-    fail(c, EEXIST, t.s);
+    fail_about(c, EEXIST, "", path, " exists and is not a plain file of its own (a directory, "
+               "a device, a FIFO, a socket or a hard link): not written");
 }
 
 static int open_existing_file(struct child *c, int parent, const char *name, const char *path)
@@ -309,12 +295,8 @@ void move_into_place(struct child *c, const char *path, int target)
 
 static void symlink_refused(struct child *c, const char *path)
 {
-    struct text t;
-    text_init(&t);
-    text_put(&t, path);
-    text_put(&t, ": a component became a symlink since the path was resolved; it is refused, "
-                 "not followed");
-    fail(c, ELOOP, t.s);
+    fail_about(c, ELOOP, "", path, ": a component became a symlink since the path was "
+               "resolved; it is refused, not followed");
 }
 
 /* Without openat2: one component at a time, none a symlink. */

@@ -157,6 +157,16 @@ void fail_errno(struct child *c)
     fail(c, err, strerror(err));
 }
 
+void fail_about(struct child *c, int err, const char *before, const char *what, const char *after)
+{
+    struct text t;
+    text_init(&t);
+    text_put(&t, before);
+    text_put(&t, what);
+    text_put(&t, after);
+    fail(c, err, t.s);
+}
+
 void fail_call(struct child *c, const char *call, const char *arg)
 {
     struct text t;
