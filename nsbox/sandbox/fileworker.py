@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import hashlib
 import json
 import os
 import signal
@@ -127,21 +126,6 @@ def _not_copyable(st: os.stat_result) -> str | None:
     return None
 
 
-def _read_exactly(fd: int, size: int, sink: int | None) -> str:
-    """Read at most ``size`` bytes (the size fstat saw), hash them, copy them to ``sink``."""
-    digest = hashlib.sha256()
-    left = size
-    while left > 0:
-        chunk = os.read(fd, min(_CHUNK, left))
-        if not chunk:
-            break
-        digest.update(chunk)
-        left -= len(chunk)
-        if sink is not None:
-            _write_all(sink, chunk)
-    return digest.hexdigest()
-
-
 def get_file(path: str, max_size: int) -> None:
     parts = _components(path)
     if not parts:
@@ -155,7 +139,7 @@ def get_file(path: str, max_size: int) -> None:
         if st.st_size > max_size:
             raise FileOpError(path, f"too large: {st.st_size} bytes, the limit is {max_size}")
         os.set_blocking(fd, True)
-        _read_exactly(fd, st.st_size, 1)
+        projectfs.read_exactly(fd, st.st_size, lambda chunk: _write_all(1, chunk))
     finally:
         os.close(fd)
 
@@ -248,7 +232,7 @@ def list_files(op: dict[str, Any]) -> None:
                     skipped.append({"path": rel, "reason": reason})
                     continue
                 os.set_blocking(fd, True)
-                digest = _read_exactly(fd, st.st_size, None)
+                digest = projectfs.read_exactly(fd, st.st_size)
             finally:
                 os.close(fd)
             state["count"] += 1

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Callable
 from typing import Any
 
 from nsbox import _libc
@@ -166,18 +167,26 @@ def _describe_file(name: str, dir_fd: int, st: os.stat_result, max_size: int) ->
         again = os.fstat(fd)
         if not stat.S_ISREG(again.st_mode) or again.st_nlink > 1:
             return {"kind": "refused", "reason": "changed while it was listed"}
-        digest = hashlib.sha256()
-        left = again.st_size
-        while left > 0:
-            chunk = os.read(fd, min(_CHUNK, left))
-            if not chunk:
-                break
-            digest.update(chunk)
-            left -= len(chunk)
-        return {"kind": "file", "size": again.st_size, "sha256": digest.hexdigest()}
+        return {"kind": "file", "size": again.st_size, "sha256": read_exactly(fd, again.st_size)}
     finally:
         os.close(fd)
 
 
 def run_changes(op: dict[str, Any]) -> bytes:
     return json.dumps(list_upper(op)).encode()
+
+
+def read_exactly(fd: int, size: int, sink: Callable[[bytes], object] | None = None) -> str:
+    """Read at most ``size`` bytes (the size fstat saw: a file that grows meanwhile is not
+    followed), give each chunk to ``sink``; their sha256. Also the session's file worker's."""
+    digest = hashlib.sha256()
+    left = size
+    while left > 0:
+        chunk = os.read(fd, min(_CHUNK, left))
+        if not chunk:
+            break
+        digest.update(chunk)
+        left -= len(chunk)
+        if sink is not None:
+            sink(chunk)
+    return digest.hexdigest()
