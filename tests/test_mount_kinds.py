@@ -4,13 +4,13 @@ read from a profile, written back and planned without an edit to those places.""
 from __future__ import annotations
 
 import dataclasses
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import pytest
 from conftest import require
+from test_profiles import error_of, write  # the profile tests' helpers
 
 from nsbox import plan
 from nsbox.errors import PolicyError
@@ -36,18 +36,6 @@ class Fifo:
 @pytest.fixture
 def fifo_kind(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(MOUNT_KINDS, "fifo", Fifo)  # type: ignore[arg-type]
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "p.toml"
-    path.write_text(textwrap.dedent(text).lstrip("\n"))
-    return path
-
-
-def error_of(path: Path) -> PolicyError:
-    with pytest.raises(PolicyError) as info:
-        load_profile(str(path))
-    return info.value
 
 
 def test_the_closed_set_is_the_five_kinds() -> None:
