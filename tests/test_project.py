@@ -228,13 +228,18 @@ def _cli(user: UserRunner, runtime: Path, *args: str) -> subprocess.CompletedPro
                           capture_output=True, env=env, cwd=runtime, timeout=60)
 
 
-def test_cli_session_diff_apply_discard(as_user: UserRunner, project: Path):
+def _start_session(as_user: UserRunner, project: Path) -> tuple[Path, str]:
+    """`nsbox session start --project` as the user, with a runtime directory of its own."""
     runtime = project.parent / "runtime"
     runtime.mkdir(mode=0o700)
     os.chown(runtime, as_user.uid, as_user.uid)
     start = _cli(as_user, runtime, "session", "start", "--project", str(project))
     assert start.returncode == 0, start.stderr
-    sid = start.stdout.decode().strip()
+    return runtime, start.stdout.decode().strip()
+
+
+def test_cli_session_diff_apply_discard(as_user: UserRunner, project: Path):
+    runtime, sid = _start_session(as_user, project)
     record = json.loads((runtime / "nsbox" / f"{sid}.json").read_text())
     assert record["masked"] == [".env", ".git/config", "id_rsa"]
     try:
@@ -264,12 +269,7 @@ def test_cli_session_diff_apply_discard(as_user: UserRunner, project: Path):
 def test_cli_session_diff_larger_than_a_datagram(as_user: UserRunner, project: Path):
     # The supervisor's reply is about 700 KB, more than one SOCK_SEQPACKET datagram may be
     # (the socket's send buffer, about 208 KB by default).
-    runtime = project.parent / "runtime"
-    runtime.mkdir(mode=0o700)
-    os.chown(runtime, as_user.uid, as_user.uid)
-    start = _cli(as_user, runtime, "session", "start", "--project", str(project))
-    assert start.returncode == 0, start.stderr
-    sid = start.stdout.decode().strip()
+    runtime, sid = _start_session(as_user, project)
     try:
         ran = _cli(as_user, runtime, "session", "exec", sid, "--", "python3", "-c",
                    "open('big.txt', 'w').write(''.join("
