@@ -55,8 +55,11 @@ def test_secret_file_in_home_is_not_readable(sandbox: Runner, unprivileged_tmp: 
     result = sandbox.run(["sh", "-c", f"cat {home}/.ssh/id_ed25519; ls /root /home; ls /"])
     assert secret.encode() not in result.stdout
     assert b"No such file or directory" in result.stderr
+    # The default binds' optional merged-usr links exist inside exactly where the host has them.
+    links = {name for name in ("bin", "sbin", "lib", "lib32", "lib64")
+             if os.path.lexists(f"/{name}")}
     assert set(result.stdout.decode().split()) == {
-        "bin", "dev", "etc", "lib", "lib64", "proc", "sbin", "tmp", "usr", "workspace"}
+        "dev", "etc", "proc", "tmp", "usr", "workspace", *links}
 
 
 def test_host_etc_is_not_visible(sandbox: Runner):
