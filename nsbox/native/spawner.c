@@ -104,6 +104,8 @@ long spawner_main(int sock, const int *procs, int nprocs, unsigned long flags,
     if (write(sock, "ready", 5) < 0)
         _exit(0);
     ssize_t n = receive_with_fds(sock, buf, MESSAGE_MAX, fds, RECEIVE_MAX_FDS, &nfds);
+    if (n < 0 && errno == EMSGSIZE)
+        fail_spawner(sock, "receive the plan");
     if (n <= 0)
         _exit(0);  /* the helper gave up on this spare */
     buf[n] = '\0';
