@@ -424,7 +424,7 @@ static void take_descriptors(struct child *c, const int *close_fds, int nclose)
     if (plan->pooled)
         keep_only(plan);
     if (plan->comm[0] != '\0')
-        prctl(PR_SET_NAME, plan->comm, 0, 0, 0);  /* a sandbox is no spawner */
+        prctl(PR_SET_NAME, plan->comm, 0, 0, 0);  /* the helper's name, not the spawner's */
 }
 
 static void build_sandbox(struct child *c)
