@@ -12,6 +12,7 @@ Plain os and socket calls only: the helper imports this before it clones.
 from __future__ import annotations
 
 import array
+import errno
 import json
 import os
 import socket
@@ -359,7 +360,8 @@ def receive_fds(sock: socket.socket, bufsize: int, maxfds: int, flags: int = 0
 
     A message is taken whole or not at all: one cut short, or with more than ``maxfds``
     descriptors (in any number of SCM_RIGHTS messages), raises CutMessage, every descriptor
-    that came closed."""
+    that came closed; descriptors the kernel could not install here (this process out of
+    them), OSError EMFILE."""
     fds = array.array("i")
     msg, ancdata, msg_flags, _addr = sock.recvmsg(
         bufsize, socket.CMSG_SPACE(maxfds * fds.itemsize), socket.MSG_CMSG_CLOEXEC | flags)
@@ -369,6 +371,10 @@ def receive_fds(sock: socket.socket, bufsize: int, maxfds: int, flags: int = 0
     if msg_flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) > maxfds:
         for fd in fds:
             os.close(fd)
+        if msg_flags & socket.MSG_CTRUNC and len(fds) < maxfds:
+            # Room was left: the kernel could not install them here (unix(7), scm_detach_fds).
+            raise OSError(errno.EMFILE, "Too many open files: the descriptors sent with a "
+                                        "message could not be received (MSG_CTRUNC)")
         raise CutMessage(f"a message did not arrive whole ({len(msg)} bytes of at most "
                          f"{bufsize}, {len(fds)} descriptors of at most {maxfds})")
     return msg, list(fds)

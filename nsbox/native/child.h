@@ -156,7 +156,8 @@ int sys_close_range(unsigned first, unsigned last, unsigned flags);
 #define MEMFD_TAG "{\"memfd\": "
 #define RECEIVE_MAX_FDS 254      /* SCM_MAX_FD (253), and the memfd of a large message */
 /* One datagram and at most ``max_fds`` descriptors (close-on-exec): its length, or -1 with
- * errno (EMSGSIZE: the datagram or its descriptors did not fit, and none is kept). */
+ * errno: EMSGSIZE when the datagram or its descriptors did not fit, EMFILE when the kernel
+ * could not install them here; none is kept either way. */
 ssize_t receive_with_fds(int sock, char *buf, size_t size, int *fds, int max_fds, int *nfds);
 /* The message that ``tag`` announces, mapped from the memfd ``fd`` (then closed): NULL with
  * errno EBADMSG (a tag that is not {"memfd": SIZE}, a memfd shorter than SIZE) or EMSGSIZE

@@ -334,8 +334,9 @@ int sys_close_range(unsigned first, unsigned last, unsigned flags)
  * SCM_RIGHTS): its length, or -1 with errno. The control buffer takes at most ``max_fds``
  * (<= RECEIVE_MAX_FDS) descriptors, rounded up by CMSG_SPACE; a datagram cut short (MSG_TRUNC),
  * descriptors the kernel could not pass (MSG_CTRUNC: more than the buffer holds, or none left
- * here) or more than ``max_fds`` in any number of SCM_RIGHTS messages fail with EMSGSIZE, all
- * that came closed: a message is taken whole or not at all (nsbox/_wire.py, receive_fds). */
+ * here: EMFILE) or more than ``max_fds`` in any number of SCM_RIGHTS messages fail with
+ * EMSGSIZE, all that came closed: a message is taken whole or not at all (nsbox/_wire.py,
+ * receive_fds). */
 ssize_t receive_with_fds(int sock, char *buf, size_t size, int *fds, int max_fds, int *nfds)
 {
     union {
@@ -374,10 +375,12 @@ ssize_t receive_with_fds(int sock, char *buf, size_t size, int *fds, int max_fds
         }
     }
     if (extra || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        /* MSG_CTRUNC with room left: the kernel could not install them here (EMFILE). */
+        int lost = !extra && !(msg.msg_flags & MSG_TRUNC) && *nfds < max_fds;
         for (int i = 0; i < *nfds; i++)
             close(fds[i]);
         *nfds = 0;
-        errno = EMSGSIZE;
+        errno = lost ? EMFILE : EMSGSIZE;
         return -1;
     }
     return n;
