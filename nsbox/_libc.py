@@ -388,18 +388,34 @@ _NO_CAPS = bytes(_CAP_DATA.size)
 
 
 # The kernel's struct sigaction on x86_64 and aarch64: handler, flags, restorer, mask; all zero
-# is SIG_DFL with nothing blocked during it.
+# is SIG_DFL with nothing blocked during it. The raw system call: glibc's sigaction, and so the
+# signal module, refuses glibc's internal signals 32 and 33, which an older glibc's posix_spawn
+# left ignored.
 _SIG_DFL_ACTION = bytes(32)
+_SIG_IGN = 1
 _SIGKILL, _SIGSTOP, _NSIG = 9, 19, 65
+ALL_SIGNALS = (1 << (_NSIG - 1)) - 1  # bit N-1 for signal N, as /proc/PID/status shows them
 
 
-def default_all_signals() -> None:
-    """Every signal but SIGKILL and SIGSTOP back to SIG_DFL (nsbox/native/child.c,
-    reset_signals). The raw system call: glibc's sigaction, and so the signal module, refuses
-    glibc's internal signals 32 and 33, which an older glibc's posix_spawn left ignored."""
+def ignored_signals() -> int:
+    """The signals this process ignores (SIG_IGN), as a mask: bit N-1 for signal N."""
+    number = _syscall("rt_sigaction")
+    old = ctypes.create_string_buffer(32)
+    mask = 0
+    for sig in range(1, _NSIG):
+        if _sys_sigaction(number, sig, None, ctypes.addressof(old), 8) != 0:
+            raise _fail("rt_sigaction", sig)
+        if int.from_bytes(old.raw[:8], "little") == _SIG_IGN:
+            mask |= 1 << (sig - 1)
+    return mask
+
+
+def default_signals(mask: int) -> None:
+    """The signals of ``mask`` (but SIGKILL and SIGSTOP) back to SIG_DFL
+    (nsbox/native/child.c, reset_signals)."""
     number = _syscall("rt_sigaction")
     for sig in range(1, _NSIG):
-        if sig in (_SIGKILL, _SIGSTOP):
+        if not mask >> (sig - 1) & 1 or sig in (_SIGKILL, _SIGSTOP):
             continue
         if _sys_sigaction(number, sig, _SIG_DFL_ACTION, None, 8) != 0:
             raise _fail("rt_sigaction", sig)

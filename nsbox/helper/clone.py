@@ -82,7 +82,8 @@ def native_plan(launch: Launch, plan: WirePlan, fds: ChildFds,
         return None
     try:
         flat = _native_core.flatten(plan, fds.stdio, fds.sync_r, fds.err_w, fds.sources,
-                                    fds.notify, fds.net, cap_last, _native_core.own_name())
+                                    fds.notify, fds.net, cap_last, _native_core.own_name(),
+                                    _child.ignored_signals)
     except (ValueError, OverflowError):
         return None  # a name or a number the C side cannot carry: the Python child takes it
     launch.core = "native"

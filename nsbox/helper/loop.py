@@ -72,6 +72,7 @@ from nsbox.helper import report as _report
 from nsbox.helper import start as _start
 from nsbox.helper.launch import Launch, StepFailed, failure_info, failure_report
 from nsbox.helper.sources import Sources, release_pins
+from nsbox.sandbox import child as _child
 
 MAX_FDS = 8
 MAX_WAIT = 3600.0  # seconds: the longest single wait of the event loop
@@ -425,6 +426,8 @@ def serve(fd: int) -> None:
     # The helper must not be stopped by the terminal's ^C meant for the host program: the host
     # decides when sandboxes end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Every sandbox child resets what this process ignores, whatever its launcher left so.
+    _child.note_ignored_signals()
     Helper(control).loop()
 
 

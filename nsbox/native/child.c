@@ -327,12 +327,14 @@ static void serve_as_init(struct child *c, pid_t command)
 /* The command starts with every signal at its default and none blocked, whatever the launcher
  * left ignored: ignored signals stay ignored across fork and exec (signal(7)), and a shell's
  * background job arrives with SIGINT and SIGQUIT ignored, nohup with SIGHUP, Python with
- * SIGPIPE and SIGXFSZ, the helper with SIGINT. The raw system call, because glibc's sigaction
+ * SIGPIPE and SIGXFSZ, the helper with SIGINT. Only an ignored signal needs it (exec puts a
+ * caught one back to SIG_DFL): those the plan names, which the helper noted when it started
+ * (nsbox/sandbox/child.py, ignored_signals). The raw system call, because glibc's sigaction
  * refuses its own internal signals (32 and 33, SIGCANCEL and SIGSETXID), which an older
  * glibc's posix_spawn left ignored. As bubblewrap and crun do. */
 static void reset_signals(struct child *c)
 {
-    struct kernel_sigaction {
+    struct kernel_sigaction {  /* x86_64 and aarch64 (asm-generic/signal.h) */
         void (*handler)(int);
         unsigned long flags;
         void (*restorer)(void);
@@ -340,8 +342,8 @@ static void reset_signals(struct child *c)
     } dfl;
     memset(&dfl, 0, sizeof(dfl));
     dfl.handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; sig++) {
-        if (sig == SIGKILL || sig == SIGSTOP)
+    for (int sig = 1; sig < NSIG && sig <= 64; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP || !((c->plan->ignored_signals >> (sig - 1)) & 1))
             continue;
         if (syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof(dfl.mask)) != 0)
             fail_call(c, "rt_sigaction", "SIG_DFL");

@@ -46,6 +46,15 @@ static int next_in(struct reader *r, long long low, long long high)
     return (int)value;
 }
 
+/* 64 bits of a mask (the int item's bytes, unsigned). */
+static uint64_t next_bits(struct reader *r)
+{
+    long long value = next_int(r);
+    uint64_t bits;
+    memcpy(&bits, &value, sizeof(bits));
+    return bits;
+}
+
 static int next_flag(struct reader *r)
 {
     return next_in(r, 0, 1);
@@ -231,6 +240,7 @@ int plan_parse(struct plan *plan, const char *blob, size_t len, const int *fds, 
     plan->cap_last = next_in(&r, 0, CAP_LAST_MAX);
     plan->trace = next_flag(&r);
     plan->pooled = next_flag(&r);
+    plan->ignored_signals = next_bits(&r);
     plan->comm = next_str(&r);
     plan->hostname = next_str(&r);
     plan->net_mode = next_in(&r, NET_NONE, NET_ALLOW);

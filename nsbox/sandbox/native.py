@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-FORMAT = 1  # nsbox/native/module.c, FORMAT
+FORMAT = 2  # nsbox/native/plan.h, PLAN_FORMAT
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -44,6 +44,7 @@ _RESOURCE_MAX = 63
 _CAP_LAST_MAX = 63
 _INT_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
+_ALL_SIGNALS = 2**64 - 1  # signals 1 to 64, bit N-1 for signal N (nsbox/_libc.py, ALL_SIGNALS)
 _DEFAULT_PATH = "/usr/bin:/bin"  # as nsbox/sandbox/child.py, execute
 
 
@@ -86,6 +87,10 @@ class _Writer:
     def put_int(self, value: int) -> None:
         self.parts.append(b"i" + value.to_bytes(8, "little", signed=True))
 
+    def put_bits(self, mask: int) -> None:
+        """64 bits, as the int item of the same bytes (plan.c reads them unsigned)."""
+        self.parts.append(b"i" + mask.to_bytes(8, "little", signed=False))
+
     def put_in(self, value: int, low: int, high: int) -> None:
         """An int the C side keeps in a narrower range (nsbox/native/plan.h): out of it, the
         native core would refuse the plan as malformed, so the Python child takes it."""
@@ -111,10 +116,11 @@ class _Writer:
 
 def flatten(plan: Mapping[str, Any], stdio: Sequence[int], sync_r: int, err_w: int,
             sources: Mapping[int, int], notify: int, net: int | None, cap_last: int,
-            comm: str = "") -> tuple[bytes, list[int]]:
-    """The flat plan, and the descriptors it refers to by index (in that order). Raises
-    ValueError (UnicodeError) or OverflowError for a plan the native core cannot carry: use the
-    Python child."""
+            comm: str = "", ignored_signals: int = _ALL_SIGNALS) -> tuple[bytes, list[int]]:
+    """The flat plan, and the descriptors it refers to by index (in that order).
+    ``ignored_signals``: the mask of signals the child puts back to SIG_DFL before the exec
+    (nsbox/sandbox/child.py, ignored_signals). Raises ValueError (UnicodeError) or
+    OverflowError for a plan the native core cannot carry: use the Python child."""
     fds = [*stdio, sync_r, err_w]
     w = _Writer()
     w.put_int(FORMAT)
@@ -129,6 +135,7 @@ def flatten(plan: Mapping[str, Any], stdio: Sequence[int], sync_r: int, err_w: i
     w.put_in(cap_last, 0, _CAP_LAST_MAX)
     w.put_int(1 if plan.get("trace") else 0)
     w.put_int(1 if plan.get("pooled") else 0)
+    w.put_bits(ignored_signals)
     w.put_str(comm)
     w.put_str(plan["hostname"])
     net_plan = plan["net"]
