@@ -18,8 +18,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _MACHINE = os.uname().machine  # not the platform module: it costs the helper 1 ms to import
 # Numbers of the old syscalls differ per architecture; those from 424 on are the same everywhere.
 _NR = {
-    "x86_64": {"clone": 56, "pivot_root": 155, "capset": 126, "capget": 125, "seccomp": 317},
-    "aarch64": {"clone": 220, "pivot_root": 41, "capset": 91, "capget": 90, "seccomp": 277},
+    "x86_64": {"clone": 56, "pivot_root": 155, "capset": 126, "capget": 125, "seccomp": 317,
+               "rt_sigaction": 13},
+    "aarch64": {"clone": 220, "pivot_root": 41, "capset": 91, "capget": 90, "seccomp": 277,
+                "rt_sigaction": 134},
 }.get(_MACHINE, {})
 NR_OPEN_TREE = 428
 NR_MOVE_MOUNT = 429
@@ -123,6 +125,7 @@ _sys_ptr2 = _proto("syscall", _long, _long, _ptr, _ptr)  # capset
 _sys_seccomp = _proto("syscall", _long, _long, _uint, _uint, _ptr)
 _sys_clone = _proto("syscall", _long, _long, _ulong, _ptr, _ptr, _ptr, _ptr)
 _sys_clone3 = _proto("syscall", _long, _long, _ptr, ctypes.c_size_t)
+_sys_sigaction = _proto("syscall", _long, _long, _int, _str, _ptr, ctypes.c_size_t)
 
 # The filesystem encoding, as os.fsencode uses it (that function is Python code; this is a
 # single C method call per path).
@@ -382,6 +385,40 @@ def clone_into_cgroup(flags: int, exit_signal: int, cgroup_fd: int) -> int:
 _CAP_HEADER = struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0)
 _CAP_DATA = struct.Struct("=6I")
 _NO_CAPS = bytes(_CAP_DATA.size)
+
+
+# The kernel's struct sigaction on x86_64 and aarch64: handler, flags, restorer, mask; all zero
+# is SIG_DFL with nothing blocked during it. The raw system call: glibc's sigaction, and so the
+# signal module, refuses glibc's internal signals 32 and 33, which an older glibc's posix_spawn
+# left ignored.
+_SIG_DFL_ACTION = bytes(32)
+_SIG_IGN = 1
+_SIGKILL, _SIGSTOP, _NSIG = 9, 19, 65
+ALL_SIGNALS = (1 << (_NSIG - 1)) - 1  # bit N-1 for signal N, as /proc/PID/status shows them
+
+
+def ignored_signals() -> int:
+    """The signals this process ignores (SIG_IGN), as a mask: bit N-1 for signal N."""
+    number = _syscall("rt_sigaction")
+    old = ctypes.create_string_buffer(32)
+    mask = 0
+    for sig in range(1, _NSIG):
+        if _sys_sigaction(number, sig, None, ctypes.addressof(old), 8) != 0:
+            raise _fail("rt_sigaction", sig)
+        if int.from_bytes(old.raw[:8], "little") == _SIG_IGN:
+            mask |= 1 << (sig - 1)
+    return mask
+
+
+def default_signals(mask: int) -> None:
+    """The signals of ``mask`` (but SIGKILL and SIGSTOP) back to SIG_DFL
+    (nsbox/native/child.c, reset_signals)."""
+    number = _syscall("rt_sigaction")
+    for sig in range(1, _NSIG):
+        if not mask >> (sig - 1) & 1 or sig in (_SIGKILL, _SIGSTOP):
+            continue
+        if _sys_sigaction(number, sig, _SIG_DFL_ACTION, None, 8) != 0:
+            raise _fail("rt_sigaction", sig)
 
 
 def last_cap() -> int:

@@ -12,6 +12,7 @@ Plain os and socket calls only: the helper imports this before it clones.
 from __future__ import annotations
 
 import array
+import errno
 import json
 import os
 import socket
@@ -346,17 +347,36 @@ def _sendmsg(sock: socket.socket, data: bytes, fds: list[int]) -> None:
     sock.sendmsg([data], ancdata)
 
 
+class CutMessage(ValueError):
+    """A message that did not arrive whole: longer than the buffer (MSG_TRUNC), or with
+    descriptors the kernel could not pass (MSG_CTRUNC: more than asked for, or none left)."""
+
+
 def receive_fds(sock: socket.socket, bufsize: int, maxfds: int, flags: int = 0
                 ) -> tuple[bytes, list[int]]:
-    """recvmsg with SCM_RIGHTS (unix(7)): the one receiver of descriptors in nsbox. They arrive
-    close-on-exec, so that no program the receiver starts inherits them (unlike
-    socket.recv_fds without the flag)."""
+    """recvmsg with SCM_RIGHTS (unix(7)): the one receiver of descriptors in nsbox's Python
+    (nsbox/native/report.c, receive_with_fds, is the C one). They arrive close-on-exec, so that
+    no program the receiver starts inherits them (unlike socket.recv_fds without the flag).
+
+    A message is taken whole or not at all: one cut short, or with more than ``maxfds``
+    descriptors (in any number of SCM_RIGHTS messages), raises CutMessage, every descriptor
+    that came closed; descriptors the kernel could not install here (this process out of
+    them), OSError EMFILE."""
     fds = array.array("i")
-    msg, ancdata, _flags, _addr = sock.recvmsg(
+    msg, ancdata, msg_flags, _addr = sock.recvmsg(
         bufsize, socket.CMSG_SPACE(maxfds * fds.itemsize), socket.MSG_CMSG_CLOEXEC | flags)
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    if msg_flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) > maxfds:
+        for fd in fds:
+            os.close(fd)
+        if msg_flags & socket.MSG_CTRUNC and len(fds) < maxfds:
+            # Room was left: the kernel could not install them here (unix(7), scm_detach_fds).
+            raise OSError(errno.EMFILE, "Too many open files: the descriptors sent with a "
+                                        "message could not be received (MSG_CTRUNC)")
+        raise CutMessage(f"a message did not arrive whole ({len(msg)} bytes of at most "
+                         f"{bufsize}, {len(fds)} descriptors of at most {maxfds})")
     return msg, list(fds)
 
 

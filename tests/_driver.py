@@ -31,6 +31,13 @@ def invoke(argv: list, kwargs: dict) -> nsbox.Result:
     binds = kwargs.pop("binds", [])
     if binds:
         changes["mounts"] = policy.mounts + tuple(Bind(*b) for b in binds)
+    extra_mounts = kwargs.pop("mounts", [])  # mounts of any kind, as {"kind": ..., fields}
+    if extra_mounts:
+        from nsbox.policy import MOUNT_KINDS
+
+        changes["mounts"] = changes.get("mounts", policy.mounts) + tuple(
+            MOUNT_KINDS[m["kind"]](**{k: v for k, v in m.items() if k != "kind"})
+            for m in extra_mounts)
     if "seccomp" in kwargs:  # dataclasses.asdict of a Seccomp
         spec = kwargs.pop("seccomp")
         rules = tuple(SeccompRule(r["syscall"], r["action"],
@@ -39,7 +46,31 @@ def invoke(argv: list, kwargs: dict) -> nsbox.Result:
         changes["seccomp"] = Seccomp(rules=rules, **spec)
     limit_changes = kwargs.pop("limit_changes", {})
     policy = policy.replace(**changes).with_limits(**limit_changes)
+    wire_changes = kwargs.pop("wire_changes", None)
+    if wire_changes is not None:
+        return run_changed_plan(argv, policy, json.loads(json.dumps(wire_changes)), kwargs)
     return nsbox.run(argv, policy, **kwargs)
+
+
+def run_changed_plan(argv: list, policy: nsbox.Policy, wire_changes: dict,
+                     kwargs: dict) -> nsbox.Result:
+    """nsbox.run with the plan changed after it was built, as the helper receives it: a
+    failure the policy's checks would not let through (a source gone since the plan was made,
+    say), to see each launch core report it. ``wire_changes``: top-level keys of the plan,
+    and "mounts" as {target: {key: value}} for the plan's operations on that target."""
+    from nsbox import launcher
+    from nsbox.host.network import RunNetwork
+
+    plan = launcher.build_plan(policy, argv, env=kwargs.get("env"), cwd=kwargs.get("cwd"),
+                               wall_time=kwargs.get("timeout"))
+    wire = plan.to_wire()
+    wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
+    for target, op_changes in wire_changes.pop("mounts", {}).items():
+        for op in wire["mounts"]:
+            if op["target"] == target:
+                op.update(op_changes)
+    wire.update(wire_changes)
+    return launcher._launch(wire, None, policy.limits.output, False, RunNetwork(policy.network))
 
 
 def main() -> None:

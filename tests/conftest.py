@@ -95,7 +95,8 @@ def run_as(uid: int, tree: Path | None, argv: list[str], **kwargs: Any) -> Resul
         input=request.encode(), capture_output=True, cwd="/", timeout=120,
         env={"PATH": "/usr/bin:/bin", "NSBOX_TEST_CANARY": os.environ.get("NSBOX_TEST_CANARY", ""),
              # The launch core under test (tests/test_native.py; CI runs with both).
-             "NSBOX_NATIVE": os.environ.get("NSBOX_NATIVE", "")},
+             "NSBOX_NATIVE": os.environ.get("NSBOX_NATIVE", ""),
+             "NSBOX_TRACE": os.environ.get("NSBOX_TRACE", "")},
     )
     if proc.returncode != 0:
         raise AssertionError(f"driver failed: {proc.stderr.decode()}")

@@ -3,14 +3,20 @@ docs/compatibility.md; and a test that the document and these tests stay in step
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
-from conftest import PYTHON, REPO, Runner, processes_with
+import pytest
+from conftest import PYTHON, REPO, UNPRIVILEGED_UID, Runner, decode_result, processes_with, require
 
 from nsbox.result import Status
+from nsbox.sandbox import native
 
 DOC = REPO / "docs" / "compatibility.md"
 
@@ -134,10 +140,55 @@ def test_no_terminal_unless_the_command_opens_one(sandbox: Runner):
     assert (result.exit_code, result.stdout) == (0, b"not a tty\nno tty\n")
 
 
-def test_glibc_internal_signals_are_ignored(sandbox: Runner):
-    # SigIgn bits 31 and 32: signals 32 and 33 (glibc's SIGCANCEL and SIGSETXID).
-    out = lines(sandbox, "grep SigIgn /proc/self/status")
-    assert out == ["SigIgn:\t0000000180000000"]
+# A launcher that leaves signals ignored and blocked, as a shell's background job (SIGINT,
+# SIGQUIT), nohup (SIGHUP) and glibc <= 2.36's posix_spawn (its internal signals 32 and 33) do,
+# then execs argv[1:]. SIG_IGN through the raw system call: glibc's sigaction refuses 32 and 33.
+IGNORING_LAUNCHER = r"""
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+number = {"x86_64": 13, "aarch64": 134}[os.uname().machine]
+ignore = (1).to_bytes(8, "little") + bytes(24)  # handler SIG_IGN, flags, restorer, mask
+for sig in (1, 2, 3, 13, 15, 32, 33):
+    if libc.syscall(ctypes.c_long(number), ctypes.c_long(sig), ignore, None,
+                    ctypes.c_long(8)) != 0:
+        sys.exit("rt_sigaction: errno %d" % ctypes.get_errno())
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT})
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+IGNORED = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 12) | (1 << 14) | (1 << 31) | (1 << 32)
+
+
+def signal_masks(text: str) -> tuple[int, int]:
+    fields = dict(line.split(":\t") for line in text.splitlines())
+    return int(fields["SigIgn"], 16), int(fields["SigBlk"], 16)
+
+
+@pytest.mark.parametrize("core", ["native", "python"])
+@pytest.mark.parametrize("mode", ["caller", "unprivileged"])
+def test_signals_start_at_their_defaults(public_tree: Path, mode: str, core: str):
+    if mode == "unprivileged" and os.geteuid() != 0:
+        pytest.skip("this process is already unprivileged: the 'caller' run covers it")
+    if core == "native":
+        require(native.MISSING == "", native.MISSING or "the native core")
+    setpriv = ["/usr/bin/setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
+               "--clear-groups", "--"] if mode == "unprivileged" else []
+    launcher = [PYTHON, "-I", "-c", IGNORING_LAUNCHER, *setpriv]
+    probe = ["grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"]
+    # The launcher does leave them so: outside nsbox, the same probe sees them.
+    direct = subprocess.run([*launcher, "/usr/bin/grep", *probe[1:]], capture_output=True,
+                            check=True)
+    ignored, blocked = signal_masks(direct.stdout.decode())
+    assert ignored & IGNORED == IGNORED and blocked != 0, direct.stdout
+    request = json.dumps({"argv": probe, "kwargs": {}})
+    env = {"PATH": "/usr/bin:/bin", "NSBOX_NATIVE": "0" if core == "python" else ""}
+    proc = subprocess.run([*launcher, PYTHON, "-I", str(public_tree / "_driver.py")],
+                          input=request.encode(), capture_output=True, cwd="/", timeout=120,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    result = decode_result(json.loads(proc.stdout))
+    assert result.extra["core"] == core
+    # Every signal at its default in the command, none blocked, glibc's 32 and 33 included.
+    assert signal_masks(result.stdout.decode()) == (0, 0), result.stdout
 
 
 def test_the_workspace_is_a_fresh_tmpfs(sandbox: Runner):

@@ -39,7 +39,8 @@ def main() -> int:
     null = os.open(os.devnull, os.O_RDWR)
     for target in (0, 1, 2):
         os.dup2(null, target)
-    os.close(null)
+    if null > 2:  # one of them itself when it was closed: it stays
+        os.close(null)
     supervisor.serve()
     return 0
 

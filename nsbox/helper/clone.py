@@ -52,17 +52,19 @@ def become_child(plan: WirePlan, fds: ChildFds, parent_fds: tuple[int, ...],
     """In the cloned child: drop the helper's ends (``parent_fds``), take the standard streams,
     and go on as the sandbox (nsbox/sandbox/child.py), or as a session's init. Never returns."""
     try:
-        # The helper's end of the sync pipe held here would keep the child waiting for the id
-        # maps after the helper died, instead of seeing end-of-file.
-        for fd in parent_fds:
-            os.close(fd)
-        for target, fd in enumerate(fds.stdio):
-            os.dup2(fd, target)
+        ctx = _child.Context(plan, fds.sync_r, fds.err_w, fds.sources, cap_last, fds.notify,
+                             fds.net)
+        try:
+            # The helper's end of the sync pipe held here would keep the child waiting for the
+            # id maps after the helper died, instead of seeing end-of-file.
+            for fd in parent_fds:
+                os.close(fd)
+            _child.take_streams(fds.stdio)
+        except OSError as exc:  # reported under the first step's name, as the native core does
+            _child.fail(ctx, exc.errno or 0, exc.strerror or str(exc))
         if plan.get("pooled"):
             _child.keep_only({0, 1, 2, fds.sync_r, fds.err_w, fds.notify, *fds.sources.values(),
                               *([fds.net] if fds.net is not None else [])})
-        ctx = _child.Context(plan, fds.sync_r, fds.err_w, fds.sources, cap_last, fds.notify,
-                             fds.net)
         if plan.get("session"):
             # Imported by the helper before the clone: nothing can be imported after pivot_root.
             sys.modules["nsbox.sandbox.sessioninit"].main(ctx)
@@ -80,7 +82,8 @@ def native_plan(launch: Launch, plan: WirePlan, fds: ChildFds,
         return None
     try:
         flat = _native_core.flatten(plan, fds.stdio, fds.sync_r, fds.err_w, fds.sources,
-                                    fds.notify, fds.net, cap_last, _native_core.own_name())
+                                    fds.notify, fds.net, cap_last, _native_core.own_name(),
+                                    _child.ignored_signals)
     except (ValueError, OverflowError):
         return None  # a name or a number the C side cannot carry: the Python child takes it
     launch.core = "native"

@@ -72,6 +72,7 @@ from nsbox.helper import report as _report
 from nsbox.helper import start as _start
 from nsbox.helper.launch import Launch, StepFailed, failure_info, failure_report
 from nsbox.helper.sources import Sources, release_pins
+from nsbox.sandbox import child as _child
 
 MAX_FDS = 8
 MAX_WAIT = 3600.0  # seconds: the longest single wait of the event loop
@@ -201,6 +202,13 @@ class Helper:
         launch: Launch | None = None
         try:
             request = json.loads(msg)
+            if not isinstance(request, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            # Like a session's init: a malformed request fails alone, never this loop.
+            refuse_request(fds, exc)
+            return
+        try:
             if "pool" in request:
                 pool_sock = socket.socket(fileno=fds.pop(0))
                 try:
@@ -295,7 +303,14 @@ class Helper:
             self.selector.unregister(launch.sock)
             launch.kill("caller gone")
             return
-        request = json.loads(data)
+        try:
+            request = json.loads(data)
+            if not isinstance(request, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            # The host's end of this launch is broken: the launch fails alone, not the loop.
+            launch.fail("request", StepFailed("request", 0, malformed_request(exc)))
+            return
         if request.get("cmd") == "kill":
             launch.kill(str(request.get("reason", "killed")))
 
@@ -355,6 +370,26 @@ class Helper:
                     launch.sock.close()
 
 
+def malformed_request(exc: ValueError) -> str:
+    return f"the launch helper got a malformed message from the host ({str(exc)[:200]})"
+
+
+def refuse_request(fds: list[int], exc: ValueError) -> None:
+    """A request that is not JSON: its launch socket (the first descriptor, if any) gets the
+    failure, and everything that came with it is closed."""
+    try:
+        if fds:
+            sock = socket.socket(fileno=fds.pop(0))
+            with sock:
+                sock.send(json.dumps(failure_report(
+                    StepFailed("helper", 0, malformed_request(exc)))).encode())
+    except OSError:
+        pass  # the caller is gone already
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def hold_namespace(pid: int) -> int:
     """A reference to the sandbox's mount namespace, or -1.
 
@@ -384,12 +419,15 @@ def serve(fd: int) -> None:
     null = os.open("/dev/null", os.O_RDWR)
     for std in (0, 1, 2):
         os.dup2(null, std)
-    os.close(null)
+    if null > 2:  # one of them itself when the host closed it: it stays
+        os.close(null)
     control = socket.socket(fileno=fd)
     os.set_inheritable(control.fileno(), False)
     # The helper must not be stopped by the terminal's ^C meant for the host program: the host
     # decides when sandboxes end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Every sandbox child resets what this process ignores, whatever its launcher left so.
+    _child.note_ignored_signals()
     Helper(control).loop()
 
 

@@ -158,7 +158,9 @@ class HelperPool:
     def on_message(self) -> None:
         try:
             msg, fds = _wire.receive(self.sock, 4)
-        except (OSError, ValueError):
+        except ValueError:
+            return  # this message is lost alone (cut short, a bad memfd): its caller sees EOF
+        except OSError:
             msg, fds = b"", []
         if not msg:
             for fd in fds:

@@ -53,7 +53,8 @@ class Sources:
             for fd in fds.values():
                 os.close(fd)
             if isinstance(exc, OSError):
-                raise StepFailed(f"bind {op['target']}", exc.errno or 0, str(exc)) from None
+                raise StepFailed(f"bind {op['target']}", exc.errno or 0,
+                                  exc.strerror or str(exc)) from None
             raise
         return fds
 

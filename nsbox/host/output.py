@@ -124,6 +124,11 @@ class _Watch:
             # The peer closed with our "kill" unread. The kernel reports that before the
             # messages still queued (the report among them): read on.
             return
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            # Its descriptor (the sandbox's pidfd) was lost: the run ends here, said so.
+            raise _out_of_descriptors("cannot receive the helper's message", exc) from None
         if not data:
             self.selector.unregister(self.sock)
             if self.report is None and self.pid == 0:

@@ -16,6 +16,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
@@ -323,16 +324,33 @@ static void serve_as_init(struct child *c, pid_t command)
     _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
 }
 
-static void reset_signals(void)
+/* The command starts with every signal at its default and none blocked, whatever the launcher
+ * left ignored: ignored signals stay ignored across fork and exec (signal(7)), and a shell's
+ * background job arrives with SIGINT and SIGQUIT ignored, nohup with SIGHUP, Python with
+ * SIGPIPE and SIGXFSZ, the helper with SIGINT. Only an ignored signal needs it (exec puts a
+ * caught one back to SIG_DFL): those the plan names, which the helper noted when it started
+ * (nsbox/sandbox/child.py, ignored_signals). The raw system call, because glibc's sigaction
+ * refuses its own internal signals (32 and 33, SIGCANCEL and SIGSETXID), which an older
+ * glibc's posix_spawn left ignored. As bubblewrap and crun do. */
+static void reset_signals(struct child *c)
 {
-    /* Python ignores SIGPIPE and SIGXFSZ, the helper SIGINT; ignored signals stay ignored
-     * across exec (signal(7)). */
-    sigset_t none;
-    signal(SIGPIPE, SIG_DFL);
-    signal(SIGXFSZ, SIG_DFL);
-    signal(SIGINT, SIG_DFL);
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
+    struct kernel_sigaction {  /* x86_64 and aarch64 (asm-generic/signal.h) */
+        void (*handler)(int);
+        unsigned long flags;
+        void (*restorer)(void);
+        uint64_t mask;
+    } dfl;
+    memset(&dfl, 0, sizeof(dfl));
+    dfl.handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG && sig <= 64; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP || !((c->plan->ignored_signals >> (sig - 1)) & 1))
+            continue;
+        if (syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof(dfl.mask)) != 0)
+            fail_call(c, "rt_sigaction", "SIG_DFL");
+    }
+    uint64_t none = 0;
+    if (syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, sizeof(none)) != 0)
+        fail_call(c, "rt_sigprocmask", "SIG_SETMASK");
 }
 
 static void start_init(struct child *c)
@@ -356,7 +374,7 @@ static void start_init(struct child *c)
         /* Its own session and process group, as a command a shell starts. */
         if (setsid() < 0)
             fail_errno(c);
-        reset_signals();
+        reset_signals(c);
         return;
     }
     serve_as_init(c, (pid_t)pid);
@@ -364,18 +382,51 @@ static void start_init(struct child *c)
 
 /* --- the launch ------------------------------------------------------------------------- */
 
-static void take_descriptors(const struct plan *plan, const int *close_fds, int nclose)
+int take_streams(const int fds[3])
 {
+    int from[3];
+    /* A stream that is 0, 1 or 2 already, but not its own, would be overwritten by an earlier
+     * dup2: moved above 2 first (_posixsubprocess, child_exec, does the same). */
+    for (int i = 0; i < 3; i++) {
+        from[i] = fds[i];
+        if (from[i] >= 0 && from[i] < 3 && from[i] != i) {
+            from[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
+            if (from[i] < 0)
+                return -1;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        /* dup2 of a descriptor onto itself does nothing: it would stay close-on-exec (they
+         * arrive so, MSG_CMSG_CLOEXEC) and the command would start without the stream. */
+        if (from[i] == i) {
+            int flags = fcntl(i, F_GETFD);
+            if (flags < 0 || fcntl(i, F_SETFD, flags & ~FD_CLOEXEC) != 0)
+                return -1;
+        } else if (dup2(from[i], i) < 0) {
+            return -1;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        int again = (i > 0 && from[i] == from[0]) || (i > 1 && from[i] == from[1]);
+        if (from[i] > 2 && !again)
+            close(from[i]);
+    }
+    return 0;
+}
+
+/* The helper's ends go, the standard streams come; a failure here is reported under the
+ * first step's name ("start"), as the Python child does (nsbox/helper/clone.py). */
+static void take_descriptors(struct child *c, const int *close_fds, int nclose)
+{
+    const struct plan *plan = c->plan;
     for (int i = 0; i < nclose; i++)
         close(close_fds[i]);
-    for (int i = 0; i < 3; i++) {
-        if (dup2(plan->stdio[i], i) < 0)
-            _exit(127);
-    }
+    if (take_streams(plan->stdio) != 0)
+        fail_errno(c);
     if (plan->pooled)
         keep_only(plan);
     if (plan->comm[0] != '\0')
-        prctl(PR_SET_NAME, plan->comm, 0, 0, 0);  /* a sandbox is no spawner */
+        prctl(PR_SET_NAME, plan->comm, 0, 0, 0);  /* the helper's name, not the spawner's */
 }
 
 static void build_sandbox(struct child *c)
@@ -451,7 +502,7 @@ void child_main(const struct plan *plan, const int *close_fds, int nclose)
     c.step = "start";
     c.root_fd = -1;
     struct plan command;
-    take_descriptors(plan, close_fds, nclose);
+    take_descriptors(&c, close_fds, nclose);
     build_sandbox(&c);
     if (plan->pooled)
         await_command(&c, &command);  /* c.plan is the command's from here on */

@@ -1,8 +1,12 @@
 /* What the steps of the sandbox child share: the plan, the step being run, the failure report.
  *
- * Only system calls and this process's own memory are used after the clone: no Python, no
- * malloc, no stdio (the helper that was cloned is single-threaded, so no lock is held, but
- * nothing here needs one either).
+ * After the clone only system calls and this process's own memory are used, with three
+ * exceptions that are safe only because every process that clones (the launch helper, a
+ * spawner, a pooled sandbox) has a single thread, so that no lock of glibc can be held by
+ * another thread at the moment of the clone: a pooled sandbox parses its command after its
+ * clone (plan_parse_command, which calls calloc), and the messages of failures call strerror
+ * (which may load the locale's messages). No stdio. The clone is a raw system call, which leaves glibc's cached thread id stale:
+ * raise, abort and the pthread functions must never be called after it.
  */
 #ifndef NSBOX_NATIVE_CHILD_H
 #define NSBOX_NATIVE_CHILD_H
@@ -26,11 +30,41 @@ struct child {
     long long trace_ns[TRACE_MAX];
 };
 
-/* A text being composed (an error message, a mount option string); truncated when full. */
+/* A text being composed (an error message, a mount option string); cut when full, never
+ * inside a UTF-8 character. */
 struct text {
     char s[TEXT_MAX];
     size_t n;
 };
+
+/* The bytes of a step name or a message that a report carries (nsbox/sandbox/child.py,
+ * REPORT_TEXT_MAX): a longer one is cut on a character boundary and ends in "...". Escaped, a
+ * byte takes at most 6 bytes (\u00XX), so REPORT_MAX holds the largest report whole and its
+ * closing text is never cut. */
+#define REPORT_TEXT_MAX 4096
+#define REPORT_MAX (2 * 6 * (REPORT_TEXT_MAX + 3) + 128)
+
+/* JSON being written: into ``s``, and out to ``fd`` whenever it is full (a long trace), or,
+ * with ``fd`` -1, held whole (a report: REPORT_MAX holds the largest). */
+struct json_out {
+    int fd;
+    size_t n;
+    char s[REPORT_MAX];
+};
+
+void json_init(struct json_out *o, int fd);
+/* Text as it is (the caller's own JSON punctuation). */
+void json_put_raw(struct json_out *o, const char *s);
+void json_put_int(struct json_out *o, long long value);
+/* A JSON string: quoted, cut to REPORT_TEXT_MAX bytes, escaped (RFC 8259, section 7); a byte
+ * that is not part of a UTF-8 character is written as U+FFFD. */
+void json_put_string(struct json_out *o, const char *s);
+/* Write out what ``o`` holds (with fd >= 0). */
+void json_flush(struct json_out *o);
+/* {"step": STEP, "errno": ERR, "message": MESSAGE} in ``o``. */
+void format_report(struct json_out *o, const char *step, int err, const char *message);
+/* {"trace": [[NAME, NS], ...]} and a newline. */
+void format_trace(struct json_out *o, const char *const *names, const long long *ns, int n);
 
 void text_init(struct text *t);
 void text_put(struct text *t, const char *s);
@@ -100,6 +134,9 @@ void mount_proc(struct child *c, int target);
 
 /* The capabilities (child.c), and a pooled sandbox's wait for its command (pooled.c). */
 void drop_capabilities(struct child *c);
+/* Make fds[0..2] the standard streams 0, 1 and 2, open across exec, and close them (unless one
+ * of them is a standard stream itself): 0, or -1 with errno. */
+int take_streams(const int fds[3]);
 void await_command(struct child *c, struct plan *command);
 void keep_only(const struct plan *plan);
 
@@ -115,9 +152,16 @@ int sys_close_range(unsigned first, unsigned last, unsigned flags);
 /* Messages from the helper (nsbox/_wire.py): a datagram of at most MESSAGE_MAX bytes, or
  * {"memfd": SIZE} with the message in a memfd passed last among its descriptors. */
 #define MESSAGE_MAX (64 * 1024)  /* nsbox/_wire.py, INLINE_MAX */
+#define MEMFD_MESSAGE_MAX (256 * 1024 * 1024)  /* nsbox/_wire.py, MAX_MESSAGE */
 #define MEMFD_TAG "{\"memfd\": "
 #define RECEIVE_MAX_FDS 254      /* SCM_MAX_FD (253), and the memfd of a large message */
+/* One datagram and at most ``max_fds`` descriptors (close-on-exec): its length, or -1 with
+ * errno: EMSGSIZE when the datagram or its descriptors did not fit, EMFILE when the kernel
+ * could not install them here; none is kept either way. */
 ssize_t receive_with_fds(int sock, char *buf, size_t size, int *fds, int max_fds, int *nfds);
+/* The message that ``tag`` announces, mapped from the memfd ``fd`` (then closed): NULL with
+ * errno EBADMSG (a tag that is not {"memfd": SIZE}, a memfd shorter than SIZE) or EMSGSIZE
+ * (SIZE over MEMFD_MESSAGE_MAX). */
 const char *map_memfd_message(const char *tag, int fd, size_t *len);
 
 #endif

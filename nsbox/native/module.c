@@ -10,6 +10,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -27,7 +28,7 @@
 #define CLONE_INTO_CGROUP_ 0x200000000ULL
 
 /* The version of the flat plan this module reads (nsbox/sandbox/native.py, FORMAT). */
-#define FORMAT 1
+#define FORMAT PLAN_FORMAT
 
 /* struct clone_args, CLONE_ARGS_SIZE_VER2 (clone3(2)). */
 struct clone_args_v2 {
@@ -66,6 +67,12 @@ static int *int_array(PyObject *seq, Py_ssize_t *n)
         if (value == -1 && PyErr_Occurred()) {
             PyMem_Free(out);
             Py_DECREF(fast);
+            return NULL;
+        }
+        if (value < -1 || value > INT_MAX) {  /* a descriptor, or -1 for none */
+            PyMem_Free(out);
+            Py_DECREF(fast);
+            PyErr_Format(PyExc_ValueError, "%ld is not a file descriptor", value);
             return NULL;
         }
         out[i] = (int)value;

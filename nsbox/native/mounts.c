@@ -102,7 +102,9 @@ static void check_components(struct child *c, const char *path)
 {
     /* The plan normalizes targets (plan.check_target); this is the child's own guard. */
     size_t len = strlen(path);
-    int bad = path[0] != '/' || len > PATH_MAX || len == 1 || path[len - 1] == '/';
+    if (len > PATH_MAX)
+        fail_about(c, ENAMETOOLONG, "mount target ", path, " is longer than PATH_MAX (4096 bytes)");
+    int bad = path[0] != '/' || len == 1 || path[len - 1] == '/';
     for (const char *p = path; !bad && *p; p++) {
         if (*p != '/')
             continue;
@@ -299,46 +301,69 @@ static void symlink_refused(struct child *c, const char *path)
                "resolved; it is refused, not followed");
 }
 
-/* Without openat2: one component at a time, none a symlink. */
-static int walk_source(struct child *c, const char *path)
+/* The bind's source as the policy names it (the plan's is below /oldroot). */
+static const char *shown_source(const struct mount_op *op)
 {
-    struct path_buf buf;
+    size_t n = strlen(OLDROOT);
+    return strncmp(op->source, OLDROOT, n) == 0 && op->source[n] == '/' ? op->source + n
+                                                                        : op->source;
+}
+
+/* Without openat2: one component at a time, none a symlink. Errors name ``shown``. */
+static int walk_source(struct child *c, const char *path, const char *shown)
+{
     struct stat st;
+    char name[NAME_MAX + 1];
+    if (strlen(path) > PATH_MAX)
+        fail_about(c, ENAMETOOLONG, "bind source ", shown, " is longer than PATH_MAX (4096 bytes)");
     int fd = open("/", O_PATH | O_CLOEXEC);
-    if (fd < 0 || strlen(path) > PATH_MAX)
-        fail_errno(c);
-    strcpy(buf.s, path);
-    for (char *name = strtok(buf.s, "/"); name != NULL; name = strtok(NULL, "/")) {
+    if (fd < 0)
+        fail_call(c, "open", "/");
+    for (const char *p = path; *p != '\0';) {
+        size_t n = strcspn(p, "/");
+        if (n == 0) {
+            p++;
+            continue;
+        }
+        if (n > NAME_MAX) {
+            errno = ENAMETOOLONG;
+            fail_call(c, "openat", shown);
+        }
+        memcpy(name, p, n);
+        name[n] = '\0';
+        p += n;
         int next = openat(fd, name, NODE_FLAGS | O_DIRECTORY);
         if (next < 0 && errno == ENOTDIR)
             next = openat(fd, name, NODE_FLAGS);
-        if (next < 0 || fstat(next, &st) != 0)
-            fail_errno(c);
+        if (next < 0)
+            fail_call(c, "openat", shown);
+        if (fstat(next, &st) != 0)
+            fail_call(c, "fstat", shown);
         close(fd);
         fd = next;
         if (S_ISLNK(st.st_mode))
-            symlink_refused(c, path);
+            symlink_refused(c, shown);
     }
     return fd;
 }
 
 /* A bind source by path (unprivileged: with the caller's own permissions). The plan resolved
  * it; a symlink put in its path since then is refused, not followed. */
-static int open_source(struct child *c, const char *path)
+static int open_source(struct child *c, const char *path, const char *shown)
 {
     int fd = sys_openat2(AT_FDCWD, path, O_PATH | O_CLOEXEC | O_DIRECTORY, RESOLVE_NO_SYMLINKS_);
     if (fd < 0 && errno == ENOTDIR)  /* a file, opened without O_DIRECTORY */
         fd = sys_openat2(AT_FDCWD, path, O_PATH | O_CLOEXEC, RESOLVE_NO_SYMLINKS_);
     if (fd < 0 && (errno == ENOSYS || errno == EPERM))  /* no openat2 here (Linux < 5.6) */
-        fd = walk_source(c, path);
+        fd = walk_source(c, path, shown);
     if (fd < 0 && errno == ELOOP)
-        symlink_refused(c, path);
+        symlink_refused(c, shown);
     if (fd < 0)
-        fail_call(c, "openat2", path);
+        fail_call(c, "openat2", shown);
     int tree = sys_open_tree(fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE
                                      | AT_EMPTY_PATH);
     if (tree < 0)
-        fail_call(c, "open_tree", path);
+        fail_call(c, "open_tree", shown);
     close(fd);
     return tree;
 }
@@ -346,12 +371,12 @@ static int open_source(struct child *c, const char *path)
 static void bind(struct child *c, int root, const struct mount_op *op)
 {
     int target = open_mountpoint(c, root, op->target, op->is_dir);
-    int tree = op->source_fd >= 0 ? op->source_fd : open_source(c, op->source);
+    int tree = op->source_fd >= 0 ? op->source_fd : open_source(c, op->source, shown_source(op));
     unsigned long long attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     if (!op->writable)
         attrs |= MOUNT_ATTR_RDONLY;
     if (sys_mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, attrs) != 0)
-        fail_call(c, "mount_setattr", "");
+        fail_call(c, "mount_setattr", shown_source(op));
     if (sys_move_mount(tree, "", target, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)
         != 0)
         fail_call(c, "move_mount", op->target);

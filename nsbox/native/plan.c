@@ -6,6 +6,7 @@
  */
 #include "plan.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,14 +19,55 @@ struct reader {
 
 static long long next_int(struct reader *r)
 {
-    long long value = 0;
+    /* Unsigned: a shift of a signed value (the -1 of "no descriptor") is undefined in C. The
+     * bits are then taken as two's complement, as the writer made them. */
+    uint64_t bits = 0;
+    int64_t value;
     if (r->bad || r->end - r->p < 9 || r->p[0] != 'i') {
         r->bad = 1;
         return 0;
     }
     for (int i = 8; i >= 1; i--)
-        value = (value << 8) | (unsigned char)r->p[i];
+        bits = (bits << 8) | (unsigned char)r->p[i];
+    memcpy(&value, &bits, sizeof(value));
     r->p += 9;
+    return value;
+}
+
+/* An int item that must lie in [low, high]; any other value makes the plan malformed (and is
+ * never narrowed into an int that would mean something else). */
+static int next_in(struct reader *r, long long low, long long high)
+{
+    long long value = next_int(r);
+    if (value < low || value > high) {
+        r->bad = 1;
+        return 0;
+    }
+    return (int)value;
+}
+
+/* 64 bits of a mask (the int item's bytes, unsigned). */
+static uint64_t next_bits(struct reader *r)
+{
+    long long value = next_int(r);
+    uint64_t bits;
+    memcpy(&bits, &value, sizeof(bits));
+    return bits;
+}
+
+static int next_flag(struct reader *r)
+{
+    return next_in(r, 0, 1);
+}
+
+/* A size or a limit: >= -1 (-1: none, as RLIM_INFINITY), or >= 0. */
+static long long next_at_least(struct reader *r, long long low)
+{
+    long long value = next_int(r);
+    if (value < low) {
+        r->bad = 1;
+        return 0;
+    }
     return value;
 }
 
@@ -58,9 +100,9 @@ static const char *next_str(struct reader *r)
 static int next_fd(struct reader *r)
 {
     long long index = next_int(r);
-    if (index < 0)
+    if (index == -1 && !r->bad)
         return -1;
-    if ((size_t)index >= r->nfds) {
+    if (index < 0 || (size_t)index >= r->nfds) {
         r->bad = 1;
         return -1;
     }
@@ -81,10 +123,7 @@ static void *track(struct plan *plan, void *memory)
 
 static int count(struct reader *r, long long limit)
 {
-    long long n = next_int(r);
-    if (n < 0 || n > limit)
-        r->bad = 1;
-    return r->bad ? 0 : (int)n;
+    return next_in(r, 0, limit);
 }
 
 /* A NULL-terminated array of ``n`` strings; NULL when out of memory. */
@@ -104,29 +143,29 @@ static void parse_mount_kind(struct plan *plan, struct reader *r, struct mount_o
     case M_BIND:
         op->source_fd = next_fd(r);
         op->source = next_str(r);
-        op->writable = (int)next_int(r);
-        op->is_dir = (int)next_int(r);
+        op->writable = next_flag(r);
+        op->is_dir = next_flag(r);
         break;
     case M_TMPFS:
-        op->size = next_int(r);
-        op->mode = (int)next_int(r);
+        op->size = next_at_least(r, 0);
+        op->mode = next_in(r, 0, MODE_MAX);
         break;
     case M_FILE:
         op->data = next_bytes(r);
-        op->mode = (int)next_int(r);
+        op->mode = next_in(r, 0, MODE_MAX);
         break;
     case M_SYMLINK:
         op->data = next_bytes(r);
         break;
     case M_DIR:
-        op->mode = (int)next_int(r);
+        op->mode = next_in(r, 0, MODE_MAX);
         break;
     case M_DEV:
         op->ndevices = count(r, 4096);
         op->devices = (const char **)next_strings(plan, r, op->ndevices);
         if (op->devices == NULL)
             r->bad = 1;
-        op->size = next_int(r);
+        op->size = next_at_least(r, 0);
         break;
     case M_PROC:
         break;
@@ -143,7 +182,7 @@ static int parse_mounts(struct plan *plan, struct reader *r)
         return -1;
     for (int i = 0; i < plan->nmounts && !r->bad; i++) {
         struct mount_op *op = &plan->mounts[i];
-        op->kind = (int)next_int(r);
+        op->kind = next_in(r, M_BIND, M_PROC);
         op->target = next_str(r);
         op->step = next_str(r);
         op->source_fd = -1;
@@ -159,19 +198,19 @@ static int parse_command(struct plan *plan, struct reader *r)
     if (plan->rlimits == NULL)
         return -1;
     for (int i = 0; i < plan->nrlimits; i++) {
-        plan->rlimits[i].resource = (int)next_int(r);
-        plan->rlimits[i].soft = next_int(r);
-        plan->rlimits[i].hard = next_int(r);
+        plan->rlimits[i].resource = next_in(r, 0, RESOURCE_MAX);
+        plan->rlimits[i].soft = next_at_least(r, -1);
+        plan->rlimits[i].hard = next_at_least(r, -1);
     }
     plan->cwd = next_str(r);
     plan->argv = next_strings(plan, r, count(r, 1 << 24));
     plan->envp = next_strings(plan, r, count(r, 1 << 24));
-    plan->exec_direct = (int)next_int(r);
+    plan->exec_direct = next_flag(r);
     plan->ncandidates = count(r, 1 << 16);
     plan->candidates = next_strings(plan, r, plan->ncandidates);
     plan->setid_bpf = next_bytes(r);
     plan->seccomp_bpf = next_bytes(r);
-    plan->seccomp_notify = (int)next_int(r);
+    plan->seccomp_notify = next_flag(r);
     if (plan->argv == NULL || plan->envp == NULL || plan->candidates == NULL)
         return -1;
     return 0;
@@ -182,8 +221,11 @@ int plan_parse(struct plan *plan, const char *blob, size_t len, const int *fds, 
 {
     struct reader r = {blob, blob + len, fds, nfds, 0};
     memset(plan, 0, sizeof(*plan));
+    long long format = next_int(&r);
     *why = "the native plan is malformed";
-    if (next_int(&r) != 1) {
+    if (r.bad)
+        return -1;
+    if (format != PLAN_FORMAT) {
         *why = "the native plan has an unknown version";
         return -1;
     }
@@ -193,15 +235,16 @@ int plan_parse(struct plan *plan, const char *blob, size_t len, const int *fds, 
     plan->err_fd = next_fd(&r);
     plan->notify_fd = next_fd(&r);
     plan->net_fd = next_fd(&r);
-    plan->uid = (int)next_int(&r);
-    plan->gid = (int)next_int(&r);
-    plan->cap_last = (int)next_int(&r);
-    plan->trace = (int)next_int(&r);
-    plan->pooled = (int)next_int(&r);
+    plan->uid = next_in(&r, 0, INT_MAX);
+    plan->gid = next_in(&r, 0, INT_MAX);
+    plan->cap_last = next_in(&r, 0, CAP_LAST_MAX);
+    plan->trace = next_flag(&r);
+    plan->pooled = next_flag(&r);
+    plan->ignored_signals = next_bits(&r);
     plan->comm = next_str(&r);
     plan->hostname = next_str(&r);
-    plan->net_mode = (int)next_int(&r);
-    plan->proxy_port = (int)next_int(&r);
+    plan->net_mode = next_in(&r, NET_NONE, NET_ALLOW);
+    plan->proxy_port = next_in(&r, 0, 65535);
     if (parse_mounts(plan, &r) < 0 || parse_command(plan, &r) < 0) {
         *why = "out of memory";
         plan_free(plan);

@@ -12,6 +12,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The layout of the flat plan that plan_parse reads: nsbox/sandbox/native.py, FORMAT, and
+ * the extension's FORMAT (module.c) are this number, raised whenever the layout changes. */
+#define PLAN_FORMAT 2
+
+/* The ranges of the plan's small numbers: anything outside makes the plan malformed. */
+#define MODE_MAX 07777     /* a file mode's permission bits */
+#define RESOURCE_MAX 63    /* an rlimit's resource (RLIMIT_NLIMITS is 16) */
+#define CAP_LAST_MAX 63    /* /proc/sys/kernel/cap_last_cap (40 in Linux 6.x) */
+
 /* The mount kinds the native core carries out (nsbox/sandbox/mounts.py, HANDLERS). */
 enum mount_kind { M_BIND = 1, M_TMPFS, M_FILE, M_SYMLINK, M_DIR, M_DEV, M_PROC };
 
@@ -47,6 +56,7 @@ struct plan {
     int sync_fd, err_fd, notify_fd, net_fd;
     int uid, gid, cap_last, trace;
     int pooled;              /* built ahead: waits on fd 0 for its command (nsbox/pool.py) */
+    uint64_t ignored_signals;  /* put back to SIG_DFL before the exec: bit N-1 for signal N */
     const char *comm;        /* the process name to show (a spawner's child), or "" */
     const char *hostname;
     int net_mode, proxy_port;

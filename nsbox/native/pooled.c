@@ -5,7 +5,6 @@
 #include "child.h"
 
 #include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -29,22 +28,19 @@ void await_command(struct child *c, struct plan *command)
         fail_errno(c);
     ssize_t n = receive_with_fds(0, buf, MESSAGE_MAX, fds, 4, &nfds);
     if (n < 0)
-        fail_errno(c);
+        fail_about(c, errno, "the command could not be received: ", strerror(errno), "");
     const char *blob = buf;
     size_t len = (size_t)n;
     buf[n] = '\0';
     if (nfds == 4 && strncmp(buf, MEMFD_TAG, strlen(MEMFD_TAG)) == 0) {
         blob = map_memfd_message(buf, fds[--nfds], &len);
         if (blob == NULL)
-            fail_errno(c);
+            fail_about(c, errno, "the command's memfd: ", strerror(errno), "");
     }
     if (n == 0 || nfds != 3)
         fail(c, 0, "the pool closed before this sandbox got a command");
-    for (int i = 0; i < 3; i++) {
-        if (dup2(fds[i], i) < 0)
-            fail_errno(c);
-        close(fds[i]);
-    }
+    if (take_streams(fds) != 0)
+        fail_errno(c);
     *command = *c->plan;
     if (len == 0 || blob[0] != 'i' || plan_parse_command(command, blob, len) != 0)
         fail(c, EINVAL, "this pooled sandbox runs the native core, which cannot carry this "
@@ -57,30 +53,34 @@ void await_command(struct child *c, struct plan *command)
     }
 }
 
-static int compare_ints(const void *a, const void *b)
+/* The lowest descriptor the plan holds that is >= ``from``, or -1. */
+static int next_kept(const struct plan *plan, int from)
 {
-    return *(const int *)a - *(const int *)b;
+    const int fixed[] = {0, 1, 2, plan->sync_fd, plan->err_fd, plan->notify_fd, plan->net_fd};
+    int best = -1;
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
+        if (fixed[i] >= from && (best < 0 || fixed[i] < best))
+            best = fixed[i];
+    }
+    for (int i = 0; i < plan->nmounts; i++) {
+        int fd = plan->mounts[i].source_fd;
+        if (fd >= from && (best < 0 || fd < best))
+            best = fd;
+    }
+    return best;
 }
 
 /* A pooled sandbox lives on while the helper serves other launches: it must not hold their
- * pipes (a held pipe end would keep another caller waiting for end-of-file). */
+ * pipes (a held pipe end would keep another caller waiting for end-of-file). Every gap between
+ * two kept descriptors is closed in one call, the kept ones taken in order without a sorted
+ * copy (no buffer sized by the plan, no allocation): a plan holds a few dozen at most. */
 void keep_only(const struct plan *plan)
 {
-    int keep[plan->nmounts + 8];
-    int n = 0;
-    keep[n++] = 0, keep[n++] = 1, keep[n++] = 2;
-    keep[n++] = plan->sync_fd, keep[n++] = plan->err_fd;
-    keep[n++] = plan->notify_fd, keep[n++] = plan->net_fd;
-    for (int i = 0; i < plan->nmounts; i++)
-        keep[n++] = plan->mounts[i].source_fd;
-    qsort(keep, (size_t)n, sizeof(int), compare_ints);
     int next = 0;
-    for (int i = 0; i < n; i++) {
-        if (keep[i] < next)
-            continue;  /* -1, or a descriptor listed twice */
-        if (keep[i] > next)
-            sys_close_range((unsigned)next, (unsigned)keep[i] - 1, 0);
-        next = keep[i] + 1;
+    for (int kept = next_kept(plan, 0); kept >= 0; kept = next_kept(plan, next)) {
+        if (kept > next)
+            sys_close_range((unsigned)next, (unsigned)kept - 1, 0);
+        next = kept + 1;
     }
     sys_close_range((unsigned)next, ~0U, 0);
 }

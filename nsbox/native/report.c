@@ -4,9 +4,11 @@
 #include "child.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,10 +35,21 @@ void text_init(struct text *t)
     t->s[0] = '\0';
 }
 
+/* How many of the ``len`` bytes at ``s`` can be kept within ``room`` without cutting a UTF-8
+ * character: a cut backs up over at most 3 continuation bytes (RFC 3629, section 3). */
+static size_t cut_on_character(const char *s, size_t len, size_t room)
+{
+    size_t cut = room;
+    if (len <= room)
+        return len;
+    for (int back = 0; back < 3 && cut > 0 && ((unsigned char)s[cut] & 0xC0) == 0x80; back++)
+        cut--;
+    return cut;
+}
+
 static void text_putn(struct text *t, const char *s, size_t len)
 {
-    if (len > TEXT_MAX - 1 - t->n)
-        len = TEXT_MAX - 1 - t->n;
+    len = cut_on_character(s, len, TEXT_MAX - 1 - t->n);
     memcpy(t->s + t->n, s, len);
     t->n += len;
     t->s[t->n] = '\0';
@@ -47,10 +60,10 @@ void text_put(struct text *t, const char *s)
     text_putn(t, s, strlen(s));
 }
 
-static void text_put_base(struct text *t, long long value, int base)
+/* The digits of ``value`` in ``base`` into ``digits`` (32 bytes): where they start. */
+static size_t format_number(char *digits, long long value, int base)
 {
-    char digits[32];
-    int i = (int)sizeof(digits);
+    size_t i = 32;
     unsigned long long v = value < 0 ? 0ULL - (unsigned long long)value : (unsigned long long)value;
     do {
         digits[--i] = (char)('0' + v % (unsigned)base);
@@ -58,37 +71,24 @@ static void text_put_base(struct text *t, long long value, int base)
     } while (v != 0);
     if (value < 0)
         digits[--i] = '-';
-    text_putn(t, digits + i, sizeof(digits) - (size_t)i);
+    return i;
 }
 
 void text_put_int(struct text *t, long long value)
 {
-    text_put_base(t, value, 10);
+    char digits[32];
+    size_t i = format_number(digits, value, 10);
+    text_putn(t, digits + i, sizeof(digits) - i);
 }
 
 void text_put_octal(struct text *t, long long value)
 {
-    text_put_base(t, value, 8);
+    char digits[32];
+    size_t i = format_number(digits, value, 8);
+    text_putn(t, digits + i, sizeof(digits) - i);
 }
 
-/* A JSON string body: the plan's strings are valid UTF-8 (flatten checks), so only the quote,
- * the backslash and control characters need an escape (RFC 8259, section 7). */
-static void text_put_json(struct text *t, const char *s)
-{
-    static const char hex[] = "0123456789abcdef";
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') {
-            char esc[2] = {'\\', (char)ch};
-            text_putn(t, esc, 2);
-        } else if (ch < 0x20) {
-            char esc[6] = {'\\', 'u', '0', '0', hex[ch >> 4], hex[ch & 15]};
-            text_putn(t, esc, 6);
-        } else {
-            text_putn(t, s, 1);
-        }
-    }
-}
+/* --- JSON: the failure report and the trace (nsbox/sandbox/child.py: fail, send_trace) ---- */
 
 static void write_all(int fd, const char *data, size_t len)
 {
@@ -101,6 +101,137 @@ static void write_all(int fd, const char *data, size_t len)
         data += n;
         len -= (size_t)n;
     }
+}
+
+void json_init(struct json_out *o, int fd)
+{
+    o->fd = fd;
+    o->n = 0;
+}
+
+void json_flush(struct json_out *o)
+{
+    if (o->fd >= 0)
+        write_all(o->fd, o->s, o->n);
+    o->n = 0;
+}
+
+/* ``len`` bytes (at most a few: one escape, one character, one number) as they are. Without a
+ * descriptor to flush to, REPORT_MAX is sized so that this never runs out of room; if it did,
+ * the piece would be left out whole, never cut. */
+static void json_putn(struct json_out *o, const char *s, size_t len)
+{
+    if (o->n + len > sizeof(o->s))
+        json_flush(o);
+    if (o->n + len > sizeof(o->s))
+        return;
+    memcpy(o->s + o->n, s, len);
+    o->n += len;
+}
+
+void json_put_raw(struct json_out *o, const char *s)
+{
+    for (; *s; s++)
+        json_putn(o, s, 1);
+}
+
+void json_put_int(struct json_out *o, long long value)
+{
+    char digits[32];
+    size_t i = format_number(digits, value, 10);
+    json_putn(o, digits + i, sizeof(digits) - i);
+}
+
+/* The length of the UTF-8 character at ``s`` (at most ``len`` bytes), or 0 when the bytes are
+ * not one: overlong forms, surrogates and values past U+10FFFF included (RFC 3629, section 4). */
+static size_t utf8_length(const unsigned char *s, size_t len)
+{
+    size_t n;
+    unsigned min;
+    unsigned value;
+    if (s[0] < 0x80)
+        return 1;
+    if (s[0] >= 0xC2 && s[0] <= 0xDF)
+        n = 2, min = 0x80, value = s[0] & 0x1Fu;
+    else if (s[0] >= 0xE0 && s[0] <= 0xEF)
+        n = 3, min = 0x800, value = s[0] & 0x0Fu;
+    else if (s[0] >= 0xF0 && s[0] <= 0xF4)
+        n = 4, min = 0x10000, value = s[0] & 0x07u;
+    else
+        return 0;
+    if (len < n)
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        value = (value << 6) | (s[i] & 0x3Fu);
+    }
+    if (value < min || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF))
+        return 0;
+    return n;
+}
+
+/* A JSON string body: the quote, the backslash and control characters escaped (RFC 8259,
+ * section 7). The plan's strings are valid UTF-8 (flatten checks), and so is strerror's text;
+ * a byte that is not, from wherever it came, becomes U+FFFD, so that the report stays JSON. */
+static void json_put_escaped(struct json_out *o, const char *s, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)s;
+    const unsigned char *end = p + len;
+    while (p < end) {
+        size_t n = utf8_length(p, (size_t)(end - p));
+        if (n == 0) {
+            json_putn(o, "\\ufffd", 6);
+            p++;
+        } else if (*p == '"' || *p == '\\') {
+            char esc[2] = {'\\', (char)*p};
+            json_putn(o, esc, 2);
+            p++;
+        } else if (*p < 0x20) {
+            char esc[6] = {'\\', 'u', '0', '0', hex[*p >> 4], hex[*p & 15]};
+            json_putn(o, esc, 6);
+            p++;
+        } else {
+            json_putn(o, (const char *)p, n);
+            p += n;
+        }
+    }
+}
+
+void json_put_string(struct json_out *o, const char *s)
+{
+    size_t len = strlen(s);
+    size_t kept = cut_on_character(s, len, REPORT_TEXT_MAX);
+    json_putn(o, "\"", 1);
+    json_put_escaped(o, s, kept);
+    if (kept < len)
+        json_putn(o, "...", 3);
+    json_putn(o, "\"", 1);
+}
+
+void format_report(struct json_out *o, const char *step, int err, const char *message)
+{
+    json_put_raw(o, "{\"step\": ");
+    json_put_string(o, step);
+    json_put_raw(o, ", \"errno\": ");
+    json_put_int(o, err);
+    json_put_raw(o, ", \"message\": ");
+    json_put_string(o, message);
+    json_put_raw(o, "}");
+}
+
+void format_trace(struct json_out *o, const char *const *names, const long long *ns, int n)
+{
+    json_put_raw(o, "{\"trace\": [");
+    for (int i = 0; i < n; i++) {
+        json_put_raw(o, i ? ", [" : "[");
+        json_put_string(o, names[i]);
+        json_put_raw(o, ", ");
+        json_put_int(o, ns[i]);
+        json_put_raw(o, "]");
+    }
+    json_put_raw(o, "]}\n");
 }
 
 static long long monotonic_ns(void)
@@ -119,35 +250,22 @@ void set_step(struct child *c, const char *name)
     }
 }
 
-/* {"trace": [[step, ns], ...]} and a newline: one line before any error report. */
+/* One line before any error report; written in parts when long (only this process writes to
+ * the pipe now: pid 1 sleeps until the exec, CLONE_VFORK). */
 void send_trace(struct child *c)
 {
-    struct text t;
-    text_init(&t);
-    text_put(&t, "{\"trace\": [");
-    for (int i = 0; i < c->trace_n; i++) {
-        text_put(&t, i ? ", [\"" : "[\"");
-        text_put_json(&t, c->trace_names[i]);
-        text_put(&t, "\", ");
-        text_put_int(&t, c->trace_ns[i]);
-        text_put(&t, "]");
-    }
-    text_put(&t, "]}\n");
-    write_all(c->plan->err_fd, t.s, t.n);
+    struct json_out o;
+    json_init(&o, c->plan->err_fd);
+    format_trace(&o, c->trace_names, c->trace_ns, c->trace_n);
+    json_flush(&o);
 }
 
 void fail(struct child *c, int err, const char *message)
 {
-    struct text t;
-    text_init(&t);
-    text_put(&t, "{\"step\": \"");
-    text_put_json(&t, c->step);
-    text_put(&t, "\", \"errno\": ");
-    text_put_int(&t, err);
-    text_put(&t, ", \"message\": \"");
-    text_put_json(&t, message);
-    text_put(&t, "\"}");
-    write_all(c->plan->err_fd, t.s, t.n);
+    struct json_out o;
+    json_init(&o, -1);
+    format_report(&o, c->step, err, message);
+    write_all(c->plan->err_fd, o.s, o.n);
     _exit(127);
 }
 
@@ -214,7 +332,11 @@ int sys_close_range(unsigned first, unsigned last, unsigned flags)
 
 /* One datagram on ``sock`` and the descriptors that came with it, close-on-exec (unix(7),
  * SCM_RIGHTS): its length, or -1 with errno. The control buffer takes at most ``max_fds``
- * (<= RECEIVE_MAX_FDS) descriptors; the kernel closes any more (MSG_CTRUNC). */
+ * (<= RECEIVE_MAX_FDS) descriptors, rounded up by CMSG_SPACE; a datagram cut short (MSG_TRUNC),
+ * descriptors the kernel could not pass (MSG_CTRUNC: more than the buffer holds, or none left
+ * here: EMFILE) or more than ``max_fds`` in any number of SCM_RIGHTS messages fail with
+ * EMSGSIZE, all that came closed: a message is taken whole or not at all (nsbox/_wire.py,
+ * receive_fds). */
 ssize_t receive_with_fds(int sock, char *buf, size_t size, int *fds, int max_fds, int *nfds)
 {
     union {
@@ -223,32 +345,75 @@ ssize_t receive_with_fds(int sock, char *buf, size_t size, int *fds, int max_fds
     } control;
     struct iovec iov = {buf, size};
     struct msghdr msg = {0};
+    int extra = 0;
+    *nfds = 0;
+    if (max_fds < 0 || max_fds > RECEIVE_MAX_FDS) {
+        errno = EINVAL;
+        return -1;
+    }
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.buf;
     msg.msg_controllen = CMSG_SPACE((size_t)max_fds * sizeof(int));
     ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    *nfds = 0;
-    for (struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg); n >= 0 && cmsg != NULL;
+    if (n < 0)
+        return -1;
+    for (struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg); cmsg != NULL;
          cmsg = CMSG_NXTHDR(&msg, cmsg)) {
         if (cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS)
             continue;
-        *nfds = (int)((cmsg->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        memcpy(fds, CMSG_DATA(cmsg), (size_t)*nfds * sizeof(int));
+        size_t count = (cmsg->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cmsg) + i * sizeof(int), sizeof(int));
+            if (*nfds < max_fds) {
+                fds[(*nfds)++] = fd;
+            } else {
+                close(fd);
+                extra = 1;
+            }
+        }
+    }
+    if (extra || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        /* MSG_CTRUNC with room left: the kernel could not install them here (EMFILE). */
+        int lost = !extra && !(msg.msg_flags & MSG_TRUNC) && *nfds < max_fds;
+        for (int i = 0; i < *nfds; i++)
+            close(fds[i]);
+        *nfds = 0;
+        errno = lost ? EMFILE : EMSGSIZE;
+        return -1;
     }
     return n;
 }
 
 /* The message announced by ``tag`` ({"memfd": SIZE}) in the memfd ``fd``: mapped read-only,
- * not copied, and the descriptor closed (the mapping stays). NULL with errno when it cannot
- * be mapped. */
+ * not copied, and the descriptor closed (the mapping stays until the exec). A memfd shorter
+ * than SIZE is refused before the mapping: a page past its end would raise SIGBUS at the first
+ * read, not an error (mmap(2)). */
 const char *map_memfd_message(const char *tag, int fd, size_t *len)
 {
-    long long size = 0;
-    for (const char *p = tag + strlen(MEMFD_TAG); *p >= '0' && *p <= '9'; p++)
-        size = size * 10 + (*p - '0');
-    errno = EINVAL;  /* for a size of 0, which mmap does not check for us */
-    void *map = size > 0 ? mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    uint64_t size = 0;
+    struct stat st;
+    const char *p = tag + strlen(MEMFD_TAG);
+    const char *digits = p;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        size = size * 10 + (uint64_t)(*p - '0');
+        if (size > MEMFD_MESSAGE_MAX) {
+            errno = EMSGSIZE;
+            return NULL;
+        }
+    }
+    if (p == digits || strcmp(p, "}") != 0 || size == 0) {
+        errno = EBADMSG;
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0)
+        return NULL;
+    if (st.st_size < 0 || (uint64_t)st.st_size < size) {
+        errno = EBADMSG;
+        return NULL;
+    }
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED)
         return NULL;
     close(fd);

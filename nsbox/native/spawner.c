@@ -104,14 +104,18 @@ long spawner_main(int sock, const int *procs, int nprocs, unsigned long flags,
     if (write(sock, "ready", 5) < 0)
         _exit(0);
     ssize_t n = receive_with_fds(sock, buf, MESSAGE_MAX, fds, RECEIVE_MAX_FDS, &nfds);
+    if (n < 0 && errno == EMSGSIZE)
+        fail_spawner(sock, "receive the plan");
     if (n <= 0)
         _exit(0);  /* the helper gave up on this spare */
     buf[n] = '\0';
     if (n == 5 && memcmp(buf, "clone", 5) == 0) {
         long pid = syscall(SYS_clone, flags, 0, 0, 0, 0);
         if (pid == 0) {
-            prctl(PR_SET_NAME, sandbox_name, 0, 0, 0);  /* a sandbox is no spawner */
-            return 0;  /* into Python: the child receives its plan (become_sandbox) */
+            prctl(PR_SET_NAME, sandbox_name, 0, 0, 0);  /* takes the helper's name back */
+            /* Into Python: the child receives its plan (become_sandbox); see spawner.h for
+             * why a raw clone may return there. */
+            return 0;
         }
         if (pid < 0)
             fail_spawner(sock, "clone");

@@ -62,7 +62,12 @@ def mount_tmpfs(target: str, size: int, mode: int) -> None:
                 f"size={size},mode={mode:o}")
 
 
+PATH_MAX = 4096  # the longest target the native core takes (nsbox/native/mounts.c)
+
+
 def _components(path: str) -> list[str]:
+    if len(path.encode("utf-8", "surrogateescape")) > PATH_MAX:
+        raise OSError(36, f"mount target {path} is longer than PATH_MAX (4096 bytes)")
     parts = path[1:].split("/")
     # The plan normalizes targets (plan.check_target); this is the child's own guard.
     if path[:1] != "/" or "" in parts or "." in parts or ".." in parts:
@@ -275,16 +280,22 @@ def bind(root: int, op: dict[str, Any], tree: int | None) -> None:
         attrs |= _libc.MOUNT_ATTR_RDONLY
     try:
         _libc.mount_setattr("", attrs, recursive=True, dirfd=tree, empty_path=True)
-    except BaseException:
+    except BaseException as exc:
         os.close(tree)
         os.close(target)
+        if isinstance(exc, OSError) and exc.errno:  # named by its source, as the native core
+            raise OSError(exc.errno, f"mount_setattr({op['source']!r}): "
+                                     f"{os.strerror(exc.errno)}") from None
         raise
     attach(tree, target)
 
 
 def _open_source(source: str) -> int:
-    return _libc.open_tree_nofollow(
-        OLDROOT + source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE)
+    try:
+        return _libc.open_tree_nofollow(
+            OLDROOT + source, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE)
+    except OSError as exc:  # named as the policy names it, as the helper and the native core do
+        raise OSError(exc.errno, str(exc.strerror).replace(OLDROOT + source, source)) from None
 
 
 def mount_dev(target: int, devices: list[str], shm_size: int) -> None:

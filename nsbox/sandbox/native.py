@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-FORMAT = 1  # nsbox/native/module.c, FORMAT
+FORMAT = 2  # nsbox/native/plan.h, PLAN_FORMAT
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -38,6 +38,13 @@ _native, MISSING = _load()
 # The mount kinds of the C side (nsbox/native/plan.h, enum mount_kind).
 KINDS = {"bind": 1, "tmpfs": 2, "file": 3, "symlink": 4, "dir": 5, "dev": 6, "proc": 7}
 NET_MODES = {"none": 0, "loopback": 1, "allow": 2}
+# The ranges the C side checks (nsbox/native/plan.h): MODE_MAX, RESOURCE_MAX, CAP_LAST_MAX.
+_MODE_MAX = 0o7777
+_RESOURCE_MAX = 63
+_CAP_LAST_MAX = 63
+_INT_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+_ALL_SIGNALS = 2**64 - 1  # signals 1 to 64, bit N-1 for signal N (nsbox/_libc.py, ALL_SIGNALS)
 _DEFAULT_PATH = "/usr/bin:/bin"  # as nsbox/sandbox/child.py, execute
 
 
@@ -80,6 +87,17 @@ class _Writer:
     def put_int(self, value: int) -> None:
         self.parts.append(b"i" + value.to_bytes(8, "little", signed=True))
 
+    def put_bits(self, mask: int) -> None:
+        """64 bits, as the int item of the same bytes (plan.c reads them unsigned)."""
+        self.parts.append(b"i" + mask.to_bytes(8, "little", signed=False))
+
+    def put_in(self, value: int, low: int, high: int) -> None:
+        """An int the C side keeps in a narrower range (nsbox/native/plan.h): out of it, the
+        native core would refuse the plan as malformed, so the Python child takes it."""
+        if not low <= value <= high:
+            raise OverflowError(f"{value} is out of the native core's range {low}..{high}")
+        self.put_int(value)
+
     def put_bytes(self, data: bytes, c_string: bool = True) -> None:
         if c_string and b"\0" in data:
             raise ValueError("a string of the plan holds a NUL byte")
@@ -98,10 +116,11 @@ class _Writer:
 
 def flatten(plan: Mapping[str, Any], stdio: Sequence[int], sync_r: int, err_w: int,
             sources: Mapping[int, int], notify: int, net: int | None, cap_last: int,
-            comm: str = "") -> tuple[bytes, list[int]]:
-    """The flat plan, and the descriptors it refers to by index (in that order). Raises
-    ValueError (UnicodeError) or OverflowError for a plan the native core cannot carry: use the
-    Python child."""
+            comm: str = "", ignored_signals: int = _ALL_SIGNALS) -> tuple[bytes, list[int]]:
+    """The flat plan, and the descriptors it refers to by index (in that order).
+    ``ignored_signals``: the mask of signals the child puts back to SIG_DFL before the exec
+    (nsbox/sandbox/child.py, ignored_signals). Raises ValueError (UnicodeError) or
+    OverflowError for a plan the native core cannot carry: use the Python child."""
     fds = [*stdio, sync_r, err_w]
     w = _Writer()
     w.put_int(FORMAT)
@@ -111,14 +130,17 @@ def flatten(plan: Mapping[str, Any], stdio: Sequence[int], sync_r: int, err_w: i
         w.put_int(len(fds) if fd >= 0 else -1)
         if fd >= 0:
             fds.append(fd)
-    for value in (plan["uid"], plan["gid"], cap_last, 1 if plan.get("trace") else 0,
-                  1 if plan.get("pooled") else 0):
-        w.put_int(value)
+    w.put_in(plan["uid"], 0, _INT_MAX)
+    w.put_in(plan["gid"], 0, _INT_MAX)
+    w.put_in(cap_last, 0, _CAP_LAST_MAX)
+    w.put_int(1 if plan.get("trace") else 0)
+    w.put_int(1 if plan.get("pooled") else 0)
+    w.put_bits(ignored_signals)
     w.put_str(comm)
     w.put_str(plan["hostname"])
     net_plan = plan["net"]
     w.put_int(NET_MODES[net_plan.get("mode", "none")])
-    w.put_int(int(net_plan.get("proxy_port", 0)))
+    w.put_in(int(net_plan.get("proxy_port", 0)), 0, 65535)
     _mounts(w, plan["mounts"], sources, fds)
     _command(w, plan)
     return b"".join(w.parts), fds
@@ -141,26 +163,27 @@ def _mounts(w: _Writer, mounts: Sequence[Mapping[str, Any]], sources: Mapping[in
             w.put_int(1 if op["writable"] else 0)
             w.put_int(1 if op["is_dir"] else 0)
         elif kind == "tmpfs":
-            w.put_int(int(op["size"]))
-            w.put_int(int(op["mode"]))
+            w.put_in(int(op["size"]), 0, _INT64_MAX)
+            w.put_in(int(op["mode"]), 0, _MODE_MAX)
         elif kind == "file":
             w.put_bytes(op["content"].encode(), c_string=False)
-            w.put_int(int(op["mode"]))
+            w.put_in(int(op["mode"]), 0, _MODE_MAX)
         elif kind == "symlink":
             w.put_str(op["points_to"])
         elif kind == "dir":
-            w.put_int(int(op["mode"]))
+            w.put_in(int(op["mode"]), 0, _MODE_MAX)
         elif kind == "dev":
             w.put_strings(op["devices"])
-            w.put_int(int(op["shm_size"]))
+            w.put_in(int(op["shm_size"]), 0, _INT64_MAX)
 
 
 def _command(w: _Writer, plan: Mapping[str, Any]) -> None:
     rlimits = plan["rlimits"]
     w.put_int(len(rlimits))
     for resource, soft, hard in rlimits:
-        for value in (resource, soft, hard):
-            w.put_int(int(value))
+        w.put_in(int(resource), 0, _RESOURCE_MAX)
+        for value in (soft, hard):  # -1: RLIM_INFINITY
+            w.put_in(int(value), -1, _INT64_MAX)
     w.put_str(plan["cwd"])
     argv = list(plan["argv"])
     env = dict(plan["env"])  # as the Python child: the last of two equal names wins

@@ -211,8 +211,7 @@ class Init:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.close(err_r)
-            for target, fd in enumerate(stdio):
-                os.dup2(fd, target)
+            _child.take_streams(stdio)
             if request["cmd"] == "run":
                 # The session's rlimits as the helper left them: with the fallbacks for what
                 # its cgroup cannot limit on this host (never weaker than a single run).
