@@ -174,6 +174,8 @@ ATTACKS = [
     ("[2001:0:4136:e378:8000:63bf:80ff:fffe]:{port}", "resolves to Teredo address"),
     ("169.254.169.254:{port}", "resolves to link-local (cloud metadata) address"),
     ("10.0.0.1:{port}", "resolves to private address 10.0.0.1"),
+    ("LocalHost.:{port}", "localhost is the host itself (loopback)"),
+    ("db.localhost:{port}", "db.localhost is the host itself (loopback)"),
 ]
 PROBE = """
 import json, os, socket, sys

@@ -345,3 +345,34 @@ emit(paths=sorted(changes), diff=changes["zzz\\x1b[3J\\x1b[2J"]["diff"], error=e
                            "+a\x1b[3J\x1b[2J\x1b[Hclean\n")
     assert out["error"] is not None and "\x1b" not in out["error"][1] and "\n" not in \
         out["error"][1]
+
+
+def test_the_mcp_review_pane_shows_names_and_diffs_escaped(as_user: UserRunner, project: Path):
+    """`changes` on the agent's connection and on the user's review server (render_changes),
+    and the review's apply: the text a person's MCP client shows holds no byte a terminal
+    or a text widget would obey; the structured data keeps the names exact."""
+    runtime = project.parent / "runtime"
+    out = as_user.script(f"""
+from nsbox.mcp_tools import ServerConfig, Workbench
+from nsbox.mcp_review import Reviewer, publish_for_review
+s = nsbox.Session(project={str(project)!r})
+publish_for_review(s)
+bench = Workbench(s, ServerConfig(project={str(project)!r}))
+ran = bench.run_python({MAKE!r}, 30)
+seen = bench.changes()
+review = Reviewer(s.id)
+listed = review.changes()
+applied = review.apply(["Makefile", "zzz\\x1b[3J\\x1b[2J"])
+emit(texts=[ran.text, seen.text, listed.text, applied.text],
+     paths=[c["path"] for c in listed.data["changes"]])
+s.close()
+""", env={"XDG_RUNTIME_DIR": str(runtime)})
+    for text in out["texts"]:
+        assert obeyed(text.encode("utf-8", "surrogateescape")) == [], text
+    review = out["texts"][2].splitlines()
+    assert review[0] == ("! added: Makefile (mode new -> 644) [runs on the host: make runs its "
+                         "recipes]")
+    assert "added: zzz\\x1b[3J\\x1b[2J (mode new -> 644)" in review
+    assert "+a\\x1b[3J\\x1b[2J\\x1b[Hclean" in review
+    assert out["texts"][3] == "applied: Makefile\napplied: zzz\\x1b[3J\\x1b[2J"
+    assert set(HOSTILE) <= set(out["paths"])

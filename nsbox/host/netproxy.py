@@ -296,7 +296,12 @@ class NetworkProxy:
     def _never_asked(self, host: str, port: int, default_port: int) -> None:
         """An address the rules refuse is refused as it would be if it were listed, never put
         to a person: a loopback, private or link-local address, also in an IPv4-mapped,
-        IPv4-compatible, NAT64, 6to4 or Teredo form, is no host to approve."""
+        IPv4-compatible, NAT64, 6to4 or Teredo form, or a name of the host itself
+        (localhost), is no host to approve."""
+        if host == "localhost" or host.endswith(".localhost"):
+            # RFC 6761 6.3: such a name is the host itself, whatever a resolver says.
+            raise Denied(403, f"{host} is the host itself (loopback); list that address "
+                              "itself to allow it")
         literal = parse_address(host)
         if literal is None or literally_listed(self._allow, literal, port, default_port):
             return
