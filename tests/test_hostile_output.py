@@ -376,3 +376,31 @@ s.close()
     assert "+a\\x1b[3J\\x1b[2J\\x1b[Hclean" in review
     assert out["texts"][3] == "applied: Makefile\napplied: zzz\\x1b[3J\\x1b[2J"
     assert set(HOSTILE) <= set(out["paths"])
+
+
+def test_the_hooks_directory_is_found_where_git_would_look(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    from nsbox.host import autorun
+
+    root = tmp_path / "app"
+    (root / ".git").mkdir(parents=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert autorun.hooks_dir(str(root)) is None
+    # A user's global hooksPath, relative: each work tree's own directory.
+    (home / ".gitconfig").write_text("[core]\n\thooksPath = .githooks\n")
+    assert autorun.hooks_dir(str(root)) == ".githooks"
+    assert autorun.never_applied(".GitHooks/pre-push", ".githooks") == autorun.HOOKS_REASON
+    # The project's own setting comes first; one outside the project is no part of it.
+    (root / ".git" / "config").write_text('[Core]\n\tHooksPath = "tools/hooks"\n')
+    assert autorun.hooks_dir(str(root)) == "tools/hooks"
+    (root / ".git" / "config").write_text(f"[core]\n\thooksPath = {tmp_path}/elsewhere\n")
+    assert autorun.hooks_dir(str(root)) is None
+    for rel in (".git/hooks/x", "sub/.GIT/config", "a/b/.git"):
+        assert autorun.never_applied(rel, None) == autorun.GIT_REASON, rel
+    assert autorun.never_applied(".gitignore", None) is None
+    assert autorun.runs_it("deep/dir/Makefile") == "make runs its recipes"
+    assert autorun.runs_it(".github/workflows/ci.yml") == "CI runs these workflows"
+    assert autorun.runs_it("src/app.py") is None

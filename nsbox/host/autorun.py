@@ -83,28 +83,40 @@ def runs_it(rel: str) -> str | None:
 
 
 def hooks_dir(root: str) -> str | None:
-    """The directory (relative to ``root``) that the project's .git/config names as
-    core.hooksPath, when it lies inside the project; None otherwise. Read here, not by git:
-    a plain ``hooksPath = DIR`` in the core section (includes are not followed)."""
+    """The directory (relative to ``root``) that core.hooksPath names, when it lies inside
+    the project; None otherwise. The project's .git/config first, then this user's and the
+    system's config (git's order: the first that sets it wins); read here, not by git: a
+    plain ``hooksPath = DIR`` in the core section (includes are not followed)."""
+    home = os.path.expanduser("~")
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    for config in (os.path.join(root, ".git", "config"), os.path.join(home, ".gitconfig"),
+                   os.path.join(xdg, "git", "config"), "/etc/gitconfig"):
+        value = _hooks_path(config)
+        if value is None:
+            continue
+        full = posixpath.normpath(posixpath.join(root, os.path.expanduser(value)))
+        if full.startswith(root.rstrip("/") + "/"):
+            return full[len(root.rstrip("/")) + 1:]
+        return None
+    return None
+
+
+def _hooks_path(config: str) -> str | None:
     try:
-        with open(os.path.join(root, ".git", "config"), encoding="utf-8",
-                  errors="replace") as f:
+        with open(config, encoding="utf-8", errors="replace") as f:
             lines = f.read(1024 * 1024).splitlines()
     except OSError:
         return None
-    section = ""
+    section, found = "", None
     for line in lines:
         stripped = line.strip()
         if stripped.startswith("["):
             section = stripped.strip("[]").strip().lower()
             continue
-        found = _HOOKS_PATH.match(line)
-        if section == "core" and found:
-            value = os.path.expanduser(found.group(1).strip('"'))
-            full = posixpath.normpath(posixpath.join(root, value))
-            if full.startswith(root.rstrip("/") + "/"):
-                return full[len(root.rstrip("/")) + 1:]
-    return None
+        match = _HOOKS_PATH.match(line)
+        if section == "core" and match:
+            found = match.group(1).strip('"')  # the last one in a file wins
+    return found
 
 
 def never_applied(rel: str, hooks: str | None) -> str | None:
