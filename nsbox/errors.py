@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypedDict
 
+from nsbox import visible
+
 
 class NsboxError(Exception):
     """Base class of every error nsbox raises."""
@@ -86,12 +88,14 @@ class SessionClosed(NsboxError):
 
 class FileTransferError(NsboxError):
     """A file could not be copied into or out of a sandbox. ``path`` names it, ``reason`` says
-    why (e.g. "a symlink (not followed)", "too large: ...")."""
+    why (e.g. "a symlink (not followed)", "too large: ..."). Both may come from the sandbox:
+    they are kept as they are, and the message shows them escaped (nsbox/visible.py)."""
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
         self.reason = reason
-        super().__init__(f"{path}: {reason}" if path else reason)
+        shown = visible.name(reason)
+        super().__init__(f"{visible.name(path)}: {shown}" if path else shown)
 
 
 def suggest(word: str, choices: Iterable[str]) -> str | None:

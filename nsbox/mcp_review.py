@@ -22,6 +22,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from nsbox import visible
 from nsbox._wire import SupervisorReply
 from nsbox.errors import NsboxError
 from nsbox.mcp_tools import Reply, render_changes, require_sdk, to_mcp
@@ -53,15 +54,17 @@ class Reviewer:
 
     def apply(self, paths: list[str] | None = None) -> Reply:
         report = self._request("apply", paths)
-        lines = [f"applied: {p}" for p in report["applied"]]
-        lines += [f"conflict (not written): {p}" for p in report["conflicts"]]
-        lines += [f"not applied: {r['path']}: {r['reason']}" for r in report["refused"]]
+        lines = [f"applied: {visible.name(p)}" for p in report["applied"]]
+        lines += [f"conflict (not written): {visible.name(p)}" for p in report["conflicts"]]
+        lines += [f"not applied: {visible.name(r['path'])}: {visible.name(r['reason'])}"
+                  for r in report["refused"]]
         return Reply(dict(report), "\n".join(lines) or "nothing to apply")
 
     def discard(self, paths: list[str] | None = None) -> Reply:
         dropped = self._request("discard", paths)["discarded"]
         return Reply({"discarded": dropped},
-                     "\n".join(f"discarded: {p}" for p in dropped) or "nothing to discard")
+                     "\n".join(f"discarded: {visible.name(p)}" for p in dropped)
+                     or "nothing to discard")
 
 
 def build_review_server(reviewer: Reviewer) -> MCPServer:
@@ -83,7 +86,8 @@ def build_review_server(reviewer: Reviewer) -> MCPServer:
             reply = await anyio.to_thread.run_sync(fn, *args)
         except NsboxError as error:
             return types.CallToolResult(
-                content=[types.TextContent(type="text", text=f"error: {error}")], is_error=True)
+                content=[types.TextContent(type="text", text=f"error: {visible.text(str(error))}")],
+                is_error=True)
         return to_mcp(reply, types)
 
     Paths = Annotated[list[str] | None, Field(

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsbox import visible
 from nsbox.errors import NsboxError
 from nsbox.policy import Policy
 from nsbox.result import Result
@@ -245,7 +246,8 @@ class Workbench:
         with self._lock, self._audited("list_files", None) as record:
             files = [_file_entry(info) for info in self.session.files()]
             record["files"] = len(files)
-        lines = [f"{f['name']}  {f['size']} bytes  sha256 {f['sha256']}" for f in files]
+        lines = [f"{visible.name(f['name'])}  {f['size']} bytes  sha256 {f['sha256']}"
+                 for f in files]
         return Reply({"files": files}, "\n".join(lines) or f"{WORKSPACE} has no files")
 
     @contextlib.contextmanager
@@ -365,14 +367,15 @@ def _render(data: dict[str, Any]) -> str:
     attempts = (data.get("network") or {}).get("attempts", [])
     if attempts:
         lines.append("--- network ---")
-        lines += [f"{a['method']} {a['host']}:{a['port']} "
-                  + ("allowed" if a["allowed"] else f"refused: {a['reason']}")
+        lines += [visible.name(f"{a['method']} {a['host']}:{a['port']} "
+                               + ("allowed" if a["allowed"] else f"refused: {a['reason']}"))
                   for a in attempts[:MAX_NETWORK_LINES]]
         if len(attempts) > MAX_NETWORK_LINES:
             lines.append(f"[{len(attempts) - MAX_NETWORK_LINES} more attempts]")
     if data["files"]:
         lines.append("--- files written ---")
-        lines += [f"{f['name']}  {f['size']} bytes  sha256 {f['sha256']}" for f in data["files"]]
+        lines += [f"{visible.name(f['name'])}  {f['size']} bytes  sha256 {f['sha256']}"
+                  for f in data["files"]]
     return "\n".join(lines)
 
 
@@ -382,13 +385,21 @@ def render_changes(changes: list[dict[str, Any]]) -> str:
         return "no changes to the project"
     lines = []
     for item in changes:
-        line = f"{item['kind']}: {item['path']}{'/' if item.get('is_dir') else ''}"
+        mark = "! " if item.get("runs_on_host") or "(rule git-dir)" in str(item.get("reason")) \
+            else ""
+        line = f"{mark}{item['kind']}: {visible.name(item['path'])}" + (
+            "/" if item.get("is_dir") else "")
+        if item.get("mode") and item["kind"] in ("added", "mode", "modified") and item.get(
+                "mode") != item.get("old_mode"):
+            line += f" (mode {item.get('old_mode') or 'new'} -> {item['mode']})"
         if item.get("conflict"):
             line += " (conflict: changed on the host since the session started)"
         if item.get("reason"):
-            line += f" (not applicable: {item['reason']})"
+            line += f" (not applicable: {visible.name(item['reason'])})"
+        if item.get("runs_on_host"):
+            line += f" [runs on the host: {visible.name(item['runs_on_host'])}]"
         lines.append(line)
-    diffs = "".join(item.get("diff") or "" for item in changes)
+    diffs = visible.text("".join(item.get("diff") or "" for item in changes))
     if diffs:
         shown = diffs[:DIFF_CAP]
         lines += ["--- diff ---", shown.rstrip("\n")]

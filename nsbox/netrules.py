@@ -61,9 +61,13 @@ def _bad(entry: str, why: str) -> PolicyError:
 
 
 def parse_address(text: str) -> IPAddress | None:
-    """The IP address ``text`` spells (IPv6 with or without brackets), else None."""
+    """The IP address ``text`` spells (IPv6 with or without brackets), else None. Never one
+    with a scope id ("fe80::1%eth0"): ipaddress takes any text there, and a connection to the
+    address drops it."""
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
+    if "%" in text:
+        return None
     try:
         return ipaddress.ip_address(text)
     except ValueError:

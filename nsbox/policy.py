@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nsbox import identity, inputs
+from nsbox.rules import SECRETS
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -188,12 +189,10 @@ class Seccomp:
     log_denied: bool = False  # learning mode: report denied syscalls, still deny them
 
 
-# Names (fnmatch, matched against each name and each path relative to the project) masked in a
-# project workspace; a .git/config is masked when it holds credentials (nsbox/host/project.py).
-DEFAULT_PROJECT_SECRETS = (
-    ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_dsa*", "id_ecdsa*",
-    "id_ed25519*", ".netrc", ".git-credentials", ".npmrc", ".pypirc", ".aws/credentials",
-)
+# Masked in a project workspace: the rule book's list of credentials (rules.SECRETS: matched at
+# any depth, in any case), and any config under a .git that holds credentials
+# (nsbox/host/projectmasks.py).
+DEFAULT_PROJECT_SECRETS = SECRETS
 
 
 # --- the whole policy --------------------------------------------------------------------------

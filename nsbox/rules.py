@@ -20,6 +20,7 @@ own setup cannot be lifted; there is no "allow everything". docs/rules.md is the
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import re
@@ -95,13 +96,26 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
          "the sandbox could change what the next launch runs, outside any sandbox",
          "install nsbox outside the directory, bind it read-only, or use a project workspace "
          "(writes stay in the sandbox until applied)"),
-    Rule("secret-dir", "a source at or below a home's secret folder (.ssh, .gnupg, .aws, "
-         ".config/gcloud, .kube, .docker, .netrc...), or a tree that holds one, even read-only",
+    Rule("secret-dir", "a source that is or lies in a credential file or folder (.ssh, .gnupg, "
+         ".aws, .config/gcloud, .kube, .docker, .netrc, .env*, *.key, *.pem..., at any depth "
+         "and in any case), or a tree that holds a home's, even read-only",
          "credentials the sandbox's code could send out or use",
          "bind the project directory, not the home"),
     Rule("host-socket", "a bound tree (or workspace) that holds a unix socket or a FIFO",
          "connect(2) and open(2) of these work through a read-only bind (unix(7)): a way to "
          "the host process that listens", "remove it, or bind a directory without it"),
+    # --- what comes out of a sandbox: refused whatever the policy says ---
+    Rule("git-dir", "a project change under a .git (any depth, any case) or in the directory "
+         "core.hooksPath names",
+         "git runs hooks and obeys its config on the host, as the user who runs git",
+         "the sandbox sees .git read-only; copy a file out with `nsbox session cp` and read it "
+         "before placing it yourself", can_allow=False),
+    Rule("net-authority", "a proxy request whose host has an IPv6 scope id, a control, "
+         "non-ASCII or other non-printable character, or is a number (an IPv4 address in "
+         "another spelling)",
+         "it would be shown to a person (--ask) or connected to as something else than it "
+         "reads", "request the host by its name or as a dotted or bracketed address",
+         can_allow=False),
 )}
 
 # --- the areas, by rule --------------------------------------------------------------------------
@@ -124,13 +138,25 @@ EXACT_AREAS: tuple[tuple[str, str], ...] = (
 SYSTEM_TREES = ("/etc", "/usr", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
                 "/var/lib", "/var/spool", "/var/log", "/var/cache", "/var/backups", "/snap")
 SYSTEM_DIRS = ("/home", "/var", "/opt", "/srv", "/mnt", "/media")
-# Secret folders and files of a home directory, refused even read-only.
-SECRET_NAMES = (".ssh", ".gnupg", ".aws", ".azure", ".config/gcloud", ".kube", ".docker",
-                ".netrc", ".git-credentials", ".pgpass", ".pypirc", ".npmrc", ".config/gh",
-                ".password-store", ".vault-token", ".terraform.d")
+# Credentials by name: one list for the rule book (secret-dir: a source that is one or lies in
+# one, and a tree that holds a home's) and the masks of a project workspace
+# (Policy.project_secrets). A pattern matches at any depth and in any case (a case-insensitive
+# filesystem takes .ENV for .env); "*" and "?" stay within one component; a pattern with a
+# slash matches those components in a row; a directory that matches stands for all it holds.
+SECRETS = (
+    ".ssh", ".gnupg", ".aws", ".azure", ".config/gcloud", ".kube", ".docker", ".netrc",
+    ".git-credentials", ".pgpass", ".pypirc", ".npmrc", ".config/gh", ".config/hub",
+    ".config/rclone", ".config/doctl", ".oci", ".boto", ".s3cfg", ".password-store",
+    ".vault-token", ".terraform.d", ".terraformrc", ".cargo/credentials",
+    ".cargo/credentials.toml", ".gem/credentials", ".env*", "*.pem", "*.key", "*.p12", "*.pfx",
+    "*.keystore", "*.jks", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",
+)
 # Package-managed trees: only root writes there and packages ship no sockets, so the socket
-# scan skips them (scanning /usr takes over a second).
+# scan skips them (scanning /usr takes over a second). Not what is below them that no package
+# manages (SCANNED_INSIDE): /usr/local is the local administrator's, where make install, pip
+# and hand-made services put what they like, a socket too; it is scanned as any tree is.
 UNSCANNED_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SCANNED_INSIDE = ("/usr/local",)
 
 # Filesystem types (mountinfo's fstype field) that are kernel interfaces, wherever mounted.
 KERNEL_FS = {
@@ -141,8 +167,30 @@ KERNEL_FS = {
     "devtmpfs": "bind-dev", "devpts": "bind-dev", "mqueue": "bind-dev", "hugetlbfs": "bind-dev",
 }
 
-_SECRET_SPELLING = re.compile(
-    rf"^(/root|/home/[^/]+)/({'|'.join(re.escape(n) for n in SECRET_NAMES)})(/|$)")
+
+
+def _glob(pattern: str) -> str:
+    return "".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c)
+                   for c in pattern)
+
+
+@functools.lru_cache(maxsize=64)
+def secret_matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One expression for ``patterns`` (as SECRETS): its match is the secret a path is or
+    lies in, found at any depth of a relative or absolute path, in any case."""
+    if not patterns:
+        return None
+    alternatives = "|".join(_glob(p.strip("/")) for p in patterns)
+    return re.compile(f"(?:^|/)((?:{alternatives}))(?=/|$)", re.IGNORECASE)
+
+
+def secret_in(path: str, patterns: tuple[str, ...] = SECRETS) -> str | None:
+    """The part of ``path`` that is a secret (``.aws`` of ``/srv/x/.AWS/config``), or None."""
+    matcher = secret_matcher(patterns)
+    found = matcher.search(path) if matcher is not None else None
+    return path[:found.end(1)].lstrip("/") if found else None
+
+
 USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -264,9 +312,9 @@ def _check_spelling(source: str, writable: bool, allow: Sequence[str], key: str)
     for name, area in EXACT_AREAS:
         if path == area:
             fire(name, allow, f"{path} is {area}", key)
-    secret = _SECRET_SPELLING.match(path)
+    secret = secret_in(path)
     if secret:
-        fire("secret-dir", allow, f"{path} is at or below a home's {secret.group(2)}", key)
+        fire("secret-dir", allow, f"{path} is /{secret} or inside it", key)
     if writable:
         _check_writable_spelling(path, allow, key)
 

@@ -457,7 +457,9 @@ class Session(ProjectReview):
             files_written=self._written, files_produced=produced,
             heads=heads if result is not None else None)
         if self._project is not None:
-            record["project"] = {"source": self._project.root, "masked": self._project.masked}
+            view = self._project.view
+            record["project"] = {"source": self._project.root, "masked": view.masked,
+                                 "read_only": view.read_only, "notes": view.notes}
         self._written = []
         self._audit.write(record, secrets=shown.values())
 

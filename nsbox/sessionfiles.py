@@ -15,6 +15,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from nsbox.policy import MiB
 from nsbox.result import Result, Status
 
 FILE_OP_TIMEOUT = 60.0
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,8 @@ class FileTransfer:
             raise FileTransferError(root, "the sandbox sent a malformed listing") from None
         for info in found:
             _check_relative(info.path)
+            if not _SHA256.fullmatch(info.sha256) or info.size < 0:
+                raise FileTransferError(root, "the sandbox sent a malformed listing")
         return found
 
     def copy_out(self, dest: str, patterns: Iterable[str] = ("*",),

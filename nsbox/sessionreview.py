@@ -29,6 +29,11 @@ class ProjectReview(FileTransfer):
         """The project's secrets covered with an empty read-only file in the sandbox."""
         return list(self._project.masked) if self._project is not None else []
 
+    @property
+    def project_notes(self) -> list[str]:
+        """What the sandbox sees of the project beyond the masks: a .git withheld, and why."""
+        return list(self._project.view.notes) if self._project is not None else []
+
     def _project_or_refuse(self) -> projectmod.Project:
         if self._project is None:
             raise PolicyError("this session has no project workspace", key="project",

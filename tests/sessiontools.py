@@ -36,7 +36,19 @@ def find(marker):
 """
 
 
+USERNS = Path(__file__).with_name("_userns.py")
+NESTED_MAPS = "0 0 1,65534 65534 1"  # root of a user namespace, as a container's
+# A network namespace of the test's own, with an address no rule of the proxy refuses: what a
+# host on the internet would be, here on that namespace's loopback device (ip-address(8)).
+PUBLIC_ADDRESS = "1.2.3.4"
+OWN_NETWORK = ["unshare", "--net", "--", "sh", "-ec",
+               f"ip link set lo up; ip addr add {PUBLIC_ADDRESS}/32 dev lo; " 'exec "$@"', "sh"]
+
+
 class UserRunner:
+    """Runs the test's scripts as this process's user ("caller"), as the unprivileged uid,
+    or as root of a user namespace that maps 0 and 65534 ("nested")."""
+
     def __init__(self, mode: str, tree: Path) -> None:
         self.mode = mode
         self.tree = tree
@@ -49,13 +61,18 @@ class UserRunner:
         if self.mode == "unprivileged":
             return ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}",
                     "--clear-groups", "--"]
+        if self.mode == "nested":
+            return [PYTHON, str(USERNS), NESTED_MAPS, NESTED_MAPS]
         return []
 
-    def script(self, body: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    def script(self, body: str, env: dict[str, str] | None = None,
+               wrap: list[str] | None = None) -> dict[str, Any]:
+        """Run ``body`` after PREAMBLE; what it emitted. ``wrap`` goes before everything
+        (as root: OWN_NETWORK)."""
         code = PREAMBLE.format(tree=str(self.tree)) + body
         proc = subprocess.run(
-            [*self.prefix(), PYTHON, "-I", "-c", code], capture_output=True, cwd="/",
-            timeout=120, env={"PATH": "/usr/bin:/bin", **(env or {})})
+            [*(wrap or []), *self.prefix(), PYTHON, "-I", "-c", code], capture_output=True,
+            cwd="/", timeout=120, env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", **(env or {})})
         for line in proc.stdout.decode().splitlines():
             if line.startswith("RESULT "):
                 return json.loads(line[len("RESULT "):])
@@ -63,10 +80,13 @@ class UserRunner:
 
 
 def user_runner(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
-    """For a fixture with params ["caller", "unprivileged"]: runs the test's scripts as this
-    process's user and as an unprivileged uid."""
+    """For a fixture with params ["caller", "unprivileged"] (and "nested"): runs the test's
+    scripts as this process's user, as an unprivileged uid (and as root of a user
+    namespace)."""
     if request.param == "unprivileged" and os.geteuid() != 0:
         pytest.skip("this process is already unprivileged: the 'caller' run covers it")
+    if request.param == "nested" and os.geteuid() != 0:
+        pytest.skip("needs root to write the maps of a user namespace")
     return UserRunner(request.param, public_tree)
 
 

@@ -38,8 +38,9 @@ def _git(project: Path, *args: str) -> None:
 
 @pytest.fixture
 def project(as_user: UserRunner) -> Iterator[Path]:
-    """A developer's project: a git repository with a .env holding a canary, a token in
-    .git/config, sources, a binary file and a file the host edits during the session."""
+    """A developer's project: a git repository with a .env holding a canary (ignored by git,
+    as usual), a token in .git/config, sources, a binary file and a file the host edits
+    during the session."""
     top = Path(tempfile.mkdtemp(prefix="nsbox-project-", dir="/tmp"))
     top.chmod(0o755)
     root = top / "app"
@@ -50,6 +51,7 @@ def project(as_user: UserRunner) -> Iterator[Path]:
     (root / "data.bin").write_bytes(bytes(range(256)))
     (root / ".env").write_text(f"API_KEY={CANARY}\n")
     (root / "id_rsa").write_text(f"-----BEGIN OPENSSH PRIVATE KEY-----\n{CANARY}\n")
+    (root / ".gitignore").write_text(".env\nid_rsa\n")
     _git(root, "init", "-q")
     _git(root, "add", "-A")
     _git(root, "commit", "-qm", "start")
@@ -150,7 +152,7 @@ emit(**out)
         "README.md": "deleted", "docs": "added", "docs/a.md": "added", "notes.txt": "modified",
         "data.bin": "mode"}
     # rm -rf /workspace/* inside: the host keeps every file; the deletions are only listed.
-    assert out["rm"][2].split() == [".env", ".git", "id_rsa"]  # masks: EBUSY
+    assert out["rm"][2].split() == [".env", ".git", ".gitignore", "id_rsa"]  # masks: EBUSY
     final = snapshot(project)
     assert final["README.md"][3] == b"# app\n" and final["data.bin"][3] == bytes(range(256))
     kinds = _changes(out["after_rm"])
@@ -171,7 +173,9 @@ s.close()
 emit(**out)
 """
     out = as_user.script(body)
-    assert out["n"] > 10
+    assert out["rm"][2].split() == [".env", ".git", ".gitignore", "id_rsa"]
+    assert "Read-only file system" in out["rm"][3] or "busy" in out["rm"][3]  # .git
+    assert out["n"] == 5  # README.md, data.bin, notes.txt, src, src/app.py
     assert out["after_discard"] == 0
     assert out["apply"] == {"applied": [], "conflicts": [], "refused": []}
     assert snapshot(project) == before
@@ -278,7 +282,7 @@ def test_cli_session_diff_larger_than_a_datagram(as_user: UserRunner, project: P
         diff = _cli(as_user, runtime, "session", "diff", sid, "big.txt")
         assert diff.returncode == 0, diff.stderr
         lines = diff.stdout.decode().splitlines()
-        assert lines[:3] == ["    added  big.txt", "--- /dev/null", "+++ b/big.txt"]
+        assert lines[:3] == ["    added  big.txt mode 644", "--- /dev/null", "+++ b/big.txt"]
         assert lines[-1] == "+line 29999 of a long file"
         assert len(lines) == 30004
     finally:
@@ -313,7 +317,11 @@ def test_profile_keys_for_the_project(as_user: UserRunner, project: Path, tmp_pa
     from nsbox.session import Session
 
     with Session(policy) as s:
-        assert s.masked == [".git/config", "README.md"]  # credentials are always masked
+        # Credentials are always masked; README.md is tracked, so .git is withheld (git show
+        # HEAD:README.md would read it).
+        assert s.masked == [".git/", "README.md"]
+        assert s.project_notes == [".git withheld: git knows the masked README.md (its path "
+                                   "or its content), which the object store would show"]
         shown = s.run(["cat", "README.md", ".env"])
         assert shown.stdout == f"API_KEY={CANARY}\n".encode()  # only the listed names masked
 

@@ -8,12 +8,12 @@ session's supervisor (nsbox/supervisor.py); ``nsbox session`` registers them
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any, NoReturn
 
 import click
 
+from nsbox import visible
 from nsbox._wire import SupervisorReply
 from nsbox.cli.run import fail_code
 from nsbox.errors import NsboxError
@@ -25,22 +25,41 @@ def _fail(error: NsboxError) -> NoReturn:
     sys.exit(fail_code(error))
 
 
-def _print_change(item: dict[str, Any], with_diff: bool) -> None:
-    kind = item["kind"]
-    note = " (conflict: changed on the host since the session started)" if item.get(
-        "conflict") else ""
+def _marked(item: dict[str, Any]) -> bool:
+    """Listed first and marked "!": a file the host runs by itself, or one never applied
+    because it is under a .git (nsbox/host/autorun.py)."""
+    return bool(item.get("runs_on_host")) or "(rule git-dir)" in str(item.get("reason"))
+
+
+def _notes(item: dict[str, Any]) -> str:
+    """What the line says after the path; every sandbox-made value escaped."""
+    kind, note = item["kind"], ""
+    asked = f" (asked {item['asked_mode']})" if item.get("asked_mode") else ""
+    if kind == "added" and item.get("mode"):
+        note += f" mode {item['mode']}{asked}"
+    elif kind in ("mode", "modified") and item.get("mode") and item.get("mode") != item.get(
+            "old_mode"):
+        note += f" mode {item.get('old_mode')} -> {item['mode']}{asked}"
+    if item.get("conflict"):
+        note += " (conflict: changed on the host since the session started)"
     if item.get("reason"):
-        note += f" (not applied: {item['reason']})"
-    if kind == "mode":
-        note += f" {item.get('old_mode')} -> {item.get('mode')}"
-    elif kind == "symlink":
-        note += f" -> {json.dumps(item.get('target'))}"
+        note += f" (not applied: {visible.name(item['reason'])})"
+    if kind == "symlink":
+        note += f" -> {visible.quoted(item.get('target'))}"
     elif item.get("binary"):
         note += f" binary, {item.get('size')} bytes, sha256 {item.get('sha256')}"
+    if item.get("runs_on_host"):
+        note += f" [runs on the host: {visible.name(item['runs_on_host'])}]"
+    return note
+
+
+def _print_change(item: dict[str, Any], with_diff: bool) -> None:
+    mark = "!" if _marked(item) else " "
     slash = "/" if item.get("is_dir") else ""
-    click.echo(f"{kind:>9}  {json.dumps(item['path'])[1:-1]}{slash}{note}")
+    click.echo(f"{mark}{item['kind']:>8}  {visible.name(item['path'])}{slash}{_notes(item)}")
     if with_diff and item.get("diff"):
-        click.echo(item["diff"], nl=not item["diff"].endswith("\n"))
+        shown = visible.text(item["diff"])
+        click.echo(shown, nl=not shown.endswith("\n"))
 
 
 @click.command()
@@ -61,10 +80,14 @@ def diff(session_id: str, paths: tuple[str, ...], summary: bool, as_json: bool) 
         _fail(error)
         return
     if as_json:
-        click.echo(json.dumps(reply))
+        click.echo(visible.json_text(reply))
         return
     for item in reply["changes"]:
         _print_change(item, not summary)
+    marked = sum(1 for item in reply["changes"] if _marked(item))
+    if marked:
+        click.echo(f"nsbox: {marked} change(s) marked '!' (listed first): files under .git, "
+                   "never applied, or files the host runs by itself", err=True)
 
 
 def _decide(op: str, session_id: str, paths: tuple[str, ...]) -> SupervisorReply:
@@ -89,12 +112,13 @@ def apply(session_id: str, paths: tuple[str, ...]) -> None:
     """
     reply = _decide("apply", session_id, paths)
     for path in reply["applied"]:
-        click.echo(f"  applied  {path}")
+        click.echo(f"  applied  {visible.name(path)}")
     for path in reply["conflicts"]:
-        click.echo(f"nsbox: conflict: {path} changed on the host since the session started: "
-                   "not written", err=True)
+        click.echo(f"nsbox: conflict: {visible.name(path)} changed on the host since the session "
+                   "started: not written", err=True)
     for item in reply["refused"]:
-        click.echo(f"nsbox: not applied: {item['path']}: {item['reason']}", err=True)
+        click.echo(f"nsbox: not applied: {visible.name(item['path'])}: "
+                   f"{visible.name(item['reason'])}", err=True)
     if reply["conflicts"] or reply["refused"]:
         sys.exit(1)
 
@@ -112,4 +136,4 @@ def discard(session_id: str, paths: tuple[str, ...]) -> None:
     """
     reply = _decide("discard", session_id, paths)
     for path in reply["discarded"]:
-        click.echo(f"discarded  {path}")
+        click.echo(f"discarded  {visible.name(path)}")

@@ -8,13 +8,13 @@ the exit code (nsbox/cli/commands.py documents them).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 from typing import Any
 
 import nsbox
+from nsbox import visible
 from nsbox.errors import CommandNotFound, NsboxError, PolicyError, SetupError
 from nsbox.host.network import from_options
 from nsbox.policy import Policy
@@ -42,8 +42,9 @@ def echo(text: str, err: bool = False) -> None:
 
 
 def fail_code(error: NsboxError) -> int:
-    """Print ``nsbox: <step>: <reason>`` (and the hint); the matching exit code."""
-    echo(f"nsbox: {error}", err=True)
+    """Print ``nsbox: <step>: <reason>`` (and the hint); the matching exit code. A message
+    may quote what a sandbox made (a file name, a report): shown by nsbox/visible.py's rule."""
+    echo(f"nsbox: {visible.text(str(error))}", err=True)
     if isinstance(error, CommandNotFound):
         return EXIT_NOT_FOUND
     if isinstance(error, SetupError) and error.step == "exec":
@@ -81,8 +82,8 @@ def refused_connections(result: Result) -> list[str]:
         if attempt.get("allowed"):
             continue
         where = f"{attempt.get('host')}:{attempt.get('port')}" if attempt.get("host") else "?"
-        lines.append(f"nsbox: network: refused {attempt.get('method') or 'request'} {where}: "
-                     f"{attempt.get('reason')}")
+        lines.append(visible.name(f"nsbox: network: refused {attempt.get('method') or 'request'}"
+                                  f" {where}: {attempt.get('reason')}"))
     return lines
 
 
@@ -227,8 +228,8 @@ def _execute(o: dict[str, Any]) -> int:
     except (NsboxError, OSError) as raised:
         return _failed(raised, as_json)
     if as_json:
-        echo(json.dumps({**result.to_dict(with_output=True),
-                         **({"files": collected} if o["collect"] else {})}))
+        echo(visible.json_text({**result.to_dict(with_output=True),
+                                **({"files": collected} if o["collect"] else {})}))
     else:
         _report(result, quiet=bool(o.get("quiet")))
     return exit_code(result)
@@ -302,7 +303,7 @@ def _launch(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
         result, collected, skipped = run_and_collect(
             command, policy, patterns=o["collect"], dest=o["collect_dir"], **common)
         for path, why in skipped:
-            echo(f"nsbox: not collected: {json.dumps(path)}: {why}", err=True)
+            echo(f"nsbox: not collected: {visible.quoted(path)}: {visible.name(why)}", err=True)
         return result, collected
     return nsbox.run(command, policy, **common), []
 
@@ -313,7 +314,7 @@ def _failed(raised: NsboxError | OSError, as_json: bool) -> int:
     error = raised if isinstance(raised, NsboxError) else NsboxError(
         f"{raised.strerror or raised}" + (f": {raised.filename}" if raised.filename else ""))
     if as_json:
-        echo(json.dumps({"status": Status.XX.value, "error": str(error)}))
+        echo(visible.json_text({"status": Status.XX.value, "error": str(error)}))
     return fail_code(error)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from nsbox import errors
+from nsbox import errors, visible
 from nsbox._wire import FileEntry, SupervisorRequest, SupervisorStart
 from nsbox.cli import options as _options
 from nsbox.cli import review
@@ -230,7 +230,7 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         reply = request(session_id, message, fds)
     except NsboxError as error:
         if as_json:
-            click.echo(json.dumps({"status": Status.XX.value, "error": str(error)}))
+            click.echo(visible.json_text({"status": Status.XX.value, "error": str(error)}))
         cli._fail(error)
         return
     data = reply["result"]
@@ -240,7 +240,7 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         for name, fd in zip(("stdout", "stderr"), sinks, strict=True):
             os.lseek(fd, 0, os.SEEK_SET)
             out[name] = os.read(fd, 1 << 30).decode("utf-8", "replace")
-        click.echo(json.dumps(out))
+        click.echo(visible.json_text(out))
         sys.exit(_cli_run.exit_code(result))
     if result.degraded and not quiet:
         click.echo(_cli_run.degraded_line(result), err=True)
@@ -312,9 +312,10 @@ def ls_(session_id: str | None, patterns: tuple[str, ...]) -> None:
         if session_id:
             reply = request(session_id, {"op": "files", "patterns": list(patterns) or ["*"]})
             for item in reply["files"]:
-                click.echo(f"{item['size']:>10}  {item['sha256']}  {json.dumps(item['path'])}")
+                click.echo(_file_line(item))
             for skip in reply["skipped"]:
-                click.echo(f"skipped {json.dumps(skip['path'])}: {skip['reason']}", err=True)
+                click.echo(f"skipped {visible.quoted(skip['path'])}: "
+                           f"{visible.name(skip['reason'])}", err=True)
             return
         forget_stale()
         for record in records():
@@ -344,10 +345,10 @@ def collect(session_id: str, patterns: tuple[str, ...], dest: str) -> None:
         _cli()._fail(error)
         return
     for item in reply["files"]:
-        click.echo(f"{item['size']:>10}  {item['sha256']}  {json.dumps(item['path'])}")
+        click.echo(_file_line(item))
     for skip in reply["skipped"]:
-        click.echo(f"nsbox: not collected: {json.dumps(skip['path'])}: {skip['reason']}",
-                   err=True)
+        click.echo(f"nsbox: not collected: {visible.quoted(skip['path'])}: "
+                   f"{visible.name(skip['reason'])}", err=True)
 
 
 @session.command()
@@ -365,6 +366,11 @@ def stop(session_id: str) -> None:
         _cli()._fail(error)
 
 
+def _file_line(item: FileEntry) -> str:
+    """One file of a listing: size, sha256 (both checked on the host) and the path, escaped."""
+    return f"{int(item['size']):>10}  {item['sha256']}  {visible.quoted(item['path'])}"
+
+
 for _command in (review.diff, review.apply, review.discard):
     session.add_command(_command)
 
@@ -377,8 +383,10 @@ def terminal_ask(host: str, port: int) -> bool:
     except OSError:
         return False
     with os.fdopen(fd, "r+b", buffering=0) as tty:
-        tty.write(f"\nnsbox: the sandbox asks to reach {host}:{port}, which is not on the "
-                  "allow-list. Allow it for this run? [y/N] ".encode())
+        # ``host`` is the proxy's checked, canonical form (printable ASCII); escaped all the
+        # same, as everything shown of the sandbox's making is.
+        tty.write(f"\nnsbox: the sandbox asks to reach {visible.name(host)}:{int(port)}, which "
+                  "is not on the allow-list. Allow it for this run? [y/N] ".encode())
         answer = tty.readline(64)
     return answer.strip().lower() in (b"y", b"yes")
 
@@ -392,11 +400,15 @@ def run_in_project(command: list[str], policy: Policy, *, stdin: int | None, cwd
                  ask=terminal_ask if ask else None) as s:
         result = s.run(command, stdin=stdin, cwd=cwd, passthrough=passthrough)
         found = s.changes(diff=False) if policy.project is not None else []
+        notes = s.project_notes
+    for note in notes:
+        click.echo(f"nsbox: project: {visible.name(note)}", err=True)
     if found:
         click.echo(f"nsbox: {len(found)} change(s) to the project, not applied "
                    "(use `nsbox session start --project` to review and apply):", err=True)
         for change in found:
-            click.echo(f"nsbox:   {change.kind} {change.path}", err=True)
+            mark = " (runs on the host)" if change.runs_on_host else ""
+            click.echo(f"nsbox:   {change.kind} {visible.name(change.path)}{mark}", err=True)
     return result
 
 

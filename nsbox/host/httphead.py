@@ -9,14 +9,19 @@ URI (``GET http://host[:port]/path``), whose head is rewritten for the upstream 
 
 from __future__ import annotations
 
+import re
+
 from nsbox.netrules import (
     DEFAULT_CONNECT_PORT,
     DEFAULT_HTTP_PORT,
     normalize_host,
     parse_address,
+    unmap,
 )
 
 MAX_HEAD = 64 * 1024  # bytes of request line + headers
+_VISIBLE_LINE = re.compile(r"[!-~]+ [!-~]+ [!-~]+")
+_NUMERIC = re.compile(r"[0-9]+|0x[0-9a-f]*")
 # Hop-by-hop headers (RFC 9110, 7.6.1) and the proxy's own; never forwarded upstream.
 _HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate",
@@ -25,6 +30,10 @@ _HOP_BY_HOP = {
 
 
 class Denied(Exception):
+    """A refusal: the HTTP status to answer and the reason for the log. A reason may quote
+    the sandbox's request as it came; whoever shows it to a person escapes it
+    (nsbox/visible.py), as every sandbox-made text."""
+
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status = status
@@ -51,6 +60,11 @@ def error_response(status: int, reason: str) -> bytes:
 def parse_head(head: bytes) -> tuple[str, str, int, int, bytes]:
     """Method, host, port, default port and (plain HTTP) the head to send upstream."""
     lines = head.decode("latin-1").split("\r\n")
+    if not _VISIBLE_LINE.fullmatch(lines[0]):
+        # RFC 9112 3: the request line is visible ASCII and single spaces. Nothing else of it
+        # is ever shown, put to a person (--ask) or connected to (rule net-authority).
+        raise Denied(400, f"a control, non-ASCII or other invisible character in the request "
+                          f"line {lines[0][:200]} (rule net-authority)")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise Denied(400, "not an HTTP/1.x request")
@@ -89,6 +103,11 @@ def authority(text: str, default_port: int) -> tuple[str, int]:
     """``host[:port]`` of a request target: the normalized host (or IP literal) and port."""
     if "@" in text:
         raise Denied(400, "user information in the request target")
+    if "%" in text:
+        # ipaddress takes any text after "%" as an IPv6 scope id, and the connection drops
+        # it: "[::ffff:127.0.0.1%<anything>]" would read as one host and reach another.
+        raise Denied(400, f"an IPv6 scope id (or a %-escape) in the host of {text[:200]} "
+                          "(rule net-authority)")
     host, port_text = text, ""
     if text.startswith("["):
         close = text.find("]")
@@ -98,12 +117,17 @@ def authority(text: str, default_port: int) -> tuple[str, int]:
     port = default_port
     if port_text:
         if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
-            raise Denied(400, f"bad port in {text!r}")
+            raise Denied(400, f"bad port in {text[:200]} (rule net-authority)")
         port = int(port_text)
     literal = parse_address(host)
     if literal is not None:
-        return str(literal), port
+        return str(unmap(literal)), port  # one form: ::ffff:a.b.c.d is a.b.c.d
     name = normalize_host(host)
     if name is None:
-        raise Denied(400, f"bad host name {host!r}")
+        raise Denied(400, f"bad host name {host[:200]} (rule net-authority)")
+    if _NUMERIC.fullmatch(name.rsplit(".", 1)[-1]):
+        # "2130706433", "127.1", "0x7f.1": the resolver reads these as IPv4 addresses
+        # (inet_aton(3)); only the dotted quad is an address here.
+        raise Denied(400, f"{name} is a number, not a host name: write an IPv4 address as "
+                          "a.b.c.d (rule net-authority)")
     return name, port

@@ -220,6 +220,7 @@ class NetworkProxy:
             if not any(e.matches(host, port, default_port) for e in self._allow):
                 if self._ask is None:
                     raise Denied(403, f"{host}:{port} is not in the allow-list")
+                self._never_asked(host, port, default_port)
                 if not self._asked(host, port):
                     raise Denied(403, f"{host}:{port} is not in the allow-list and was "
                                        "refused when asked")
@@ -292,8 +293,26 @@ class NetworkProxy:
         head, _, rest = data.partition(b"\r\n\r\n")
         return head, rest
 
+    def _never_asked(self, host: str, port: int, default_port: int) -> None:
+        """An address the rules refuse is refused as it would be if it were listed, never put
+        to a person: a loopback, private or link-local address, also in an IPv4-mapped,
+        IPv4-compatible, NAT64, 6to4 or Teredo form, or a name of the host itself
+        (localhost), is no host to approve."""
+        if host == "localhost" or host.endswith(".localhost"):
+            # RFC 6761 6.3: such a name is the host itself, whatever a resolver says.
+            raise Denied(403, f"{host} is the host itself (loopback); list that address "
+                              "itself to allow it")
+        literal = parse_address(host)
+        if literal is None or literally_listed(self._allow, literal, port, default_port):
+            return
+        why = forbidden_reason(literal)
+        if why is not None:
+            raise Denied(403, f"{host} resolves to {why}; list that address itself to allow it")
+
     def _asked(self, host: str, port: int) -> bool:
         """The embedding application's answer for ``host:port``: asked once, then remembered.
+        ``host`` is the checked, canonical form (httphead.authority): a lower-case DNS name
+        or an IP address as ``ipaddress`` writes it, printable ASCII only.
         An approved name is then treated as listed (its addresses still pass the rules of
         ``_resolve``); an approved IP literal as listed literally, since that very address was
         put to the user. A callback that fails or answers anything but True refuses."""

@@ -13,18 +13,18 @@ import os
 import posixpath
 import re
 import select
-import stat
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nsbox.host import codepaths
+from nsbox.host.homes import SECRET_PARENTS, home_dirs, home_secrets
+from nsbox.host.socketscan import find_host_socket, find_watched
 from nsbox.rules import (
     BELOW_AREAS,
     EXACT_AREAS,
     KERNEL_FS,
-    SECRET_NAMES,
+    SCANNED_INSIDE,
     SYSTEM_DIRS,
     SYSTEM_TREES,
     UNSCANNED_TREES,
@@ -184,7 +184,7 @@ class HostView:
         self._areas: dict[str, list[Where]] = {}
         self._homes: list[str] | None = None
         self._where: dict[str, Where | None] = {}
-        self._secrets: dict[str, tuple[tuple[int, int], list[tuple[str, Where]]]] = {}
+        self._secrets: dict[str, tuple[tuple[int, ...], list[tuple[str, Where]]]] = {}
         # (resolved path, its place, writable, allow_rules) -> whether the socket scan skips
         # it: the places that passed the spelling and place rules in this view (check_source).
         self.passed: dict[tuple[str, Where | None, bool, tuple[str, ...]], bool] = {}
@@ -245,15 +245,13 @@ class HostView:
         return found
 
     def _secrets_of(self, home: str) -> list[tuple[str, Where]]:
-        stamp = (_ctime(home), _ctime(home + "/.config"))
+        stamp = tuple(_ctime(home + name) for name in ("", *SECRET_PARENTS))
         cached = self._secrets.get(home)
         if cached is not None and cached[0] == stamp:
             return cached[1]
         places = []
-        for name in SECRET_NAMES:
-            secret = home + "/" + name
-            place = where(os.path.realpath(secret), self.mounts) if os.path.lexists(
-                secret) else None
+        for secret in home_secrets(home):
+            place = where(os.path.realpath(secret), self.mounts)
             if place is not None:
                 places.append((secret, place))
         self._secrets[home] = (stamp, places)
@@ -279,19 +277,6 @@ def _homes_stamp() -> tuple[int, ...]:
         except OSError:
             stamps.append(-1)
     return tuple(stamps)
-
-
-def home_dirs() -> list[str]:
-    """The host's home directories: /root, /home/*, and every home in the user database."""
-    import pwd
-
-    homes = {"/root"}
-    try:
-        homes.update(os.path.join("/home", n) for n in os.listdir("/home"))
-    except OSError:
-        pass
-    homes.update(p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/"))
-    return sorted(h for h in homes if posixpath.normpath(h) != "/" and os.path.isdir(h))
 
 
 def check_source(source: str, *, writable: bool, allow: Sequence[str], key: str,
@@ -322,11 +307,20 @@ def check_source(source: str, *, writable: bool, allow: Sequence[str], key: str,
                 raise refuse("secret-dir", f"{real} is {secret} or inside it", key)
             if place.within(here):
                 raise refuse("secret-dir", f"{real} holds {secret}", key)
-    if "host-socket" not in allow and not unscanned:
-        found = find_host_socket(real)
-        if found:
-            raise refuse("host-socket", f"{found[0]} is {found[1]}", key)
+    if "host-socket" not in allow:
+        for tree in [real] if not unscanned else _scanned_inside(real):
+            found = (find_watched(tree, host.text) if tree in SCANNED_INSIDE
+                     else find_host_socket(tree))
+            if found:
+                raise refuse("host-socket", f"{found[0]} is {found[1]}", key)
     return real
+
+
+def _scanned_inside(real: str) -> list[str]:
+    """The trees below a package-managed ``real`` that the socket scan still walks: those of
+    SCANNED_INSIDE it holds, as the bind of ``real`` shows them (a symlink there leads
+    nowhere inside the sandbox; find_host_socket does not follow it)."""
+    return [tree for tree in SCANNED_INSIDE if tree != real and is_below(tree, real)]
 
 
 def _check_place(real: str, here: Where, writable: bool, allow: Sequence[str], key: str,
@@ -381,92 +375,8 @@ def _check_code(real: str, here: Where, allow: Sequence[str], key: str,
 
 
 def _unscanned(here: Where, host: HostView) -> bool:
+    """Is ``here`` in a package-managed tree (and not in one of SCANNED_INSIDE)?"""
+    if any(here.within(place) for tree in SCANNED_INSIDE for place in host.area(tree)[:1]):
+        return False
     return any(here.within(host.area(tree)[0]) for tree in UNSCANNED_TREES
                if host.area(tree))
-
-
-# --- the socket scan -----------------------------------------------------------------------------
-
-# Directories found clean: path -> (identity and change times, names of its subdirectories).
-# Creating, renaming or linking an entry changes a directory's ctime, which no one can set
-# back (utimensat(2) sets only atime and mtime); a mount over a subdirectory changes its
-# device and inode. So a directory whose stat is unchanged holds what it held. A directory
-# changed within the last seconds is not remembered: its ctime could still change within the
-# same clock tick after it was read (the timestamps use a coarse clock).
-_Key = tuple[int, int, int, int]
-_clean: dict[str, tuple[_Key, tuple[str, ...]]] = {}
-_clean_lock = threading.Lock()
-_CLEAN_MAX = 500_000
-_SETTLED_NS = 2_000_000_000
-
-
-def _kind(mode: int) -> str | None:
-    if stat.S_ISSOCK(mode):
-        return "a unix socket"
-    return "a FIFO" if stat.S_ISFIFO(mode) else None
-
-
-def find_host_socket(root: str) -> tuple[str, str] | None:
-    """The first unix socket or FIFO at or below ``root`` (not following symlinks) and what
-    it is, or None.
-
-    scandir's d_type tells directories, files and symlinks apart without a stat; only the
-    remaining entries are stat'ed. Directories that cannot be listed but can be entered are
-    reported, since a socket in them could still be reached by its name."""
-    try:
-        mode = os.lstat(root).st_mode
-    except OSError:
-        return None
-    if _kind(mode):
-        return root, str(_kind(mode))
-    if not stat.S_ISDIR(mode):
-        return None
-    stack = [root]
-    while stack:
-        directory = stack.pop()
-        found = _scan_dir(directory, stack)
-        if found:
-            return found
-    return None
-
-
-def _scan_dir(directory: str, stack: list[str]) -> tuple[str, str] | None:
-    try:
-        st = os.lstat(directory)
-    except OSError:
-        return None
-    key = (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns)
-    with _clean_lock:
-        cached = _clean.get(directory)
-    if cached is not None and cached[0] == key:
-        stack.extend(directory + "/" + name for name in cached[1])
-        return None
-    subdirs: list[str] = []
-    try:
-        entries = os.scandir(directory)
-    except PermissionError:
-        if os.access(directory, os.X_OK):
-            return directory, "a directory that can be entered but not listed"
-        return None
-    except OSError:
-        return None
-    with entries:
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                subdirs.append(entry.name)
-            elif entry.is_file(follow_symlinks=False) or entry.is_symlink():
-                continue
-            else:
-                try:
-                    mode = entry.stat(follow_symlinks=False).st_mode
-                except OSError:
-                    continue
-                if _kind(mode):
-                    return entry.path, str(_kind(mode))
-    stack.extend(directory + "/" + name for name in subdirs)
-    if time.time_ns() - st.st_ctime_ns > _SETTLED_NS:
-        with _clean_lock:
-            if len(_clean) >= _CLEAN_MAX:
-                _clean.clear()
-            _clean[directory] = (key, tuple(subdirs))
-    return None

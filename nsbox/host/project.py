@@ -12,16 +12,16 @@ Conflicts: when the session starts, the host records each project entry's lstat 
 size, inode, mtime and ctime, which no caller can set back). A change whose host entry no longer
 has that record (the user edited the file meanwhile) is a conflict, never overwritten.
 
-Secrets inside the project (``Policy.project_secrets``, fnmatch patterns matched against each
-name and each relative path; and a .git/config that holds credentials) are covered with an
-empty read-only file inside the sandbox, and listed in ``Session.masked`` and the audit record.
+What the sandbox sees of the project (its secrets masked, its git directories read-only or
+withheld) is decided by nsbox/host/projectmasks.py; which changes are never applied (under a
+.git) and which the review marks (files the host runs by itself) by nsbox/host/autorun.py.
+Files land with the caller's umask, and never with group or other write (``Project.umask``).
 """
 
 from __future__ import annotations
 
 import difflib
 import errno
-import fnmatch
 import hashlib
 import os
 import re
@@ -30,40 +30,20 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nsbox import rules
+from nsbox import rules, visible
 from nsbox._paths import open_dir_beneath
 from nsbox.errors import FileTransferError, PolicyError, SetupError
-from nsbox.host import pathrules
+from nsbox.host import autorun, pathrules, projectmasks
+from nsbox.host.projectmasks import Entry
 
 if TYPE_CHECKING:
     from nsbox.policy import Policy
 
 UPPER = "/.nsbox-project/upper"  # the sandbox's upper layer (nsbox/sandbox/projectfs.py UPPER)
-MAX_ENTRIES = 200_000  # project entries recorded at start; more is refused
 MAX_CHANGES = 20_000  # changed entries listed
 DIFF_MAX = 1024 * 1024  # text files up to this size get a unified diff
-# A URL with a password, an auth header or a token in a git config (git-config(1)).
-_GIT_CREDENTIALS = re.compile(rb"://[^/\s@]+:[^/\s@]+@|extraheader|password|token",
-                              re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """What the host had at a path when the session started (lstat)."""
-
-    kind: str  # "file", "dir", "link", "other"
-    mode: int
-    size: int
-    ino: int
-    mtime_ns: int
-    ctime_ns: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> Entry:
-        kind = ("file" if stat.S_ISREG(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode)
-                else "link" if stat.S_ISLNK(st.st_mode) else "other")
-        return cls(kind, stat.S_IMODE(st.st_mode), st.st_size, st.st_ino, st.st_mtime_ns,
-                   st.st_ctime_ns)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_LINES = re.compile(r"[^\n]*\n|[^\n]+")
 
 
 @dataclass(frozen=True)
@@ -84,6 +64,8 @@ class Change:
     binary: bool = False
     conflict: bool = False  # the host's file changed since the session started
     reason: str | None = None
+    runs_on_host: str | None = None  # what on the host runs this file by itself (autorun.py)
+    asked_mode: int | None = None  # the sandbox's mode, when the umask clears bits of it
 
     @property
     def applicable(self) -> bool:
@@ -91,7 +73,7 @@ class Change:
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if v not in (None, False)}
-        for key in ("mode", "old_mode"):
+        for key in ("mode", "old_mode", "asked_mode"):
             if key in out:
                 out[key] = f"{out[key]:o}"
         return out
@@ -116,11 +98,14 @@ class ApplyReport:
 def plan_op(policy: Policy, allow: tuple[str, ...], host: pathrules.HostView | None
             ) -> dict[str, Any]:
     """The mount operation of the project workspace: the rule book decides the source as for
-    a read-only bind, and the secrets found in it are listed for masking."""
+    a read-only bind; what the sandbox is not to see or write is listed for its setup."""
     real = checked_source(policy, allow, host)
-    masks = scan(real, policy.project_secrets)[1] if host is not None else []
-    return {"op": "overlay", "source": real, "target": "/workspace",
-            "size": policy.limits.workspace_size, "masks": masks, "is_dir": True}
+    op: dict[str, Any] = {"op": "overlay", "source": real, "target": "/workspace",
+                          "size": policy.limits.workspace_size, "masks": [], "is_dir": True}
+    if host is not None:
+        view = projectmasks.scan(real, policy.project_secrets)
+        op.update(masks=view.masks, covered=view.covered, read_only=view.read_only)
+    return op
 
 
 def checked_source(policy: Policy, allow: tuple[str, ...], host: pathrules.HostView | None
@@ -146,51 +131,6 @@ def source(path: str) -> str:
     return real
 
 
-def scan(root: str, patterns: tuple[str, ...]) -> tuple[dict[str, Entry], list[str]]:
-    """Every entry below ``root`` (lstat, no symlink followed) and the secrets to mask."""
-    entries: dict[str, Entry] = {}
-    masks: list[str] = []
-    matcher = _matcher(patterns)
-
-    def walk(path: str, prefix: str) -> None:
-        with os.scandir(path) as it:
-            found = sorted(it, key=lambda e: e.name)
-        for item in found:
-            rel = prefix + item.name
-            st = item.stat(follow_symlinks=False)
-            entries[rel] = Entry.of(st)
-            if len(entries) > MAX_ENTRIES:
-                raise SetupError("project", errno.E2BIG, f"{root} has more than {MAX_ENTRIES} "
-                                 "entries", hint="use a smaller project directory")
-            if stat.S_ISDIR(st.st_mode):
-                walk(item.path, rel + "/")
-            elif stat.S_ISREG(st.st_mode) and is_secret(rel, item.path, matcher):
-                masks.append(rel)
-
-    walk(root, "")
-    return entries, masks
-
-
-def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
-    """One regular expression for all the patterns (fnmatch, case-sensitive)."""
-    if not patterns:
-        return None
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
-
-
-def is_secret(rel: str, path: str, matcher: re.Pattern[str] | None) -> bool:
-    name = rel.rsplit("/", 1)[-1]
-    if matcher is not None and (matcher.match(name) or matcher.match(rel)):
-        return True
-    if rel.endswith(".git/config") or rel == ".git/config":
-        try:
-            with open(path, "rb") as f:
-                return bool(_GIT_CREDENTIALS.search(f.read(1024 * 1024)))
-        except OSError:
-            return True  # unreadable here: masked rather than guessed at
-    return False
-
-
 # --- review and apply (host side, while the session runs) -------------------------------------
 
 
@@ -199,7 +139,13 @@ class Project:
 
     def __init__(self, policy: Policy) -> None:
         self.root = checked_source(policy, policy.allow_rules, pathrules.HostView.current())
-        self.baseline, self.masked = scan(self.root, policy.project_secrets)
+        self.view = projectmasks.scan(self.root, policy.project_secrets)
+        self.baseline = self.view.entries
+        self.masked = self.view.masked
+        self.hooks = autorun.hooks_dir(self.root)
+        # Group and other write never land: a root caller's file would be rewritable by any
+        # local user (the sandbox's chmod 777 is its own business until then).
+        self.umask = caller_umask() | 0o022
         self._hashes: dict[tuple[str, Entry], str] = {}
         self._discarded: dict[str, tuple[str, str | None]] = {}
 
@@ -262,7 +208,8 @@ class Project:
 
     def changes(self, listing: list[dict[str, Any]]) -> list[Change]:
         """The changes the upper layer's ``listing`` (nsbox/sandbox/projectfs.py) makes to the
-        project as the session found it."""
+        project as the session found it: those never applied (under a .git) first, then
+        those to files the host runs by itself, then the others, each group by path."""
         upper = {str(e["path"]): e for e in listing}
         out: dict[str, Change] = {}
         for path, item in upper.items():
@@ -275,31 +222,54 @@ class Project:
             change = out[path]
             if self._discarded.get(path) == (change.kind, change.sha256):
                 continue
-            if path in self.masked:
+            if self._hidden(path):
                 continue
             now = self.host_entry(path)
             if change.kind != "symlink" and change.kind != "refused" and now != self.baseline.get(
                     path):
                 change = _with(change, conflict=True)
-            result.append(change)
-        return result
+            result.append(self._marked(change))
+        return sorted(result, key=lambda c: (0 if autorun.never_applied(c.path, self.hooks)
+                                             else 1 if c.runs_on_host else 2, c.path))
+
+    def _hidden(self, path: str) -> bool:
+        """A masked file, or below a directory the sandbox sees covered."""
+        return path in self.view.masks or any(
+            path == d or path.startswith(d + "/") for d in self.view.covered)
+
+    def _marked(self, change: Change) -> Change:
+        never = autorun.never_applied(change.path, self.hooks)
+        if never is not None:
+            kind = change.kind if change.kind in ("symlink", "refused") else "refused"
+            return _with(change, kind=kind, reason=never)
+        why = autorun.runs_it(change.path)
+        return _with(change, runs_on_host=why) if why else change
+
+    def _landing(self, asked: int, base: Entry | None) -> int:
+        """The mode a change lands with: the host's own while the sandbox kept it, else the
+        sandbox's without the bits of the umask."""
+        if base is not None and asked == base.mode & 0o777:
+            return asked
+        return asked & ~self.umask
 
     def _change(self, path: str, item: dict[str, Any], base: Entry | None,
                 upper: dict[str, dict[str, Any]]) -> list[Change]:
         kind = item.get("kind")
-        mode = stat.S_IMODE(int(item.get("mode", 0))) & 0o777
+        asked = stat.S_IMODE(int(item.get("mode", 0))) & 0o777
+        mode = self._landing(asked, base)
+        asked_mode = asked if asked != mode else None
         if kind == "whiteout":
             return self._deleted_under(path, upper, include_self=True) if base else []
         if kind == "dir":
             found = []
             if base is None:
-                found.append(Change(path, "added", is_dir=True, mode=mode))
+                found.append(Change(path, "added", is_dir=True, mode=mode, asked_mode=asked_mode))
             elif base.kind != "dir":
                 found.append(Change(path, "refused", is_dir=True,
                                     reason="a file replaced by a directory: apply by hand"))
             elif mode != base.mode & 0o777:
                 found.append(Change(path, "mode", is_dir=True, mode=mode,
-                                    old_mode=base.mode & 0o777))
+                                    old_mode=base.mode & 0o777, asked_mode=asked_mode))
             if item.get("opaque") and base is not None:
                 found += self._deleted_under(path, upper, include_self=False)
             return found
@@ -307,11 +277,14 @@ class Project:
             return [Change(path, "symlink", target=str(item.get("target")),
                            reason="a symlink: never applied to the host")]
         if kind != "file":
-            return [Change(path, "refused", size=item.get("size"),
+            return [Change(path, "refused", size=_size(item.get("size")),
                            reason=str(item.get("reason", "not a regular file")))]
-        size, sha = int(item["size"]), str(item["sha256"])
+        size, sha = _size(item["size"]), str(item["sha256"])
+        if size is None or not _SHA256.fullmatch(sha):
+            raise ValueError(f"a bad size or sha256 for {path!r}")
         if base is None:
-            return [Change(path, "added", size=size, sha256=sha, mode=mode)]
+            return [Change(path, "added", size=size, sha256=sha, mode=mode,
+                           asked_mode=asked_mode)]
         if base.kind == "dir":
             return [Change(path, "refused", size=size, sha256=sha,
                            reason="a directory replaced by a file: apply by hand")]
@@ -320,9 +293,10 @@ class Project:
             if mode == base.mode & 0o777:
                 return []
             return [Change(path, "mode", size=size, sha256=sha, mode=mode,
-                           old_mode=base.mode & 0o777, old_sha256=old_sha)]
+                           old_mode=base.mode & 0o777, old_sha256=old_sha,
+                           asked_mode=asked_mode)]
         return [Change(path, "modified", size=size, sha256=sha, mode=mode,
-                       old_mode=base.mode & 0o777, old_sha256=old_sha)]
+                       old_mode=base.mode & 0o777, old_sha256=old_sha, asked_mode=asked_mode)]
 
     def _deleted_under(self, path: str, upper: dict[str, dict[str, Any]],
                        include_self: bool) -> list[Change]:
@@ -352,11 +326,14 @@ class Project:
         old_text, new_text = _text(old), _text(new) if new is not None else None
         if old_text is None or new_text is None:
             return _with(change, binary=True)
+        # Lines end at "\n" only (str.splitlines would also cut at CR, FF, U+2028...), and
+        # the headers show the path escaped: a name holding "\n+++ b/x" forges no header.
+        name = visible.name(change.path)
         lines = difflib.unified_diff(
-            old_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
-            fromfile="/dev/null" if change.kind == "added" else f"a/{change.path}",
-            tofile=f"b/{change.path}")
-        return _with(change, diff="".join(lines))
+            _LINES.findall(old_text), _LINES.findall(new_text),
+            fromfile="/dev/null" if change.kind == "added" else f"a/{name}",
+            tofile=f"b/{name}")
+        return _with(change, diff="".join(_ended(line) for line in lines))
 
     # --- apply -------------------------------------------------------------------------------
 
@@ -369,14 +346,14 @@ class Project:
         dir_fd, name = self._open_parent(change.path, create=True)
         try:
             tmp = f".{name}.nsbox-{secrets.token_hex(4)}"
-            mode = (change.mode if change.mode is not None else 0o644) & 0o777
+            mode = (change.mode if change.mode is not None else 0o644) & 0o777 & ~self.umask
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
             try:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
-                os.fchmod(fd, mode)  # never a set-id bit: mode is masked to 0o777
+                os.fchmod(fd, mode)  # never a set-id bit, nor group or other write
                 os.fsync(fd)
             except BaseException:
                 os.close(fd)
@@ -397,7 +374,7 @@ class Project:
         dir_fd, name = self._open_parent(change.path, create=True)
         try:
             try:
-                os.mkdir(name, (change.mode or 0o755) & 0o777, dir_fd=dir_fd)
+                os.mkdir(name, (change.mode or 0o755) & 0o777 & ~self.umask, dir_fd=dir_fd)
             except FileExistsError:
                 pass
         finally:
@@ -410,7 +387,7 @@ class Project:
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             fd = os.open(name, flags, dir_fd=dir_fd)
             try:
-                os.fchmod(fd, (change.mode or 0) & 0o777)
+                os.fchmod(fd, (change.mode or 0) & 0o777 & ~self.umask)
             finally:
                 os.close(fd)
         finally:
@@ -443,6 +420,28 @@ def _with(change: Change, **values: Any) -> Change:
     import dataclasses
 
     return dataclasses.replace(change, **values)
+
+
+def _size(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _ended(line: str) -> str:
+    """A diff line ends with a newline, also the last line of a file that has none."""
+    return line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+
+
+def caller_umask() -> int:
+    """This process's umask, read without changing it (os.umask would, for every thread):
+    proc(5), the Umask line of /proc/self/status (Linux 4.7)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _text(data: bytes) -> str | None:

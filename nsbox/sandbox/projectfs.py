@@ -9,8 +9,11 @@ copies of its layers' mounts, so the lower bind is gone with the staging root; t
 visible read-only at ``UPPER`` for the file worker to list (the overlay writes through its own
 copy of that mount, not through the read-only one).
 
-Secrets in the project tree are covered with an empty read-only file before the sandbox
-starts: a command cannot unmount, unlink or write it (EBUSY, EROFS), and the lower file is
+Before the sandbox starts, and in this order (the host decides what, in
+nsbox/host/projectmasks.py): the project's git directories are bound onto themselves
+read-only (``read_only``), directories the sandbox is not to see are covered with an empty
+read-only one (``covered``), and secret files with an empty read-only file (``masks``). A
+command cannot unmount, unlink or write any of them (EBUSY, EROFS), and the lower files are
 reached only through the overlay.
 """
 
@@ -30,6 +33,7 @@ UPPER = "/.nsbox-project"  # in the sandbox: the tmpfs holding upper/ and work/
 LOWER_STAGE = "/project-lower"  # in the staging root (gone at pivot_root)
 RW_STAGE = "/project-rw"
 MASK_FILE = "/project-mask"
+MASK_DIR = "/project-mask-dir"
 _CHUNK = 65536
 _MAX_DEPTH = 64
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -61,7 +65,16 @@ def mount_project(root: int, op: dict[str, Any], tree: int, build: str,
     _libc.mount("overlay", build, "overlay", _libc.MS_NOSUID | _libc.MS_NODEV,
                 f"lowerdir={LOWER_STAGE},upperdir={RW_STAGE}/upper,workdir={RW_STAGE}/work,"
                 "userxattr")
-    _mask_secrets(build, op.get("masks", []))
+    merged_fd = os.open(build, _DIR)
+    try:
+        for rel in op.get("read_only", []):
+            _cover(merged_fd, rel, None)
+        for rel in op.get("covered", []):
+            _cover(merged_fd, rel, _empty(MASK_DIR, is_dir=True))
+        for rel in op.get("masks", []):
+            _cover(merged_fd, rel, _empty(MASK_FILE, is_dir=False))
+    finally:
+        os.close(merged_fd)
     move_into_place(build, open_dir(root, op["target"]))
     # The sandbox may read its upper layer but not write it behind the overlay's back.
     _libc.mount_setattr(RW_STAGE, _libc.MOUNT_ATTR_RDONLY | _libc.MOUNT_ATTR_NOEXEC,
@@ -69,34 +82,48 @@ def mount_project(root: int, op: dict[str, Any], tree: int, build: str,
     move_into_place(RW_STAGE, open_dir(root, UPPER))
 
 
-def _mask_secrets(merged: str, masks: list[str]) -> None:
-    if not masks:
-        return
-    fd = os.open(MASK_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o444)
-    os.close(fd)
-    merged_fd = os.open(merged, _DIR)
+def _empty(path: str, is_dir: bool) -> str:
+    """An empty file or directory of the staging root, made on first use, to cover with."""
+    if not os.path.lexists(path):
+        if is_dir:
+            os.mkdir(path, 0o555)
+        else:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o444))
+    return path
+
+
+def _cover(merged_fd: int, rel: str, cover: str | None) -> None:
+    """Mount ``cover`` read-only onto ``rel`` of the project, or (``cover`` None) ``rel``
+    itself, with what is mounted below it: the same file, read-only."""
+    # No symlink is followed on the way (openat2 RESOLVE_NO_SYMLINKS).
+    target = _libc.try_openat2(merged_fd, rel, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC,
+                               _libc.RESOLVE_NO_SYMLINKS | _libc.RESOLVE_BENEATH)
+    if target < 0:
+        raise OSError(errno.ELOOP, f"cannot cover {rel}: a symlink or a missing component on "
+                                   "its path")
     try:
-        for rel in masks:
-            # No symlink is followed on the way to a secret (openat2 RESOLVE_NO_SYMLINKS).
-            target = _libc.try_openat2(merged_fd, rel, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                       _libc.RESOLVE_NO_SYMLINKS | _libc.RESOLVE_BENEATH)
-            if target < 0:
-                raise OSError(errno.ELOOP, f"cannot mask the secret {rel}: a symlink or a "
-                                           "missing component on its path")
-            if not stat.S_ISREG(os.fstat(target).st_mode):
-                os.close(target)
-                raise OSError(errno.EINVAL, f"cannot mask {rel}: it is no longer a file")
-            tree = _libc.open_tree(MASK_FILE, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC)
+        mode = os.fstat(target).st_mode
+        if cover is None:
+            fits = stat.S_ISDIR(mode) or stat.S_ISREG(mode)
+        else:
+            fits = stat.S_ISDIR(mode) if cover == MASK_DIR else stat.S_ISREG(mode)
+        if not fits:
+            raise OSError(errno.EINVAL, f"cannot cover {rel}: it is no longer what it was")
+        if cover is None:
+            tree = _libc.open_tree("", _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC
+                                   | _libc.AT_RECURSIVE | _libc.AT_EMPTY_PATH, dirfd=target)
+        else:
+            tree = _libc.open_tree(cover, _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC)
+        try:
             _libc.mount_setattr("", _libc.MOUNT_ATTR_RDONLY | _libc.MOUNT_ATTR_NOSUID
-                                | _libc.MOUNT_ATTR_NODEV | _libc.MOUNT_ATTR_NOEXEC,
-                                recursive=False, dirfd=tree, empty_path=True)
-            try:
-                _libc.move_mount(tree, target)
-            finally:
-                os.close(tree)
-                os.close(target)
+                                | _libc.MOUNT_ATTR_NODEV | (0 if cover is None
+                                                            else _libc.MOUNT_ATTR_NOEXEC),
+                                recursive=True, dirfd=tree, empty_path=True)
+            _libc.move_mount(tree, target)
+        finally:
+            os.close(tree)
     finally:
-        os.close(merged_fd)
+        os.close(target)
 
 
 # --- the file worker's "changes" operation (no capabilities, the sandbox's uid) ---------------

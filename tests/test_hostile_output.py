@@ -1,0 +1,406 @@
+"""What a sandbox makes reaches a person's terminal only escaped (nsbox/visible.py), and a
+project's git hooks and config never come out of a sandbox (nsbox/host/autorun.py).
+
+A hostile command in a project session names files and fills them with what a terminal obeys:
+CR, "erase line", cursor moves, "clear screen and scrollback" (ESC [3J ESC [2J) on the file
+that sorts last (it would wipe the line that announces a hook), an OSC (title, clipboard), the
+C1 CSI, a bidi override, a newline with a forged diff header. The real CLI commands run on a
+pseudo-terminal and in pipes; the exact bytes they wrote are checked. Then the changes are
+applied and the host runs ``git commit`` in the project: no hook of the sandbox's runs (its
+canary stays absent). As the caller (root here), as the unprivileged uid and as root of a user
+namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import UNPRIVILEGED_UID
+from ptytools import lines, nsbox_argv, obeyed, run_on_terminal
+from sessiontools import UserRunner, user_runner
+
+CANARY_NAME = "nsbox-hook-ran"
+DEVELOPER_UID = 1000
+
+# The sandbox's files: name -> content (python3 in the sandbox writes them, with names of any
+# bytes). "zzz..." sorts last: its name clears the screen and the scrollback.
+HOSTILE = {
+    "zzz\x1b[3J\x1b[2J": "a\x1b[3J\x1b[2J\x1b[Hclean\n",
+    "osc\x1b]0;pwned\x07.txt": "title\x1b]52;c;ZXZpbA==\x07\n",
+    "cr\rREADME.md": "line\r\x1b[2Koverwritten\x1b[1A\n",
+    "bidi\u202etxt.exe": "x = 1  # \u202e\u2066 hidden \u2069\n",
+    "c1\u009b2J": "\u009b2J\n",
+    "nl\n+++ b/README.md": "forged\n",
+}
+MAKE = "\n".join([
+    "import os",
+    f"files = {HOSTILE!r}",
+    "for name, text in files.items():",
+    "    os.makedirs(os.path.dirname('/workspace/' + name), exist_ok=True)",
+    "    open('/workspace/' + name, 'w').write(text)",
+    "open('/workspace/Makefile', 'w').write('all:\\n\\ttrue\\n')",
+    "open('/workspace/deploy.sh', 'w').write('#!/bin/sh\\necho deployed\\n')",
+    "os.chmod('/workspace/deploy.sh', 0o777)",
+    "open('/workspace/new.sh', 'w').write('#!/bin/sh\\n')",
+    "os.chmod('/workspace/new.sh', 0o777)",
+    "hook = '#!/bin/sh\\ntouch /tmp/" + CANARY_NAME + "-$PPID\\n'",
+    "try:",
+    "    os.makedirs('/workspace/.git/hooks', exist_ok=True)",
+    "    open('/workspace/.git/hooks/pre-commit', 'w').write(hook)",
+    "    os.chmod('/workspace/.git/hooks/pre-commit', 0o755)",
+    "    print('hook written')",
+    "except OSError as e:",
+    "    print('hook refused:', e.strerror)",
+])
+
+
+@pytest.fixture(params=["caller", "unprivileged", "nested"])
+def as_user(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
+    return user_runner(request, public_tree)
+
+
+def _owner(user: UserRunner) -> int:
+    """Who owns the project: a developer for a root caller, the caller itself otherwise; for
+    root of a user namespace, an id it maps and the sandbox's host id (65534): that root has
+    no power over an unmapped owner's files, and its sandbox binds the project unmapped."""
+    if user.mode == "caller" and os.geteuid() == 0:
+        return DEVELOPER_UID
+    return UNPRIVILEGED_UID if user.mode == "nested" else user.uid
+
+
+def _git(project: Path, *args: str, uid: int | None = None) -> subprocess.CompletedProcess:
+    prefix = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if (
+        uid is not None and uid != os.geteuid()) else []
+    return subprocess.run([*prefix, "git", "-C", str(project), "-c", "user.name=dev", "-c",
+                           "user.email=dev@example.com", *args], capture_output=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, timeout=60)
+
+
+def _make_project(user: UserRunner, git: bool, hooks_path: str | None = None
+                  ) -> Iterator[Path]:
+    top = Path(tempfile.mkdtemp(prefix="nsbox-hostile-", dir="/tmp"))
+    top.chmod(0o755)
+    root = top / "app"
+    root.mkdir()
+    (root / "README.md").write_text("# app\n")
+    (root / "deploy.sh").write_text("#!/bin/sh\necho old\n")
+    (root / "deploy.sh").chmod(0o755)
+    (top / "runtime").mkdir(mode=0o700)
+    owner = _owner(user)
+    for path in [top, *top.rglob("*")]:
+        if os.geteuid() == 0:
+            os.lchown(path, owner if path != top / "runtime" else user.uid,
+                      owner if path != top / "runtime" else user.uid)
+    if git:
+        for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
+            assert _git(root, *args, uid=owner).returncode == 0
+        if hooks_path:
+            assert _git(root, "config", "core.hooksPath", hooks_path, uid=owner).returncode == 0
+    yield root
+    shutil.rmtree(top)
+
+
+@pytest.fixture
+def project(as_user: UserRunner) -> Iterator[Path]:
+    yield from _make_project(as_user, git=True)
+
+
+def _env(user: UserRunner, runtime: Path) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(user.tree),
+            "XDG_RUNTIME_DIR": str(runtime), "HOME": "/tmp"}
+
+
+def _cli(user: UserRunner, runtime: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(nsbox_argv(user.prefix(), *args), capture_output=True,
+                          env=_env(user, runtime), cwd="/", timeout=90)
+
+
+def _session(user: UserRunner, project: Path) -> tuple[Path, str]:
+    runtime = project.parent / "runtime"
+    start = _cli(user, runtime, "session", "start", "--project", str(project))
+    assert start.returncode == 0, start.stderr
+    sid = start.stdout.decode().strip()
+    made = _cli(user, runtime, "session", "exec", sid, "--", "python3", "-c", MAKE)
+    assert made.returncode == 0, made.stderr
+    return runtime, sid
+
+
+def _canaries() -> list[str]:
+    return [name for name in os.listdir("/tmp") if name.startswith(CANARY_NAME)]
+
+
+def _commit_on_the_host(project: Path, user: UserRunner) -> None:
+    """The developer commits in the project, as git runs hooks: none of the sandbox's."""
+    before = _canaries()
+    (project / "host-edit.txt").write_text("edit\n")
+    if os.geteuid() == 0:
+        os.chown(project / "host-edit.txt", _owner(user), _owner(user))
+    assert _git(project, "add", "host-edit.txt", uid=_owner(user)).returncode == 0
+    committed = _git(project, "commit", "-qm", "host", uid=_owner(user))
+    assert committed.returncode == 0, committed.stderr
+    assert _canaries() == before
+    assert not (project / ".git" / "hooks" / "pre-commit").exists()
+
+
+SHOWN_NAMES = [  # how each hostile name appears in a listing
+    "zzz\\x1b[3J\\x1b[2J", "osc\\x1b]0;pwned\\x07.txt", "cr\\rREADME.md", "bidi\\u202etxt.exe",
+    "c1\\x9b2J", "nl\\n+++ b/README.md"]
+
+
+def test_session_diff_on_a_terminal_shows_every_byte_and_obeys_none(as_user: UserRunner,
+                                                                     project: Path):
+    runtime, sid = _session(as_user, project)
+    try:
+        code, shown = run_on_terminal(nsbox_argv(as_user.prefix(), "session", "diff", sid),
+                                      _env(as_user, runtime))
+        assert code == 0, shown
+        assert obeyed(shown) == []
+        text = lines(shown)
+        # Listed first and marked: a file that make runs; then the others by path, each name
+        # and mode as it is. The sandbox's 777 lands as 755 (group and other write cleared).
+        assert text[0] == "!   added  Makefile mode 644 [runs on the host: make runs its recipes]"
+        for name in SHOWN_NAMES:
+            assert f"    added  {name} mode 644" in text, name
+        assert "    added  new.sh mode 755 (asked 777)" in text
+        assert " modified  deploy.sh mode 755 -> 755 (asked 777)" not in text
+        assert " modified  deploy.sh" in text
+        # The contents: every line visible, the headers' paths escaped (no forged header).
+        assert "+a\\x1b[3J\\x1b[2J\\x1b[Hclean" in text
+        assert "+title\\x1b]52;c;ZXZpbA==\\x07" in text
+        assert "+line\\r\\x1b[2Koverwritten\\x1b[1A" in text
+        assert "+x = 1  # \\u202e\\u2066 hidden \\u2069" in text
+        assert "+++ b/nl\\n+++ b/README.md" in text
+        assert text.count("+++ b/README.md") == 0
+        assert text[-2].startswith("nsbox: 1 change(s) marked '!'")
+        # The same through pipes (click removes colour codes only, and only there).
+        piped = _cli(as_user, runtime, "session", "diff", sid)
+        assert piped.returncode == 0
+        assert obeyed(piped.stdout + piped.stderr) == []
+        assert piped.stdout.decode().splitlines() == text[:-2]
+        # The JSON form keeps every value exact, in printable ASCII.
+        as_json = _cli(as_user, runtime, "session", "diff", "--json", sid)
+        assert as_json.stdout.isascii() and obeyed(as_json.stdout) == []
+        exact = {c["path"] for c in json.loads(as_json.stdout)["changes"]}
+        assert set(HOSTILE) <= exact
+    finally:
+        _cli(as_user, runtime, "session", "stop", sid)
+
+
+def test_session_apply_lands_no_hook_and_no_world_writable_file(as_user: UserRunner,
+                                                                 project: Path):
+    runtime, sid = _session(as_user, project)
+    try:
+        ran = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
+                   "ls -la .git/hooks | grep -c pre-commit; touch .git/x 2>&1; "
+                   "git status --short | wc -l")
+        # Inside, the project's .git is read-only: the hook was never written.
+        assert b"Read-only file system" in ran.stdout + ran.stderr
+        code, shown = run_on_terminal(nsbox_argv(as_user.prefix(), "session", "apply", sid),
+                                      _env(as_user, runtime))
+        assert code == 0, shown
+        assert obeyed(shown) == []
+        applied = [line for line in lines(shown) if line.startswith("  applied  ")]
+        assert sorted(applied) == sorted(f"  applied  {name}" for name in [
+            "Makefile", "deploy.sh", "new.sh", "nl\\n+++ b", *SHOWN_NAMES])
+    finally:
+        _cli(as_user, runtime, "session", "stop", sid)
+    # Host-side evidence: the files with their exact names, no group or other write.
+    for name, content in HOSTILE.items():
+        assert (project / name).read_bytes() == content.encode()
+    for name in ("deploy.sh", "new.sh"):
+        assert stat.S_IMODE((project / name).stat().st_mode) == 0o755, name
+    assert not any(stat.S_IMODE(p.lstat().st_mode) & 0o022 for p in project.iterdir()
+                   if not p.is_symlink())
+    _commit_on_the_host(project, as_user)
+
+
+@pytest.mark.parametrize("layout", ["no-git", "hooks-path"])
+def test_a_git_directory_made_by_the_sandbox_is_never_applied(as_user: UserRunner,
+                                                               layout: str):
+    """Where the project has no .git, the sandbox can make one (and a hook in it), and where
+    core.hooksPath names a directory of the project, it can write there: apply refuses both
+    (rule git-dir), lists them first and marked; the host's next git commit runs none."""
+    for project in _make_project(as_user, git=layout != "no-git",
+                                 hooks_path=".husky" if layout == "hooks-path" else None):
+        runtime = project.parent / "runtime"
+        start = _cli(as_user, runtime, "session", "start", "--project", str(project))
+        assert start.returncode == 0, start.stderr
+        sid = start.stdout.decode().strip()
+        hook = f"#!/bin/sh\ntouch /tmp/{CANARY_NAME}-$$\n"
+        try:
+            made = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
+                        f"mkdir -p .husky sub; printf '{hook}' > .husky/pre-commit; "
+                        "echo 'gitdir: ../.husky' > sub/.git; "
+                        "printf 'zzz\\033[3J\\033[2J' > \"$(printf 'zzz\\033[3J\\033[2J')\"; "
+                        f"mkdir -p .git/hooks; printf '{hook}' > .git/hooks/pre-commit; "
+                        "printf '[core]\\n\\tfsmonitor = touch /tmp/x\\n' > .git/config.new; "
+                        "chmod 755 .git/hooks/pre-commit .husky/pre-commit; true")
+            assert made.returncode == 0, made.stderr
+            code, shown = run_on_terminal(nsbox_argv(as_user.prefix(), "session", "diff",
+                                                     "--stat", sid), _env(as_user, runtime))
+            assert obeyed(shown) == []
+            text = lines(shown)
+            marked = [line for line in text if line.startswith("!")]
+            assert marked and text[:len(marked)] == marked  # listed first
+            assert all("(rule git-dir)" in line or "[runs on the host:" in line
+                       for line in marked)
+            applied = _cli(as_user, runtime, "session", "apply", sid)
+            assert applied.returncode == 1
+            refused = applied.stderr.decode()
+            if layout == "no-git":
+                assert "nsbox: not applied: .git/hooks/pre-commit: under .git: git runs its " \
+                       "hooks and obeys its config on the host; never applied (rule git-dir)" \
+                       in refused
+                assert "nsbox: not applied: sub/.git:" in refused
+            else:
+                assert "nsbox: not applied: .husky/pre-commit: in the git hooks directory " \
+                       "(core.hooksPath)" in refused
+            assert "  applied  zzz\\x1b[3J\\x1b[2J" in applied.stdout.decode()
+        finally:
+            _cli(as_user, runtime, "session", "stop", sid)
+        assert not (project / "sub" / ".git").exists()
+        if layout == "hooks-path":
+            assert not (project / ".husky" / "pre-commit").exists()
+        if layout == "no-git":
+            assert not (project / ".git").exists()
+            assert _git(project, "init", "-q", uid=_owner(as_user)).returncode == 0
+        _commit_on_the_host(project, as_user)
+
+
+def test_run_project_and_listings_show_names_escaped(as_user: UserRunner, project: Path):
+    """`nsbox run --project` (its "added NAME" lines), `session ls`, `session collect` and a
+    file transfer error quoting a sandbox-made name: all escaped, on a terminal."""
+    runtime = project.parent / "runtime"
+    env = _env(as_user, runtime)
+    code, shown = run_on_terminal(nsbox_argv(
+        as_user.prefix(), "run", "--project", str(project), "--", "python3", "-c", MAKE), env)
+    assert code == 0, shown
+    assert obeyed(shown) == []
+    text = lines(shown)
+    for name in SHOWN_NAMES:
+        assert f"nsbox:   added {name}" in text, name
+    assert "nsbox:   added Makefile (runs on the host)" in text
+    runtime_sid = _cli(as_user, runtime, "session", "start")
+    sid = runtime_sid.stdout.decode().strip()
+    try:
+        made = _cli(as_user, runtime, "session", "exec", sid, "--", "python3", "-c",
+                    MAKE.replace("/workspace/.git/hooks", "/tmp/h").replace(
+                        "/workspace/.git", "/tmp/g")
+                    + "\nos.symlink('/etc/passwd', '/workspace/zz\\x1b[2Jlink')"
+                    + "\nos.mkfifo('/workspace/fifo\\x1b]0;x\\x07')")
+        assert made.returncode == 0, made.stderr
+        for args in (["session", "ls", sid], ["session", "collect", sid, "--dest",
+                                                str(runtime / "out")],
+                     ["session", "cp", f"{sid}:fifo\x1b]0;x\x07", str(runtime / "f")]):
+            code, shown = run_on_terminal(nsbox_argv(as_user.prefix(), *args), env)
+            assert obeyed(shown) == [], (args, shown)
+            text = lines(shown)
+            if args[1] == "cp":
+                assert code == 125
+                assert any(line.startswith("nsbox: fifo\\x1b]0;x\\x07: ") for line in text), text
+                continue
+            assert code == 0, shown
+            names = [m.group(1) for line in text
+                     if (m := re.match(r"\s*\d+  [0-9a-f]{64}  \"(.*)\"$", line))]
+            assert set(SHOWN_NAMES) <= set(names), names
+            assert any("zz\\x1b[2Jlink" in line for line in text)
+    finally:
+        _cli(as_user, runtime, "session", "stop", sid)
+
+
+def test_the_caller_own_program_output_passes_as_it_is(as_user: UserRunner):
+    """What the program itself prints with `nsbox run` is its talk to its user: untouched."""
+    code, shown = run_on_terminal(nsbox_argv(as_user.prefix(), "run", "--", "printf",
+                                             "\\033[1mbold\\033[0m\\n"),
+                                  {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(as_user.tree)})
+    assert code == 0
+    assert b"\x1b[1mbold\x1b[0m\r\n" in shown
+
+
+def test_python_api_keeps_the_exact_names(as_user: UserRunner, project: Path):
+    """The library gives data as it is (Change.path, FileTransferError.path); only the
+    messages meant for a person are escaped."""
+    out = as_user.script(f"""
+s = nsbox.Session(project={str(project)!r})
+s.run(["python3", "-c", {MAKE!r}])
+changes = {{c.path: c.to_dict() for c in s.changes()}}
+try:
+    s.read_file("/workspace/nl\\n+++ b/README.md/x")
+    error = None
+except nsbox.errors.FileTransferError as e:
+    error = [e.path, str(e)]
+s.close()
+emit(paths=sorted(changes), diff=changes["zzz\\x1b[3J\\x1b[2J"]["diff"], error=error)
+""")
+    assert set(HOSTILE) <= set(out["paths"])
+    assert out["diff"] == ("--- /dev/null\n+++ b/zzz\\x1b[3J\\x1b[2J\n@@ -0,0 +1 @@\n"
+                           "+a\x1b[3J\x1b[2J\x1b[Hclean\n")
+    assert out["error"] is not None and "\x1b" not in out["error"][1] and "\n" not in \
+        out["error"][1]
+
+
+def test_the_mcp_review_pane_shows_names_and_diffs_escaped(as_user: UserRunner, project: Path):
+    """`changes` on the agent's connection and on the user's review server (render_changes),
+    and the review's apply: the text a person's MCP client shows holds no byte a terminal
+    or a text widget would obey; the structured data keeps the names exact."""
+    runtime = project.parent / "runtime"
+    out = as_user.script(f"""
+from nsbox.mcp_tools import ServerConfig, Workbench
+from nsbox.mcp_review import Reviewer, publish_for_review
+s = nsbox.Session(project={str(project)!r})
+publish_for_review(s)
+bench = Workbench(s, ServerConfig(project={str(project)!r}))
+ran = bench.run_python({MAKE!r}, 30)
+seen = bench.changes()
+review = Reviewer(s.id)
+listed = review.changes()
+applied = review.apply(["Makefile", "zzz\\x1b[3J\\x1b[2J"])
+emit(texts=[ran.text, seen.text, listed.text, applied.text],
+     paths=[c["path"] for c in listed.data["changes"]])
+s.close()
+""", env={"XDG_RUNTIME_DIR": str(runtime)})
+    for text in out["texts"]:
+        assert obeyed(text.encode("utf-8", "surrogateescape")) == [], text
+    review = out["texts"][2].splitlines()
+    assert review[0] == ("! added: Makefile (mode new -> 644) [runs on the host: make runs its "
+                         "recipes]")
+    assert "added: zzz\\x1b[3J\\x1b[2J (mode new -> 644)" in review
+    assert "+a\\x1b[3J\\x1b[2J\\x1b[Hclean" in review
+    assert out["texts"][3] == "applied: Makefile\napplied: zzz\\x1b[3J\\x1b[2J"
+    assert set(HOSTILE) <= set(out["paths"])
+
+
+def test_the_hooks_directory_is_found_where_git_would_look(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    from nsbox.host import autorun
+
+    root = tmp_path / "app"
+    (root / ".git").mkdir(parents=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert autorun.hooks_dir(str(root)) is None
+    # A user's global hooksPath, relative: each work tree's own directory.
+    (home / ".gitconfig").write_text("[core]\n\thooksPath = .githooks\n")
+    assert autorun.hooks_dir(str(root)) == ".githooks"
+    assert autorun.never_applied(".GitHooks/pre-push", ".githooks") == autorun.HOOKS_REASON
+    # The project's own setting comes first; one outside the project is no part of it.
+    (root / ".git" / "config").write_text('[Core]\n\tHooksPath = "tools/hooks"\n')
+    assert autorun.hooks_dir(str(root)) == "tools/hooks"
+    (root / ".git" / "config").write_text(f"[core]\n\thooksPath = {tmp_path}/elsewhere\n")
+    assert autorun.hooks_dir(str(root)) is None
+    for rel in (".git/hooks/x", "sub/.GIT/config", "a/b/.git"):
+        assert autorun.never_applied(rel, None) == autorun.GIT_REASON, rel
+    assert autorun.never_applied(".gitignore", None) is None
+    assert autorun.runs_it("deep/dir/Makefile") == "make runs its recipes"
+    assert autorun.runs_it(".github/workflows/ci.yml") == "CI runs these workflows"
+    assert autorun.runs_it("src/app.py") is None

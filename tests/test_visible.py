@@ -1,0 +1,62 @@
+"""The one escaping rule for sandbox-made text shown to a person (nsbox/visible.py): every
+character a terminal could obey is shown as an escape, and the escapes tell the text back."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nsbox import visible
+
+PAYLOADS = {  # what a hostile name or line holds -> how a person sees it (name)
+    "a\rb": "a\\rb",
+    "x\x1b[2Ky": "x\\x1b[2Ky",
+    "up\x1b[1A\x1b[10D": "up\\x1b[1A\\x1b[10D",
+    "\x1b[3J\x1b[2J": "\\x1b[3J\\x1b[2J",
+    "\x1b]0;title\x07": "\\x1b]0;title\\x07",
+    "\x1b]8;;http://x\x1b\\": "\\x1b]8;;http://x\\x1b\\\\",
+    "\u009b2J": "\\x9b2J",
+    "del\x7f": "del\\x7f",
+    "evil\u202etxt.exe": "evil\\u202etxt.exe",
+    "\u2066iso\u2069": "\\u2066iso\\u2069",
+    "zero\u200bwidth\u200d\ufeff": "zero\\u200bwidth\\u200d\\ufeff",
+    "tag\U000e0041": "tag\\U000e0041",
+    "line\u2028sep": "line\\u2028sep",
+    "nl\n+++ b/x": "nl\\n+++ b/x",
+    "tab\there": "tab\\there",
+    "back\\x1b": "back\\\\x1b",
+    "bad\udcff": "bad\\udcff",
+    "café 中文 ñ": "café 中文 ñ",
+}
+
+
+def test_every_payload_is_shown_as_an_escape() -> None:
+    for raw, shown in PAYLOADS.items():
+        assert visible.name(raw) == shown, raw
+        assert shown.isprintable()
+
+
+def test_text_keeps_lines_and_tabs_and_escapes_the_rest() -> None:
+    assert visible.text("a\tb\nc\rd\x1b[2J\n") == "a\tb\nc\\rd\\x1b[2J\n"
+    assert visible.text("C:\\path \\n") == "C:\\path \\n"  # code keeps its backslashes
+    assert visible.quoted('a"b \x1b') == '"a\\"b \\x1b"'
+    assert visible.json_text({"k": "\x7f\u202e\x1b"}) == '{"k": "\\u007f\\u202e\\u001b"}'
+    assert json.loads(visible.json_text({"k": "\x7f"})) == {"k": "\x7f"}
+
+
+@settings(max_examples=500, derandomize=True)
+@given(st.text())
+def test_a_name_is_printable_and_tells_its_text_back(raw: str) -> None:
+    shown = visible.name(raw)
+    assert shown.isprintable()
+    # The escapes are Python's: unicode_escape reads them back, exactly.
+    assert shown.encode("ascii", "backslashreplace").decode("unicode_escape") == raw
+
+
+@settings(max_examples=500, derandomize=True)
+@given(st.text())
+def test_text_lines_are_printable_but_for_tabs(raw: str) -> None:
+    for line in visible.text(raw).split("\n"):
+        assert line.replace("\t", "").isprintable()
