@@ -214,11 +214,15 @@ def bench(args: tuple[str, ...]) -> None:
 @click.option("--project", type=click.Path(file_okay=False),
               help="Host directory seen copy-on-write at /workspace; the agent gets the "
               "read-only tool `changes`, the user applies (docs/agents.md).")
+@click.option("--isolation", type=click.Choice(["auto", "namespaces", "landlock"]),
+              help="auto (default): namespaces where the host allows them, else the Landlock "
+              "mode (docs/hosts.md).")
 @click.option("--review", "review_id", metavar="ID",
               help="Serve the user's tools changes/apply/discard for session ID instead "
               "(never give these to the agent).")
 def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ...],
-                audit: str | None, project: str | None, review_id: str | None) -> None:
+                audit: str | None, project: str | None, isolation: str | None,
+                review_id: str | None) -> None:
     """Serve an MCP code-execution tool on stdin/stdout.
 
     One sandboxed session per connection: its tools run Python and bash, and write, read and
@@ -238,7 +242,7 @@ def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ..
 
             serve_review(review_id)
             return
-        policy = _load_policy(profile, {}, (), [])
+        policy = _load_policy(profile, {"isolation": isolation}, (), [])
         policy = policy.replace(network=from_options(policy.network, None, allow_host))
         mcp_server.serve(mcp_server.ServerConfig(
             policy=policy, inputs=inputs, audit=audit,
