@@ -151,7 +151,10 @@ def profiles_show(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-p", "--profile", default="default", show_default=True, metavar="NAME|FILE",
               help="Judge the host for this profile.")
-def doctor(as_json: bool, profile: str) -> None:
+@click.option("--apparmor-profile", is_flag=True,
+              help="Print the AppArmor profile that gives nsbox's launcher user namespaces "
+              "where AppArmor restricts them (Ubuntu 23.10 and later), and exit.")
+def doctor(as_json: bool, profile: str, apparmor_profile: bool) -> None:
     """Check what this host offers and what is missing; exit 1 when the profile cannot run
     safely here.
 
@@ -161,6 +164,12 @@ def doctor(as_json: bool, profile: str) -> None:
     """
     from nsbox.doctor import run_doctor
     from nsbox.profiles import load_profile
+
+    if apparmor_profile:
+        from nsbox.doctor.isolation import apparmor_profile as text
+
+        click.echo(text(), nl=False)
+        return
 
     try:
         report = run_doctor(policy=load_profile(profile))
