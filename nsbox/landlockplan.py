@@ -70,6 +70,30 @@ def _read_and_write(policy: Policy, host: pathrules.HostView | None
     return read, write
 
 
+# The host's own configuration that common programs give up on when it exists but cannot be read
+# (EACCES, where a namespace sandbox has no such file at all, ENOENT): pip and other distribution
+# probes (debian_version), git (gitconfig), node and OpenSSL (openssl.cnf), Python's mimetypes
+# (its knownfiles below /etc: an unreadable one raises). Read-only, where present; nothing in
+# them is the caller's.
+HOST_CONFIG = ("/etc/debian_version", "/etc/gitconfig", "/etc/ssl/openssl.cnf", "/etc/mime.types",
+               "/etc/httpd/mime.types", "/etc/httpd/conf/mime.types", "/etc/apache/mime.types",
+               "/etc/apache2/mime.types")
+
+
+def _host_config(policy: Policy, host: pathrules.HostView | None) -> list[str]:
+    found = []
+    for path in HOST_CONFIG:
+        real = os.path.realpath(path)
+        if not os.path.isfile(real):
+            continue
+        rules.check_spelling(real, False, policy.allow_rules, "isolation")
+        if host is not None:
+            real = pathrules.check_source(real, writable=False, allow=policy.allow_rules,
+                                          key="isolation", host=host)
+        found.append(real)
+    return found
+
+
 def _workspace(policy: Policy, host: pathrules.HostView | None) -> str | None:
     if policy.workspace is None:
         return None
@@ -104,7 +128,8 @@ def weaker(policy: Policy, abi: int, own_uid: bool) -> list[str]:
     lines = [
         "files: paths are the host's (the workspace and $TMPDIR are host directories, there "
         "is no /workspace); any host path can be stat'ed (existence, size, owner, times), "
-        "though not read, listed, changed or removed",
+        "though not read, listed, changed or removed; the host's /etc/debian_version, "
+        "gitconfig, ssl/openssl.cnf and mime.types can be read",
         f"identity: the sandbox runs as {who}, without a user namespace",
         "processes: no /proc at all (ps, /proc/self, /dev/fd fail); host processes are not "
         "hidden, only out of reach",
@@ -113,9 +138,11 @@ def weaker(policy: Policy, abi: int, own_uid: bool) -> list[str]:
         "network: no loopback of its own; TCP refused by Landlock, every other socket by "
         "seccomp",
     ]
-    if own_uid:
-        lines.append("metadata: chmod, chown, utime and xattr calls by path are refused (EPERM), "
-                     "also in the workspace; on a descriptor they work")
+    owned = "the caller's own files" if own_uid else f"files of host uid {policy.host_uid}"
+    lines.append(f"metadata: the mode (short of group or other write), times and extended "
+                 f"attributes of {owned} outside the workspace can be changed by name (Landlock "
+                 "governs contents); chown by name, and chmod by name to a group- or "
+                 "world-writable mode, are refused (EPERM), also in the workspace")
     if abi < _landlock.SCOPES_ABI:
         lines += [
             f"signals: Landlock ABI {abi} does not scope them (ABI 6 does): the sandbox can "
@@ -136,6 +163,7 @@ def build(policy: Policy, argv: list[str], *, env: dict[str, str] | None = None,
     _check_policy(policy)
     host = pathrules.HostView.current() if check_sources else None
     read, write = _read_and_write(policy, host)
+    read += [path for path in _host_config(policy, host) if path not in read]
     workspace = _workspace(policy, host)
     untrusted = [*write, *([workspace] if workspace else [])]
     abi = isolation.kernel_abi()
@@ -158,7 +186,7 @@ def build(policy: Policy, argv: list[str], *, env: dict[str, str] | None = None,
     plan.landlock = {
         "abi": abi, "read": read, "write": write, "workspace": workspace,
         "devices": [f"/dev/{name}" for name in planmod.DEVICES],
-        "bpf": landlock_filter.load(own_uid, untrusted).bpf.hex(),
+        "bpf": landlock_filter.load(untrusted).bpf.hex(),
         "weaker": weaker(policy, abi, own_uid),
     }
     return plan

@@ -19,10 +19,13 @@ policy cannot lift them (stacked filters all run, the strictest answer wins, sec
   same uid, which Landlock does not check: only the caller itself (pid/who 0) may be named.
 - New namespaces (unshare, setns, clone's namespace flags, clone3), as the built-in filter.
 - TIOCSTI and TIOCLINUX, as the built-in filter (the caller's terminal may be the stdin).
-- As the caller's own uid (an unprivileged caller), the calls that change a file's mode, owner,
-  times or extended attributes by name: Landlock governs contents, not metadata, and every
-  file of the caller's is the sandbox's own. The same calls on a descriptor stay (fchmod,
-  fchown, futimens, fsetxattr): a descriptor is only had by opening what Landlock allows.
+- chown by name, and chmod by name to a group- or world-writable mode. Landlock governs
+  contents, not metadata, so a file of the sandbox's uid outside the workspace (as an
+  unprivileged caller's sandbox, every file of the caller's) could otherwise be handed to
+  another group or opened to every local user for writing. The rest of chmod by name
+  (git, pip and tar set 0644 and 0755 modes that way), times and extended attributes stay
+  (docs/hosts.md lists it as weaker); on a descriptor, which is only had by opening what
+  Landlock allows, everything stays (fchmod, fchown).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import contextlib
 import hashlib
 import json
 import platform
-from typing import Any
+from collections.abc import Iterable
 
 from nsbox.host import seccomp as seccompmod
 from nsbox.host import seccomp_compile as compiler
@@ -49,9 +52,9 @@ _TIOCSTI, _TIOCLINUX, _U32 = 0x5412, 0x541C, (1 << 32) - 1
 _IPC = ("shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget",
         "semop", "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend",
         "mq_timedreceive", "mq_notify", "mq_getsetattr", "keyctl", "add_key", "request_key")
-_METADATA_BY_NAME = ("chmod", "fchmodat", "fchmodat2", "chown", "lchown", "fchownat", "utime",
-                     "utimes", "futimesat", "setxattr", "lsetxattr", "removexattr",
-                     "lremovexattr", "setxattrat", "removexattrat")
+_CHOWN_BY_NAME = ("chown", "lchown", "fchownat")
+_CHMOD_MODE_ARG = {"chmod": 1, "fchmodat": 2, "fchmodat2": 2}
+_GROUP_OR_OTHER_WRITE = (0o020, 0o002)
 # The argument that names the other process, per call.
 _TARGET_ARG = {"prlimit64": 0, "sched_setaffinity": 0, "sched_setscheduler": 0,
                "sched_setparam": 0, "sched_setattr": 0}
@@ -93,17 +96,16 @@ def _process_rules() -> list[SeccompRule]:
     return rules
 
 
-def rules(own_uid: bool) -> tuple[SeccompRule, ...]:
-    """The filter's rules; ``own_uid``: the sandbox runs as the caller's uid."""
+def rules() -> tuple[SeccompRule, ...]:
+    """The filter's rules."""
     found = _socket_rules() + _process_rules() + [_rule(name, _EPERM) for name in _IPC]
-    if own_uid:
-        found += [_rule(name, _EPERM) for name in _METADATA_BY_NAME]
-        # utimensat(dirfd, NULL, ...) is futimens on a descriptor; with a path, by name.
-        found.append(_rule("utimensat", _EPERM, SeccompArg(1, "ne", 0)))
+    found += [_rule(name, _EPERM) for name in _CHOWN_BY_NAME]
+    found += [_rule(name, _EPERM, SeccompArg(index, "masked_eq", bit, bit))
+              for name, index in _CHMOD_MODE_ARG.items() for bit in _GROUP_OR_OTHER_WRITE]
     return tuple(found)
 
 
-def _compile(own_uid: bool, key: str) -> compiler.Program:
+def _compile(key: str) -> compiler.Program:
     """Allow by default, the native architecture only (another's syscalls are killed)."""
     pyseccomp = compiler._import_pyseccomp()
     flt = pyseccomp.SyscallFilter(compiler.RET_ALLOW)
@@ -111,7 +113,7 @@ def _compile(own_uid: bool, key: str) -> compiler.Program:
     flt.set_attr(pyseccomp.Attr.CTL_NNP, 0)
     with contextlib.suppress(OSError):
         flt.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)
-    for rule in rules(own_uid):
+    for rule in rules():
         nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, rule.syscall)
         if nr < 0:
             continue  # not a syscall of this architecture or this libseccomp (setxattrat)
@@ -123,19 +125,20 @@ def _compile(own_uid: bool, key: str) -> compiler.Program:
     return compiler.Program(compiler._export(flt), key)
 
 
-def _key(own_uid: bool) -> str:
+def _key() -> str:
     from nsbox.version import VERSION
 
-    blob = json.dumps({"landlock": hashlib.sha256(repr(rules(own_uid)).encode()).hexdigest(),
+    blob = json.dumps({"landlock": hashlib.sha256(repr(rules()).encode()).hexdigest(),
                        "arch": platform.machine(), "libseccomp": seccompmod.libseccomp_version(),
                        "nsbox": VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-_keys: dict[bool, str] = {}
+_keys: list[str] = []  # worked out once: nothing in it changes in a process
 
 
-def load(own_uid: bool, untrusted_dirs: Any = ()) -> compiler.Program:
+def load(untrusted_dirs: Iterable[str] = ()) -> compiler.Program:
     """The compiled filter, cached like the others (nsbox/host/seccomp.py)."""
-    key = _keys.get(own_uid) or _keys.setdefault(own_uid, _key(own_uid))
-    return seccompmod._cached(key, untrusted_dirs, lambda: _compile(own_uid, key))
+    if not _keys:
+        _keys.append(_key())
+    return seccompmod._cached(_keys[0], untrusted_dirs, lambda: _compile(_keys[0]))
