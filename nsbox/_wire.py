@@ -292,6 +292,8 @@ class JobResult(TypedDict, total=False):
     error: str | None
     degraded: list[str]
     accounting: str
+    isolation: str
+    isolation_weaker: list[str]
     extra: dict[str, Any]
     files: list[JobFile]
     skipped_files: list[Skipped]

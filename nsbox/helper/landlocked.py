@@ -96,7 +96,7 @@ def prepare(launch: Launch, plan: WirePlan, held: identity.Holdings) -> None:
             identity.writable_bind(path, path, ids, detached=False)
     # Its own directory: mode 0711 when the sandbox is another uid than the helper, so that
     # neither the name of the workspace nor of the temporary directory can be listed.
-    base = tempfile.mkdtemp(prefix="nsbox-", dir="/tmp")
+    base = tempfile.mkdtemp(prefix="nsbox-landlock-", dir="/tmp")
     launch.landlock_dirs = base
     launch.cleanup.callback(remove_dirs, launch)
     if ids.mapper:

@@ -212,4 +212,7 @@ def start_deadline(launch: Launch, plan: WirePlan) -> None:
 def tell_pid(launch: Launch) -> None:
     # With the pid, a descriptor for it: the host process kills the sandbox by it should this
     # helper not get to run at the deadline (nsbox/launcher.py, the second guard).
-    launch.send_fd({"event": "pid", "pid": launch.pid}, launch.pidfd)
+    message: dict[str, int | str] = {"event": "pid", "pid": launch.pid}
+    if launch.kill_signal != signal.SIGKILL:  # a Landlock sandbox's (nsbox/helper/landlocked.py)
+        message["kill_signal"] = launch.kill_signal
+    launch.send_fd(message, launch.pidfd)
