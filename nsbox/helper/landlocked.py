@@ -16,6 +16,7 @@ limits, the pipes, the clone, the watch, the deadline, the report. What differs 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -69,9 +70,17 @@ class LandlockCloner(Cloner):
         launch.core = "python"
         launch.kill_signal = _sandbox.TREE_SIGNAL
         prepare(launch, plan, self.held)
+        pid = -1
         if cgroup_fd is not None:
-            pid = _libc.clone_into_cgroup(0, signal.SIGCHLD, cgroup_fd)
-        else:
+            try:
+                pid = _libc.clone_into_cgroup(0, signal.SIGCHLD, cgroup_fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSYS, errno.EPERM):
+                    raise
+                # A container's seccomp profile answers clone3 with ENOSYS: fork, then
+                # attach the child before it is released (settle).
+                cgroup_fd = None
+        if pid < 0:
             pid = _libc.raw_clone(signal.SIGCHLD)
         if pid == 0:
             self.child(plan, fds, (launch.sync_fd, launch.err_fd))

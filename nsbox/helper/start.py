@@ -170,7 +170,8 @@ def clone(launch: Launch, plan: WirePlan, fds: ChildFds, cgroup_fd: int | None,
     try:
         pid = cloner.clone(launch, plan, fds, cgroup_fd)
     except OSError as exc:
-        raise StepFailed("create namespaces", exc.errno or 0, str(exc)) from None
+        name = "fork" if landlocked.is_landlock(plan) else "create namespaces"
+        raise StepFailed(name, exc.errno or 0, str(exc)) from None
     launch.cleanup.callback(end_child, launch)
     return pid
 
