@@ -578,3 +578,27 @@ def _parent_chain_has(pid: int, ancestor: int) -> bool:
         if pid == ancestor:
             return True
     return False
+
+
+def test_doctor_on_ubuntus_apparmor_restriction_names_the_profile(tmp_path: Path):
+    """A simulated Ubuntu 24.04 host for a regular user: runs get the Landlock mode, and the
+    remedy is the AppArmor profile for nsbox's launcher."""
+    require_landlock()
+    from test_doctor import facts, fake_host
+
+    from nsbox.doctor import run_doctor
+    from nsbox.profiles import load_profile
+
+    report = run_doctor(facts(fake_host(tmp_path, apparmor="1")))
+    checks = {check.name: check for check in report.checks}
+    assert report.ok
+    assert checks["user namespaces"].status == "warn"
+    assert checks["isolation"].status == "warn" and checks["isolation"].facts["mode"] == "landlock"
+    assert ("'nsbox doctor --apparmor-profile > /etc/apparmor.d/nsbox && apparmor_parser -r "
+            "/etc/apparmor.d/nsbox'") in (checks["isolation"].remedy or "")
+    assert report.guarantees["isolation"] == "landlock"
+    namespaces = load_profile("default", {"isolation": "namespaces"})
+    refused = run_doctor(facts(fake_host(tmp_path / "b", apparmor="1")), namespaces)
+    check = {c.name: c for c in refused.checks}["isolation"]
+    assert not refused.ok and check.status == "fail" and check.facts["mode"] == "refused"
+    assert refused.guarantees["isolation"] == "refused"

@@ -131,6 +131,8 @@ def finish_and_exec(ctx: _child.Context, command: Mapping[str, Any], parent: int
     if command["seccomp_bpf"]:
         _child.apply_seccomp(ctx, command)
     ctx.step = "exec"
+    if ctx.trace is not None:
+        _child.send_trace(ctx)
     env = {name: inside(value, landlock) for name, value in command["env"]}
     _child.execute(command["argv"], env)
 
