@@ -302,6 +302,9 @@ def _open_path_nofollow(path: str) -> int:
     return fd
 
 
+open_path_nofollow = _open_path_nofollow  # an O_PATH descriptor of ``path``, as above
+
+
 def _is_symlink(fd: int) -> bool:
     return (os.fstat(fd).st_mode & 0o170000) == 0o120000
 
@@ -464,6 +467,14 @@ def seccomp_set_filter(bpf: bytes, flags: int = 0) -> int:
     if result < 0:
         raise _fail("seccomp", "SECCOMP_SET_MODE_FILTER", flags)
     return int(result)
+
+
+def clear_capabilities() -> None:
+    """Empty the ambient, effective, permitted and inheritable sets (the bounding set stays:
+    emptying it needs CAP_SETPCAP)."""
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    if _sys_ptr2(_syscall("capset"), _CAP_HEADER, _NO_CAPS) != 0:
+        raise _fail("capset", 0)
 
 
 def keep_only_capabilities(keep: tuple[int, ...], cap_last: int) -> None:

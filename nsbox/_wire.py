@@ -77,6 +77,8 @@ class WirePlan(TypedDict, total=False):
     pooled: bool
     degraded: list[str]
     native: bool  # False: NSBOX_NATIVE=0, the Python child (nsbox/sandbox/native.py)
+    isolation: str  # "landlock": no namespaces (nsbox/landlockplan.py); absent: namespaces
+    landlock: dict[str, Any]  # its rules; the helper adds the directories and the ids
 
 
 class ExitReport(TypedDict, total=False):
@@ -290,6 +292,8 @@ class JobResult(TypedDict, total=False):
     error: str | None
     degraded: list[str]
     accounting: str
+    isolation: str
+    isolation_weaker: list[str]
     extra: dict[str, Any]
     files: list[JobFile]
     skipped_files: list[Skipped]

@@ -258,7 +258,7 @@ def _one_of(kinds: tuple[type, ...]) -> str:
 
 def check_policy(value: Any) -> None:
     """The types of a Policy's fields (the path rules are nsbox.rules')."""
-    from nsbox.policy import MOUNT_KINDS, Limits, Network, Seccomp
+    from nsbox.policy import ISOLATION_MODES, MOUNT_KINDS, Limits, Network, Seccomp
 
     if not isinstance(value.mounts, (tuple, list)):
         raise PolicyError(f"expected a tuple of mounts, got {_type(value.mounts)} "
@@ -290,6 +290,9 @@ def check_policy(value: Any) -> None:
     for name in ("uid", "gid", "host_uid", "host_gid"):
         whole(getattr(value, name), name, 0, 2**32 - 2)
     optional_path(value.workspace, "workspace")
+    if value.isolation not in ISOLATION_MODES:
+        raise PolicyError(f"{quote(value.isolation)} is not one of "
+                          f"{', '.join(ISOLATION_MODES)}", key="isolation")
     for name, kind in (("limits", Limits), ("network", Network), ("seccomp", Seccomp)):
         if not isinstance(getattr(value, name), kind):
             raise PolicyError(f"expected a nsbox.{kind.__name__}, got "

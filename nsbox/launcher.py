@@ -18,10 +18,11 @@ import threading
 import time
 from typing import Any
 
-from nsbox import _wire, cgroups, inputs, limits
+from nsbox import _wire, cgroups, inputs, landlockplan, limits
 from nsbox import plan as planmod
 from nsbox._wire import SetupErrorInfo
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
+from nsbox.host import isolation
 from nsbox.host.network import RunNetwork
 from nsbox.host.output import (  # noqa: F401 (_Stream, _send_kill: sessions use them from here)
     HOST_GRACE,
@@ -225,18 +226,27 @@ def run(
     policy = choose_policy(policy, profile)
     if workspace is not None:
         policy = policy.replace(workspace=workspace)
-    plan = build_plan(policy, cmd.argv, env=cmd.env, cwd=cmd.cwd, wall_time=cmd.timeout)
-    wire = plan.to_wire()
-    wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
     cap = cmd.output_limit if cmd.output_limit is not None else policy.limits.output
-    return _launch(wire, cmd.stdin, cap, passthrough, RunNetwork(policy.network), trace=trace)
+
+    def attempt() -> Result:
+        plan = build_plan(policy, cmd.argv, env=cmd.env, cwd=cmd.cwd, wall_time=cmd.timeout)
+        wire = plan.to_wire()
+        wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
+        return _launch(wire, cmd.stdin, cap, passthrough, RunNetwork(policy.network),
+                       trace=trace)
+
+    return isolation.with_fallback(policy, attempt)
 
 
-def build_plan(policy: Policy, argv: list[str], **kwargs: Any) -> planmod.Plan:
-    """``plan.build``, with a failure of the host (a path it may not resolve, no descriptor
-    left for the seccomp program's memfd) as a SetupError that names it."""
+def build_plan(policy: Policy, argv: list[str], *, mode: str | None = None,
+               **kwargs: Any) -> planmod.Plan:
+    """``plan.build`` (or the Landlock mode's, for ``mode`` or the mode the policy gets now),
+    with a failure of the host (a path it may not resolve, no descriptor left for the seccomp
+    program's memfd) as a SetupError that names it."""
+    mode = mode or isolation.mode_for(policy)
+    build = landlockplan.build if mode == isolation.LANDLOCK else planmod.build
     try:
-        return planmod.build(policy, argv, **kwargs)
+        return build(policy, argv, **kwargs)
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""
         message = f"{exc.strerror or exc}{where}"
@@ -313,6 +323,7 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
         trace.append(("host: report received, build result", time.monotonic_ns()))
     try:
         result = _result(report, pid, streams, cap, time.monotonic() - started)
+        landlockplan.mark_result(result, wire)
     except SetupError as exc:
         if exc.step != "working directory":
             raise

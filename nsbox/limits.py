@@ -51,6 +51,9 @@ _DEGRADED = {
     cgroups.CPU_ACCOUNTING: "cpu_time: RLIMIT_CPU per process only (no total for the run); "
     "cpu time from rusage after exit",
 }
+# The Landlock mode has no user namespace: RLIMIT_NPROC counts the host uid's every process.
+_DEGRADED_HOST_WIDE_PIDS = ("pids: RLIMIT_NPROC only, over the processes the sandbox's host uid "
+                            "ran at its start (it counts all of that uid's, not a cgroup's)")
 
 
 def _rlimit(resource_id: int, value: int) -> list[int]:
@@ -174,7 +177,10 @@ class RunLimits:
                 hint="run `nsbox doctor`; or drop require_cgroup to accept rlimits instead",
             )
         why = reason or "this host's cgroups lack the controller"
-        self.degraded = [f"{_DEGRADED[f]} [{why}]" for f in sorted(missing)]
+        texts = dict(_DEGRADED)
+        if spec.get("host_wide_nproc"):
+            texts[cgroups.PIDS] = _DEGRADED_HOST_WIDE_PIDS
+        self.degraded = [f"{texts[f]} [{why}]" for f in sorted(missing)]
         self.rlimits = [list(r) for r in rlimits]
         for feature in sorted(missing):
             self.rlimits.extend(spec.get("fallback_rlimits", {}).get(feature, []))

@@ -54,6 +54,9 @@ class Plan:
     setid_bpf: str = ""
     net: dict[str, Any] = field(default_factory=dict)
     cgroup: dict[str, Any] = field(default_factory=dict)
+    # "landlock": no namespaces, the rules in ``landlock`` (nsbox/landlockplan.py) instead.
+    isolation: str = "namespaces"
+    landlock: dict[str, Any] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         wire: WirePlan = {
@@ -64,6 +67,9 @@ class Plan:
             "setid_bpf": self.setid_bpf,
             "net": self.net, "cgroup": self.cgroup,
         }
+        if self.isolation != "namespaces":
+            wire["isolation"] = self.isolation
+            wire["landlock"] = self.landlock
         return dict(wire)  # typed above; each door adds its keys (WirePlan) before sending
 
 

@@ -197,6 +197,10 @@ DEFAULT_PROJECT_SECRETS = SECRETS
 
 # --- the whole policy --------------------------------------------------------------------------
 
+# How the sandbox is isolated (nsbox/host/isolation.py): namespaces where the host allows them,
+# else the Landlock mode ("auto"); or only the one named.
+ISOLATION_MODES = ("auto", "namespaces", "landlock")
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -226,6 +230,7 @@ class Policy:
     # Rules of nsbox/rules.py this policy lifts, each by name (docs/rules.md); for trusted
     # callers only. Give them in the same replace() as what they allow.
     allow_rules: tuple[str, ...] = ()
+    isolation: Literal["auto", "namespaces", "landlock"] = "auto"
 
     def __post_init__(self) -> None:
         from nsbox import rules  # a cycle otherwise: rules needs the mount classes

@@ -49,6 +49,10 @@ class Pool:
         if policy.network.mode == "allow":
             raise PolicyError("a pool cannot prepare sandboxes for network allow mode (its "
                               "proxy is per run); use nsbox.run", key="network.mode")
+        if launcher.isolation.mode_for(policy) == launcher.isolation.LANDLOCK:
+            raise PolicyError("a pool prepares sandboxes in namespaces, which this host refuses "
+                              "(the Landlock mode)", key="isolation",
+                              hint="use nsbox.run or a Session, which run in the Landlock mode")
         self.policy = policy
         self.size = size
         # Checked and resolved once: a bad policy fails here, not at the first command.

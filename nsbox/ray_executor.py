@@ -28,6 +28,7 @@ from nsbox import cgroups, errors
 from nsbox._wire import ExecutorInfo, JobResult
 from nsbox.doctor import run_doctor
 from nsbox.errors import HostError, LaunchError, NsboxError, SetupError
+from nsbox.host import isolation
 from nsbox.plan import WORKSPACE
 from nsbox.policy import Limits, Policy
 from nsbox.result import Result
@@ -272,7 +273,10 @@ def _remove_group(group: str, pids: list[int]) -> None:
 def _warm_pool(policy: Policy, size: int) -> nsbox.Pool | None:
     """Sandboxes prepared ahead for the jobs that need nothing of their own (no files, no
     limits); None (network allow mode, whose proxy is per run): every job uses nsbox.run."""
-    return nsbox.Pool(policy, size=size) if policy.network.mode != "allow" else None
+    # Known by now: the refusal check (_refusal) launched once.
+    if policy.network.mode == "allow" or isolation.mode_for(policy) == isolation.LANDLOCK:
+        return None  # per run: allow mode's proxy; the Landlock mode has no pool
+    return nsbox.Pool(policy, size=size)
 
 
 def _refusal(policy: Policy) -> str | None:

@@ -42,6 +42,10 @@ class Result:
     # Guarantees that were weaker than asked, e.g. "memory: rlimit only (no writable cgroup)".
     degraded: list[str] = field(default_factory=list)
     accounting: str = "rusage"  # where cpu/memory figures come from: rusage or cgroup
+    # "namespaces", or "landlock" where the host refuses them (docs/hosts.md), and then every
+    # guarantee that is weaker than with namespaces, one "name: what" line each.
+    isolation: str = "namespaces"
+    isolation_weaker: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # per-feature data (network log, ...)
 
     @property

@@ -136,7 +136,7 @@ class Session(ProjectReview):
     def _start_or_clean_up(self) -> None:
         """Launch the session's sandbox; on failure close what the state opened."""
         try:
-            self._ctl, self._launch = self._start()
+            self._ctl, self._launch = launcher.isolation.with_fallback(self.policy, self._start)
         except BaseException:
             self._closed = True
             if self._pidfd >= 0:
@@ -149,7 +149,9 @@ class Session(ProjectReview):
 
     def _start(self) -> tuple[socket.socket, socket.socket]:
         plan = launcher.build_plan(self.policy, ["nsbox-session-init"], env=self._env)
+        self._isolation = plan.isolation  # every command's plan is the same mode's
         wire = plan.to_wire()
+        self._wire = wire
         wire.update(host_uid=self.policy.host_uid, host_gid=self.policy.host_gid,
                     wall_time=None, session={"idle_timeout": self.idle_timeout})
         ctl, ctl_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -313,7 +315,7 @@ class Session(ProjectReview):
         # The session's binds were checked when it started (nsbox/rules.py); what its own
         # commands left in its workspace since does not stop the next one.
         plan = launcher.build_plan(self.policy, cmd.argv, env=command_env, cwd=cmd.cwd,
-                                   wall_time=timeout, check_sources=False)
+                                   wall_time=timeout, check_sources=False, mode=self._isolation)
         wire = plan.to_wire()
         command: WireCommand = {
             "argv": wire["argv"], "env": wire["env"], "cwd": wire["cwd"],
@@ -369,6 +371,7 @@ class Session(ProjectReview):
             if timer is not None:
                 timer.cancel()
         result = launcher._result(report, pid, streams, cap, time.monotonic() - started)
+        launcher.landlockplan.mark_result(result, self._wire)
         result.extra["session"] = self.id
         if request["cmd"] == "run":
             self._network_report(result)

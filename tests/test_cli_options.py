@@ -92,7 +92,7 @@ def test_options_become_their_profile_keys():
         "limits.wall_time": 3.0, "limits.output": None, "workspace.path": None,
         "workspace.project": "/tmp", "environment.set": {"A": "1"},
         "environment.passthrough": ["HOME"], "seccomp.log_denied": True,
-        "allow_rules": ["bind-run"]}
+        "allow_rules": ["bind-run"], "isolation": None}
 
 
 # --- the table of limits ---------------------------------------------------------------------

@@ -341,7 +341,7 @@ def test_user_namespace_limit_gives_a_hint(public_tree: Path):
     require(os.path.exists("/usr/bin/unshare"), "unshare(1) is needed to simulate the host")
     code = (
         f"import sys; sys.path.insert(0, {str(public_tree)!r}); import nsbox\n"
-        "try: nsbox.run(['true'])\n"
+        "try: nsbox.run(['true'], nsbox.Policy(isolation='namespaces'))\n"
         "except nsbox.SetupError as e: print(e.step, e.errno, e.hint)\n"
     )
     # In a user namespace of its own, the test may set that namespace's limit to 0. It maps an

@@ -100,7 +100,9 @@ def test_a_well_equipped_v2_host(tmp_path: Path) -> None:
     assert {c.name: c.status for c in report.checks} == {
         "python": "ok", "kernel": "ok", "user namespaces": "ok", "identity": "ok",
         "container": "ok", "seccomp": "ok", "libseccomp": "ok", "cgroups": "ok",
-        "project workspace": "ok", "live probe": "info"}
+        "project workspace": "ok", "live probe": "info", "isolation": "ok"}
+    assert checks["isolation"].detail == "runs get namespaces"
+    assert report.guarantees["isolation"] == "namespaces"
     assert checks["identity"].detail.startswith(f"the sandbox's user is host uid {UID}, ")
     assert checks["kernel"].detail == "Linux 6.8.0-45-generic"
     # The backend that nsbox.cgroups picks for the simulated host and uid, as a run would.
@@ -109,8 +111,13 @@ def test_a_well_equipped_v2_host(tmp_path: Path) -> None:
     assert checks["live probe"].detail == "not run (simulated host)"
 
 
+# A policy that takes namespaces only: the checks that find them refused fail. (The default
+# policy, "auto", gets the Landlock mode there: test_landlock.py.)
+NAMESPACES = load_profile("default", {"isolation": "namespaces"})
+
+
 def test_user_namespaces_disabled(tmp_path: Path) -> None:
-    report = run_doctor(facts(fake_host(tmp_path, max_userns="0")))
+    report = run_doctor(facts(fake_host(tmp_path, max_userns="0")), NAMESPACES)
     check = by_name(report)["user namespaces"]
     assert not report.ok
     assert check.status == "fail"
@@ -121,14 +128,15 @@ def test_user_namespaces_disabled(tmp_path: Path) -> None:
 
 
 def test_kernel_without_user_namespaces(tmp_path: Path) -> None:
-    check = by_name(run_doctor(facts(fake_host(tmp_path, max_userns=None))))["user namespaces"]
+    check = by_name(run_doctor(facts(fake_host(tmp_path, max_userns=None)), NAMESPACES))[
+        "user namespaces"]
     assert check.status == "fail"
     assert "CONFIG_USER_NS" in check.detail
 
 
 def test_debian_sysctl_blocks_unprivileged_but_not_root(tmp_path: Path) -> None:
     root = fake_host(tmp_path, userns_clone="0")
-    check = by_name(run_doctor(facts(root)))["user namespaces"]
+    check = by_name(run_doctor(facts(root), NAMESPACES))["user namespaces"]
     assert check.status == "fail"
     assert (check.remedy or "").startswith(
         "sysctl -w kernel.unprivileged_userns_clone=1")
@@ -138,7 +146,7 @@ def test_debian_sysctl_blocks_unprivileged_but_not_root(tmp_path: Path) -> None:
 
 
 def test_apparmor_restriction(tmp_path: Path) -> None:
-    report = run_doctor(facts(fake_host(tmp_path, apparmor="1")))
+    report = run_doctor(facts(fake_host(tmp_path, apparmor="1")), NAMESPACES)
     check = by_name(report)["user namespaces"]
     assert not report.ok
     assert check.status == "fail"

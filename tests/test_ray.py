@@ -361,6 +361,19 @@ def test_seed_attacks_fail_inside_jobs_as_they_do_locally(cluster: LocalCluster,
     assert sorted(p.name for p in canary_dir.iterdir()) == ["canary.txt"]
 
 
+def test_jobs_run_in_the_landlock_mode_when_the_policy_asks(cluster: LocalCluster):
+    # Without a pool (the mode has none): each job by nsbox.run, or a session to collect files.
+    policy = nsbox.Policy(isolation="landlock")
+    with nsray.Executors(policy, per_node=1) as executors:
+        plain, collected = ray.get([
+            executors.submit(code="import os; print(os.getcwd() != '/workspace')"),
+            executors.submit(code="open('out.txt', 'w').write('made')", collect=["*.txt"])])
+    assert plain["status"] == "OK" and plain["isolation"] == "landlock", plain
+    assert plain["stdout"] == b"True\n"
+    assert collected["status"] == "OK" and collected["isolation"] == "landlock", collected
+    assert [f["path"] for f in collected["files"]] == ["out.txt"]
+
+
 # --- executors that fail -----------------------------------------------------------------------
 
 

@@ -151,7 +151,10 @@ def profiles_show(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-p", "--profile", default="default", show_default=True, metavar="NAME|FILE",
               help="Judge the host for this profile.")
-def doctor(as_json: bool, profile: str) -> None:
+@click.option("--apparmor-profile", is_flag=True,
+              help="Print the AppArmor profile that gives nsbox's launcher user namespaces "
+              "where AppArmor restricts them (Ubuntu 23.10 and later), and exit.")
+def doctor(as_json: bool, profile: str, apparmor_profile: bool) -> None:
     """Check what this host offers and what is missing; exit 1 when the profile cannot run
     safely here.
 
@@ -161,6 +164,12 @@ def doctor(as_json: bool, profile: str) -> None:
     """
     from nsbox.doctor import run_doctor
     from nsbox.profiles import load_profile
+
+    if apparmor_profile:
+        from nsbox.doctor.isolation import apparmor_profile as text
+
+        click.echo(text(), nl=False)
+        return
 
     try:
         report = run_doctor(policy=load_profile(profile))
@@ -214,11 +223,15 @@ def bench(args: tuple[str, ...]) -> None:
 @click.option("--project", type=click.Path(file_okay=False),
               help="Host directory seen copy-on-write at /workspace; the agent gets the "
               "read-only tool `changes`, the user applies (docs/agents.md).")
+@click.option("--isolation", type=click.Choice(["auto", "namespaces", "landlock"]),
+              help="auto (default): namespaces where the host allows them, else the Landlock "
+              "mode (docs/hosts.md).")
 @click.option("--review", "review_id", metavar="ID",
               help="Serve the user's tools changes/apply/discard for session ID instead "
               "(never give these to the agent).")
 def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ...],
-                audit: str | None, project: str | None, review_id: str | None) -> None:
+                audit: str | None, project: str | None, isolation: str | None,
+                review_id: str | None) -> None:
     """Serve an MCP code-execution tool on stdin/stdout.
 
     One sandboxed session per connection: its tools run Python and bash, and write, read and
@@ -238,7 +251,7 @@ def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ..
 
             serve_review(review_id)
             return
-        policy = _load_policy(profile, {}, (), [])
+        policy = _load_policy(profile, {"isolation": isolation}, (), [])
         policy = policy.replace(network=from_options(policy.network, None, allow_host))
         mcp_server.serve(mcp_server.ServerConfig(
             policy=policy, inputs=inputs, audit=audit,

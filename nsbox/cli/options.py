@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 VALUE, MULTIPLE, FLAG = "value", "multiple", "flag"
 RUN, EXEC, START = "run", "exec", "start"
 NET_MODES = ("none", "loopback", "allow")
+ISOLATION_MODES = ("auto", "namespaces", "landlock")  # policy.ISOLATION_MODES, without its import
 
 
 class Option:
@@ -109,6 +110,9 @@ OPTIONS: tuple[Option, ...] = (
            help="Override any profile key: --set limits.memory=1G --set network.mode=loopback."),
     Option(("--print-profile",), "print_profile", FLAG,
            help="Print the effective policy (profile plus options) as TOML and exit."),
+    Option(("--isolation",), "isolation", value="choice", choices=ISOLATION_MODES,
+           key="isolation", help="auto (default): namespaces where the host allows them, else "
+           "the Landlock mode; namespaces or landlock: that one only (docs/hosts.md)."),
     Option(("--allow-rule",), "allow_rules", MULTIPLE, metavar="NAME", key="allow_rules",
            help="Lift one rule of the rule book for a trusted use (docs/rules.md). "
            "Repeatable."),

@@ -227,12 +227,22 @@ def _execute(o: dict[str, Any]) -> int:
         result, collected = _launch(o, _with_inputs(policy, o["inputs"]))
     except (NsboxError, OSError) as raised:
         return _failed(raised, as_json)
+    if result.isolation != "namespaces" and policy.isolation == "auto" and not o.get("quiet"):
+        echo(isolation_line(), err=True)
     if as_json:
         echo(visible.json_text({**result.to_dict(with_output=True),
                                 **({"files": collected} if o["collect"] else {})}))
     else:
         _report(result, quiet=bool(o.get("quiet")))
     return exit_code(result)
+
+
+def isolation_line() -> str:
+    """Why this run got the Landlock mode, in one line (the Result lists what is weaker)."""
+    from nsbox.host.isolation import refusal_reason
+
+    return (f"nsbox: Landlock mode: this host refuses namespaces ({refusal_reason()}); "
+            "`nsbox doctor` says what is weaker and how to get them")
 
 
 # How an option's value becomes the value of its profile key (Option.key), where it is not the

@@ -122,6 +122,8 @@ def _start_options(command: Any) -> Any:
                      help="Network mode, as for nsbox run."),
         click.option("--allow-host", multiple=True, metavar="HOST[:PORT]",
                      help="Reachable through the session's proxy (implies --net allow)."),
+        click.option("--isolation", type=click.Choice(list(_options.ISOLATION_MODES)),
+                     help="auto, namespaces or landlock, as for nsbox run."),
         click.option("--idle-timeout", callback=_duration_opt, default="600",
                      metavar="SECONDS", show_default=True,
                      help="End the session after this long without a command."),
@@ -141,7 +143,8 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
           inputs: tuple[str, ...],
           ro_bind: tuple[str, ...], rw_bind: tuple[str, ...], env: tuple[str, ...],
           pass_env: tuple[str, ...], net_mode: str | None, allow_host: tuple[str, ...],
-          idle_timeout: float | None, audit: str | None, **limit_values: Any) -> None:
+          isolation: str | None, idle_timeout: float | None, audit: str | None,
+          **limit_values: Any) -> None:
     """Start a session and print its id.
 
     \b
@@ -157,7 +160,7 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
         "workspace.project": os.path.abspath(project) if project else None,
         "environment.set": _parse_env(env) or None,
         "environment.passthrough": pass_env or None,
-        "allow_rules": list(allow_rules) or None,
+        "allow_rules": list(allow_rules) or None, "isolation": isolation,
     }
     binds = [("--ro-bind", spec, False) for spec in ro_bind]
     binds += [("--bind", spec, True) for spec in rw_bind]

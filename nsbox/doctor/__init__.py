@@ -21,6 +21,7 @@ from typing import Any
 from nsbox import identity
 from nsbox.cgroups import HostView, describe_host
 from nsbox.cgroups._host import Layout, read_layout
+from nsbox.doctor import isolation
 from nsbox.doctor.hostfacts import HostFacts, kernel_release
 from nsbox.doctor.report import (
     CLEANUP,
@@ -66,7 +67,8 @@ def run_doctor(facts: HostFacts | None = None, policy: Policy | None = None) -> 
     checks: list[Check] = []
     for check in CHECKS:
         checks.extend(check(facts, policy))
-    guarantees = predict(checks, policy)
+    checks = isolation.settle(checks, facts, policy)  # the mode a run gets (namespaces or not)
+    guarantees = isolation.verdicts(checks, predict(checks, policy))
     if not facts.simulated:
         live = check_launch(policy, guarantees)
         checks.append(live)
@@ -392,7 +394,7 @@ def check_probe(facts: HostFacts, policy: Policy) -> list[Check]:
         # The cause a run would name for the same errno (disabled, or a seccomp filter).
         remedy = namespace_hint(int(str(outcome.get("errno") or 0))) or remedy
     return [Check("live probe", "fail", f"{failed} failed: {outcome.get('error')}", affects,
-                  remedy)]
+                  remedy, {"failed": failed, "errno": outcome.get("errno")})]
 
 
 def check_project(facts: HostFacts, policy: Policy) -> list[Check]:

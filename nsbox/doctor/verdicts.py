@@ -41,7 +41,8 @@ PROBE_ADVICE: dict[str, tuple[list[str], str]] = {
 # What a run gets for each guarantee: "enforced" (namespaces, seccomp, identity), "cgroup",
 # "rlimit" or "none" (limits), "off" (the policy turned it off), "refused" (the run does not
 # start: the host cannot give what the policy requires).
-GUARANTEES = ("namespaces", "seccomp", "identity", "memory", "pids", "cpus", "cpu_time")
+GUARANTEES = ("isolation", "namespaces", "seccomp", "identity", "memory", "pids", "cpus",
+              "cpu_time")
 LIMITS = ("memory", "pids", "cpus", "cpu_time")
 # The guarantee of each cgroup feature, and what replaces it without the cgroup (nsbox/limits.py).
 _LIMIT_OF = {"memory": "memory", "pids": "pids", "cpus": "cpus", "cpu_accounting": "cpu_time"}
@@ -78,13 +79,15 @@ def verdicts_of_run(outcome: Result | Exception, policy: Policy,
     """What one run reported per guarantee: its Result (``degraded`` names each limit that an
     rlimit replaced, nsbox/limits.py) or the error it raised. ``limits``: those it asked for."""
     if isinstance(outcome, HostError) and outcome.feature == "cgroup":
-        verdicts = {"namespaces": "enforced", "identity": "enforced",
+        verdicts = {"isolation": "refused", "namespaces": "enforced", "identity": "enforced",
                     "seccomp": "enforced" if policy.seccomp.enabled else "off"}
         return verdicts | dict.fromkeys(limits, "refused")
     if isinstance(outcome, Exception):
-        return dict.fromkeys(("namespaces", "seccomp", "identity", *limits), "refused")
-    verdicts = {"namespaces": "enforced", "identity": "enforced",
-                "seccomp": "enforced" if policy.seccomp.enabled else "off"}
+        return dict.fromkeys(("isolation", "namespaces", "seccomp", "identity", *limits),
+                             "refused")
+    landlock = outcome.isolation == "landlock"  # no namespaces (nsbox/host/isolation.py)
+    verdicts = {"isolation": outcome.isolation, "namespaces": "none" if landlock else "enforced",
+                "identity": "enforced", "seccomp": "enforced" if policy.seccomp.enabled else "off"}
     # Each entry of Result.degraded starts with the limit's name ("memory: RLIMIT_AS ...").
     degraded = {entry.split(":", 1)[0] for entry in outcome.degraded}
     for limit in limits:

@@ -97,6 +97,10 @@ class Launch:
         self.born_in_cgroup = False
         self.internal_error: SetupErrorInfo | None = None  # Launch.fail
         self.core = "python"  # or "native": which ran the sandbox child (nsbox/sandbox/native.py)
+        # What ends the sandbox: SIGKILL of its pid 1 ends its pid namespace; a Landlock
+        # sandbox's init ends its processes on its own signal (nsbox/helper/landlocked.py).
+        self.kill_signal: int = signal.SIGKILL
+        self.landlock_dirs: str | None = None  # its workspace and temporary directory's
         # The one owner of what the launch opened (pipes, descriptors, cgroup, spawner, the
         # child itself until reaped): closed at the reap, or when the launch fails before.
         self.cleanup = contextlib.ExitStack()
@@ -127,7 +131,7 @@ class Launch:
             self.kill_reason = reason
             # SIGKILL to the pid namespace's init kills every process in it (pid_namespaces(7)).
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pid, self.kill_signal)
             except ProcessLookupError:
                 pass
 

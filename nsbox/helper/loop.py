@@ -67,6 +67,7 @@ from nsbox import _libc, _wire, identity
 from nsbox._wire import ExitReport, WirePlan
 from nsbox.helper import channels as _channels
 from nsbox.helper import clone as _clone
+from nsbox.helper import landlocked as _landlocked
 from nsbox.helper import pool as _helper_pool
 from nsbox.helper import report as _report
 from nsbox.helper import start as _start
@@ -94,6 +95,7 @@ class Helper:
         # How a sandbox is born in its cgroup on this host, and what its child runs
         # (nsbox/helper/clone.py): moving a child into a cgroup costs an RCU grace period.
         self.cloner = _clone.choose(self, self.cap_last)
+        self.landlock_cloner: _clone.Cloner | None = None  # made at its first launch
         if self.identity.privileged:
             # No supplementary group of root's may reach a sandbox. Where setgroups is denied
             # (inside a user namespace that wrote "deny"), the groups are fixed already.
@@ -354,6 +356,7 @@ class Helper:
     def finish(self, launch: Launch, report: ExitReport) -> None:
         """Send the launch's report, then release everything it held."""
         release_pins(launch)  # the bound directories' modes, before the caller hears
+        _landlocked.remove_dirs(launch)  # a Landlock sandbox's fresh directories, likewise
         self.launches.discard(launch)
         launch.send(report)
         try:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from nsbox import limits as _limits
 from nsbox._wire import WirePlan
-from nsbox.helper import channels, ids, report
+from nsbox.helper import channels, ids, landlocked, report
 from nsbox.helper.clone import Cloner
 from nsbox.helper.launch import ChildFds, Launch, StepFailed
 
@@ -33,8 +33,9 @@ def start(helper: Helper, launch: Launch, plan: WirePlan, stdio: list[int]) -> N
     """Clone the sandbox of ``plan`` with ``stdio`` (the caller keeps and closes those) and
     release it. A failure before the sandbox exists raises (StepFailed, HostError, anything)
     with all the launch opened released; one after becomes the launch's report (Launch.fail)."""
+    cloner = landlocked.cloner_for(helper, plan)  # the helper's, or the Landlock mode's
     try:
-        pid = clone_sandbox(helper, launch, plan, stdio)
+        pid = clone_sandbox(helper, launch, plan, stdio, cloner)
     except BaseException:
         try:
             launch.cleanup.close()
@@ -42,34 +43,36 @@ def start(helper: Helper, launch: Launch, plan: WirePlan, stdio: list[int]) -> N
             pass
         raise
     try:
-        release(helper, launch, plan, pid)
+        release(helper, launch, plan, pid, cloner)
     except Exception as exc:
         launch.fail("release", exc)
 
 
-def clone_sandbox(helper: Helper, launch: Launch, plan: WirePlan, stdio: list[int]) -> int:
+def clone_sandbox(helper: Helper, launch: Launch, plan: WirePlan, stdio: list[int],
+                  cloner: Cloner) -> int:
     """The steps up to a cloned child, watched by the helper. Returns its pid."""
     begin_trace(launch, plan, helper.received_ns)
     import_session_init(plan)
-    create_cgroup(launch, plan, helper.cloner)
+    create_cgroup(launch, plan, cloner)
     with contextlib.ExitStack() as child_ends:  # closed here once the child has its copies
-        cgroup_fd = open_cgroup(launch, helper.cloner, child_ends)
+        cgroup_fd = open_cgroup(launch, cloner, child_ends)
         sources = open_sources(helper, launch, plan, child_ends)
         sync_r, err_w = create_pipes(helper, launch, child_ends)
         notify_fd, net_fd = open_channels(helper, launch, plan, child_ends)
         fds = ChildFds(stdio, sync_r, err_w, sources, notify_fd, net_fd)
-        pid = clone(launch, plan, fds, cgroup_fd, helper.cloner)
+        pid = clone(launch, plan, fds, cgroup_fd, cloner)
     watch(helper, launch)
     return pid
 
 
-def release(helper: Helper, launch: Launch, plan: WirePlan, pid: int) -> None:
+def release(helper: Helper, launch: Launch, plan: WirePlan, pid: int, cloner: Cloner) -> None:
     """The steps from a cloned child to a running sandbox: raises StepFailed (which
     ``start`` turns into the launch's report)."""
     with step("write id maps"):
-        ids.write_id_maps(helper.identity, pid, plan)
+        if not landlocked.is_landlock(plan):  # no user namespace: the child sets its uid
+            ids.write_id_maps(helper.identity, pid, plan)
     with step("attach to cgroup"):
-        helper.cloner.settle(launch)
+        cloner.settle(launch)
     let_go(launch)
     start_deadline(launch, plan)
     tell_pid(launch)
@@ -97,6 +100,8 @@ def import_session_init(plan: WirePlan) -> None:
         # A session's init serves commands instead of exec (nsbox/sandbox/sessioninit.py); it is
         # imported here, before the clone, because nothing can be imported after pivot_root.
         import nsbox.sandbox.sessioninit  # noqa: F401
+        if landlocked.is_landlock(plan):
+            import nsbox.sandbox.landlock_session  # noqa: F401
 
 
 def create_cgroup(launch: Launch, plan: WirePlan, cloner: Cloner) -> None:
@@ -165,7 +170,8 @@ def clone(launch: Launch, plan: WirePlan, fds: ChildFds, cgroup_fd: int | None,
     try:
         pid = cloner.clone(launch, plan, fds, cgroup_fd)
     except OSError as exc:
-        raise StepFailed("create namespaces", exc.errno or 0, str(exc)) from None
+        name = "fork" if landlocked.is_landlock(plan) else "create namespaces"
+        raise StepFailed(name, exc.errno or 0, str(exc)) from None
     launch.cleanup.callback(end_child, launch)
     return pid
 
@@ -207,4 +213,7 @@ def start_deadline(launch: Launch, plan: WirePlan) -> None:
 def tell_pid(launch: Launch) -> None:
     # With the pid, a descriptor for it: the host process kills the sandbox by it should this
     # helper not get to run at the deadline (nsbox/launcher.py, the second guard).
-    launch.send_fd({"event": "pid", "pid": launch.pid}, launch.pidfd)
+    message: dict[str, int | str] = {"event": "pid", "pid": launch.pid}
+    if launch.kill_signal != signal.SIGKILL:  # a Landlock sandbox's (nsbox/helper/landlocked.py)
+        message["kill_signal"] = launch.kill_signal
+    launch.send_fd(message, launch.pidfd)

@@ -93,6 +93,7 @@ class _Watch:
     report: dict[str, Any] | None = None
     pid: int = 0
     pidfd: int = -1
+    kill_signal: int = signal.SIGKILL  # a Landlock sandbox's init ends its tree on its own
     host_deadline: float | None = None
     host_killed: bool = False
     kept: int = 0
@@ -108,7 +109,7 @@ class _Watch:
             return False  # the sandbox is gone; whoever still holds a pipe is not ours to wait for
         if (self.host_deadline is not None and self.report is None
                 and time.monotonic() >= self.host_deadline):
-            self.host_killed = _kill_by_pidfd(self.pidfd)
+            self.host_killed = _kill_by_pidfd(self.pidfd, self.kill_signal)
             self.host_deadline = None
         for key, _mask in events:
             if key.data is None:
@@ -147,6 +148,7 @@ class _Watch:
             return
         if message["event"] == "pid" and fds and self.pidfd < 0:
             self.pidfd = fds.pop()
+            self.kill_signal = int(message.get("kill_signal", signal.SIGKILL))
             if isinstance(self.wall_time, (int, float)):
                 self.host_deadline = time.monotonic() + self.wall_time + HOST_GRACE
         for fd in fds:
@@ -179,12 +181,13 @@ class _Watch:
             stream.kept += chunk
 
 
-def _kill_by_pidfd(pidfd: int) -> bool:
-    """SIGKILL to the sandbox's pid 1 (its whole pid namespace dies with it)."""
+def _kill_by_pidfd(pidfd: int, signum: int = signal.SIGKILL) -> bool:
+    """SIGKILL to the sandbox's pid 1 (its whole pid namespace dies with it); to a Landlock
+    sandbox's init, the signal on which it ends every process of the sandbox."""
     if pidfd < 0:
         return False
     try:
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        signal.pidfd_send_signal(pidfd, signum)
     except ProcessLookupError:
         return False  # it has ended already
     except OSError:

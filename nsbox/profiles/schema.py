@@ -252,8 +252,7 @@ def host_dir(origin: Origin, key: str, raw: Any) -> str:
 
 def check_dir(origin: Origin, key: str, value: str) -> None:
     if not os.path.isdir(value):
-        raise origin.error(key, f"{value} does not exist or is not a directory",
-                           "create it first")
+        raise origin.error(key, f"{value} does not exist or is not a directory", "create it first")
 
 
 # --- mounts --------------------------------------------------------------------------------------
@@ -463,6 +462,7 @@ def limit_fields(prefix: str) -> dict[str, Field]:
 
 FIELDS: dict[str, Field] = {
     "description": Field(("description",), string),
+    "isolation": Field(("isolation",), choice("auto", "namespaces", "landlock")),
     # Before every key whose value a rule may refuse: a layer applies its keys in this order.
     "allow_rules": Field(("allow_rules",), allow_rules, list),
     "environment.set": Field(("env",), env_table, dict),
@@ -496,5 +496,5 @@ FIELDS: dict[str, Field] = {
 # Keys that hold ordered lists of tables, and the switch that drops inherited mounts.
 LIST_KEYS = ("filesystem.mounts", "seccomp.rules")
 SECTIONS = ("filesystem", "environment", "identity", "limits", "network", "seccomp", "workspace")
-TOP_KEYS = ("description", "extends", "allow_rules", *SECTIONS)
+TOP_KEYS = ("description", "extends", "allow_rules", "isolation", *SECTIONS)
 ALL_KEYS = (*FIELDS, *LIST_KEYS, "filesystem.inherit", "extends")

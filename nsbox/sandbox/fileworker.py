@@ -23,6 +23,7 @@ from nsbox.sandbox import child as _child
 from nsbox.sandbox import projectfs
 
 WORKSPACE = "/workspace"
+ROOT = "/"  # where every walk starts (the Landlock mode's: the workspace, WORKSPACE "")
 _CHUNK = 65536
 _MAX_DEPTH = 64
 
@@ -42,6 +43,11 @@ def run_file_op(ctx: _child.Context, op: dict[str, Any]) -> int:
     _libc.close_range(3)
     _libc.drop_all_capabilities(ctx.cap_last)
     _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
+    return perform(ctx, op)
+
+
+def perform(ctx: _child.Context, op: dict[str, Any]) -> int:
+    """The operation itself, in a process that holds nothing more than the sandbox."""
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     ctx.step = f"file {op.get('kind')}"
     try:
@@ -83,7 +89,7 @@ def _components(path: str) -> list[str]:
 def _open_dir(parts: list[str], path: str, create: bool = False) -> int:
     """Walk from / to the directory ``parts`` without following any symlink."""
     try:
-        return open_dir_beneath("/", parts, create=create)
+        return open_dir_beneath(ROOT, parts, create=create)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise FileOpError(path, f"{exc.filename} is a symlink or not a directory") from None

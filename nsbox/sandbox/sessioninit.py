@@ -43,7 +43,7 @@ import signal
 import socket
 import sys
 import time
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from nsbox import _libc, _wire
 from nsbox._wire import ExitReport, InitEvent, InitRequest, KillRequest
@@ -56,8 +56,9 @@ CAP_SYS_ADMIN = 21
 
 class Job:
     def __init__(self, sock: socket.socket, pid: int, err_fd: int,
-                 deadline: float | None) -> None:
+                 deadline: float | None, kill_signal: int = signal.SIGKILL) -> None:
         self.sock = sock
+        self.kill_signal = kill_signal
         self.pid = pid
         self.err_fd = err_fd
         self.started = time.monotonic()
@@ -75,7 +76,7 @@ class Job:
         if self.kill_reason is None:
             self.kill_reason = reason
             # SIGKILL to the command's own pid 1 ends its whole pid namespace.
-            os.kill(self.pid, signal.SIGKILL)
+            os.kill(self.pid, self.kill_signal)
 
 
 def main(ctx: _child.Context) -> NoReturn:
@@ -94,6 +95,20 @@ def main(ctx: _child.Context) -> NoReturn:
 
 
 class Init:
+    # Each command is cloned into a pid namespace of its own, and ends with its pid 1. (The
+    # Landlock mode's init, nsbox/sandbox/landlock_session.py, overrides what follows.)
+    clone_flags = _libc.CLONE_NEWPID | signal.SIGCHLD
+    kill_signal = int(signal.SIGKILL)
+
+    def keep_privileges(self) -> None:
+        _libc.keep_only_capabilities((CAP_SETPCAP, CAP_SYS_ADMIN), self.ctx.cap_last)
+
+    def run_command(self, command: dict[str, Any]) -> NoReturn:
+        _child.finish_and_exec(self.ctx, command)
+
+    def run_file_op(self, op: dict[str, Any]) -> int:
+        return run_file_op(self.ctx, op)
+
     def __init__(self, ctx: _child.Context) -> None:
         self.ctx = ctx
         session = ctx.plan.get("session")
@@ -113,7 +128,7 @@ class Init:
         # held end would keep another caller waiting for end-of-file.
         _close_all_but((0, 1, 2, control_fd, ctx.err_fd))
         _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
-        _libc.keep_only_capabilities((CAP_SETPCAP, CAP_SYS_ADMIN), ctx.cap_last)
+        self.keep_privileges()
         self.wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         signal.signal(signal.SIGCHLD, lambda _s, _f: None)
         signal.set_wakeup_fd(wake_w)
@@ -185,7 +200,7 @@ class Init:
             "wall_time", 60.0)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         try:
-            pid = _libc.raw_clone(_libc.CLONE_NEWPID | signal.SIGCHLD)
+            pid = _libc.raw_clone(self.clone_flags)
         except OSError as exc:
             os.close(err_r)
             os.close(err_w)
@@ -197,7 +212,8 @@ class Init:
         if pid == 0:
             self.become_command(request, stdio, err_r, err_w)
         os.close(err_w)
-        job = Job(sock, pid, err_r, None if wall is None else time.monotonic() + float(wall))
+        job = Job(sock, pid, err_r, None if wall is None else time.monotonic() + float(wall),
+                  self.kill_signal)
         self.jobs[pid] = job
         self.selector.register(sock, selectors.EVENT_READ, lambda _s: self.on_request(job))
         job.send({"event": "pid", "pid": pid})
@@ -216,8 +232,8 @@ class Init:
                 # The session's rlimits as the helper left them: with the fallbacks for what
                 # its cgroup cannot limit on this host (never weaker than a single run).
                 command = dict(request["command"], rlimits=ctx.plan["rlimits"])
-                _child.finish_and_exec(ctx, command)
-            code = run_file_op(ctx, dict(request["op"]))
+                self.run_command(command)
+            code = self.run_file_op(dict(request["op"]))
             os._exit(code)
         except OSError as exc:
             _child.fail(ctx, exc.errno or 0, exc.strerror or str(exc))

@@ -1,0 +1,144 @@
+"""The seccomp filter of the Landlock mode: what Landlock does not govern, refused.
+
+Without namespaces the sandbox shares the host's network stack, IPC, keyrings and processes;
+Landlock (nsbox/_landlock.py) covers files, TCP bind and connect, and (ABI 6) signals and
+abstract unix sockets. These rules close the rest. Like the set-id filter they are a filter of
+their own, loaded in every Landlock sandbox after the set-id filter and before the policy's: the
+policy cannot lift them (stacked filters all run, the strictest answer wins, seccomp(2)).
+
+- socket(2): only TCP (AF_INET and AF_INET6, SOCK_STREAM, protocol 0 or IPPROTO_TCP), which
+  Landlock denies bind and connect on every port. Everything else (UDP, raw, netlink, packet,
+  MPTCP and SCTP, which Landlock does not cover, landlock-lsm/linux#54, and AF_UNIX, so that the
+  host's pathname sockets are unreachable) is EACCES; socketpair(2) stays for AF_UNIX alone.
+- listen(2) binds a port without bind(2) (inet_autobind), out of Landlock's sight: refused.
+- sendto/sendmsg/sendmmsg with MSG_FASTOPEN connect without connect(2) (tcp_sendmsg_fastopen,
+  landlock-lsm/linux#41): refused; io_uring, which could do the same, answers ENOSYS.
+- System V IPC and POSIX message queues reach the host's (there is no IPC namespace); kernel
+  keyrings hold the caller's user keyring: refused.
+- setpriority, ioprio_set, prlimit64 and the sched_set* calls may name another process of the
+  same uid, which Landlock does not check: only the caller itself (pid/who 0) may be named.
+- New namespaces (unshare, setns, clone's namespace flags, clone3), as the built-in filter.
+- TIOCSTI and TIOCLINUX, as the built-in filter (the caller's terminal may be the stdin).
+- chown by name, and chmod by name to a group- or world-writable mode. Landlock governs
+  contents, not metadata, so a file of the sandbox's uid outside the workspace (as an
+  unprivileged caller's sandbox, every file of the caller's) could otherwise be handed to
+  another group or opened to every local user for writing. The rest of chmod by name
+  (git, pip and tar set 0644 and 0755 modes that way), times and extended attributes stay
+  (docs/hosts.md lists it as weaker); on a descriptor, which is only had by opening what
+  Landlock allows, everything stays (fchmod, fchown).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import platform
+from collections.abc import Iterable
+
+from nsbox.host import seccomp as seccompmod
+from nsbox.host import seccomp_compile as compiler
+from nsbox.host.seccomp_rules import _not_in
+from nsbox.policy import SeccompArg, SeccompRule
+
+_EACCES, _EPERM, _ENOSYS = "errno:EACCES", "errno:EPERM", "errno:ENOSYS"
+_AF_UNIX, _AF_INET, _AF_INET6 = 1, 2, 10
+_SOCK_STREAM, _SOCK_TYPE_MASK = 1, 0xF  # the type's low bits; the rest are flags
+_IPPROTO_TCP = 6
+_MSG_FASTOPEN = 0x20000000
+_CLONE_NEW_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
+                    0x40000000)
+_TIOCSTI, _TIOCLINUX, _U32 = 0x5412, 0x541C, (1 << 32) - 1
+_IPC = ("shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget",
+        "semop", "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend",
+        "mq_timedreceive", "mq_notify", "mq_getsetattr", "keyctl", "add_key", "request_key")
+_CHOWN_BY_NAME = ("chown", "lchown", "fchownat")
+_CHMOD_MODE_ARG = {"chmod": 1, "fchmodat": 2, "fchmodat2": 2}
+_GROUP_OR_OTHER_WRITE = (0o020, 0o002)
+# The argument that names the other process, per call.
+_TARGET_ARG = {"prlimit64": 0, "sched_setaffinity": 0, "sched_setscheduler": 0,
+               "sched_setparam": 0, "sched_setattr": 0}
+
+
+def _rule(name: str, action: str, *args: SeccompArg) -> SeccompRule:
+    return SeccompRule(name, action, tuple(args))
+
+
+def _socket_rules() -> list[SeccompRule]:
+    rules = [SeccompRule("socket", _EACCES, c) for c in _not_in(0, (_AF_INET, _AF_INET6))]
+    rules += [_rule("socket", _EACCES, SeccompArg(1, "masked_eq", kind, _SOCK_TYPE_MASK))
+              for kind in range(_SOCK_TYPE_MASK + 1) if kind != _SOCK_STREAM]
+    rules += [SeccompRule("socket", _EACCES, c) for c in _not_in(2, (0, _IPPROTO_TCP))]
+    rules += [SeccompRule("socketpair", _EACCES, c) for c in _not_in(0, (_AF_UNIX,))]
+    rules.append(_rule("listen", _EACCES))
+    for name, flags_arg in (("sendto", 3), ("sendmsg", 2), ("sendmmsg", 3)):
+        rules.append(_rule(name, _EACCES,
+                           SeccompArg(flags_arg, "masked_eq", _MSG_FASTOPEN, _MSG_FASTOPEN)))
+    return rules
+
+
+def _process_rules() -> list[SeccompRule]:
+    rules = [_rule(name, _EPERM, SeccompArg(index, "ne", 0))
+             for name, index in _TARGET_ARG.items()]
+    # setpriority(which, who, prio) and ioprio_set(which, who, ioprio): only "this process"
+    # (PRIO_PROCESS 0 / IOPRIO_WHO_PROCESS 1, with who 0).
+    rules += [_rule("setpriority", _EPERM, SeccompArg(0, "ne", 0)),
+              _rule("setpriority", _EPERM, SeccompArg(1, "ne", 0)),
+              _rule("ioprio_set", _EPERM, SeccompArg(0, "ne", 1)),
+              _rule("ioprio_set", _EPERM, SeccompArg(1, "ne", 0))]
+    rules += [_rule(name, _EPERM) for name in ("unshare", "setns")]
+    rules += [_rule("clone", _EPERM, SeccompArg(0, "masked_eq", flag, flag))
+              for flag in _CLONE_NEW_FLAGS]
+    rules += [_rule(name, _ENOSYS) for name in ("clone3", "io_uring_setup", "io_uring_enter",
+                                                "io_uring_register")]
+    rules += [_rule("ioctl", _EPERM, SeccompArg(1, "masked_eq", request, _U32))
+              for request in (_TIOCSTI, _TIOCLINUX)]
+    return rules
+
+
+def rules() -> tuple[SeccompRule, ...]:
+    """The filter's rules."""
+    found = _socket_rules() + _process_rules() + [_rule(name, _EPERM) for name in _IPC]
+    found += [_rule(name, _EPERM) for name in _CHOWN_BY_NAME]
+    found += [_rule(name, _EPERM, SeccompArg(index, "masked_eq", bit, bit))
+              for name, index in _CHMOD_MODE_ARG.items() for bit in _GROUP_OR_OTHER_WRITE]
+    return tuple(found)
+
+
+def _compile(key: str) -> compiler.Program:
+    """Allow by default, the native architecture only (another's syscalls are killed)."""
+    pyseccomp = compiler._import_pyseccomp()
+    flt = pyseccomp.SyscallFilter(compiler.RET_ALLOW)
+    flt.set_attr(pyseccomp.Attr.ACT_BADARCH, compiler.RET_KILL_PROCESS)
+    flt.set_attr(pyseccomp.Attr.CTL_NNP, 0)
+    with contextlib.suppress(OSError):
+        flt.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)
+    for rule in rules():
+        nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, rule.syscall)
+        if nr < 0:
+            continue  # not a syscall of this architecture or this libseccomp (setxattrat)
+        kind, number = compiler.parse_action(rule.action, "Landlock mode rule")
+        conditions = [pyseccomp.Arg(a.index, compiler.OPS[a.op],
+                                    *((a.mask, a.value) if a.op == "masked_eq" else (a.value,)))
+                      for a in rule.args]
+        flt.add_rule(compiler._action_value(kind, number, False), nr, *conditions)
+    return compiler.Program(compiler._export(flt), key)
+
+
+def _key() -> str:
+    from nsbox.version import VERSION
+
+    blob = json.dumps({"landlock": hashlib.sha256(repr(rules()).encode()).hexdigest(),
+                       "arch": platform.machine(), "libseccomp": seccompmod.libseccomp_version(),
+                       "nsbox": VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+_keys: list[str] = []  # worked out once: nothing in it changes in a process
+
+
+def load(untrusted_dirs: Iterable[str] = ()) -> compiler.Program:
+    """The compiled filter, cached like the others (nsbox/host/seccomp.py)."""
+    if not _keys:
+        _keys.append(_key())
+    return seccompmod._cached(_keys[0], untrusted_dirs, lambda: _compile(_keys[0]))
