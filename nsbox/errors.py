@@ -7,6 +7,7 @@ a hint.
 
 from __future__ import annotations
 
+import errno as _errno
 from collections.abc import Iterable
 from typing import Any, TypedDict
 
@@ -68,14 +69,33 @@ class SetupError(NsboxError):
 
     def __init__(self, step: str, errno: int, message: str, hint: str | None = None) -> None:
         self.step = step
-        self.errno = errno
         self.message = message
         self.hint = hint
         super().__init__(f"{step}: {message}")
+        # After the base's __init__: an OSError subclass below resets errno there.
+        self.errno = errno
+
+    def __str__(self) -> str:
+        text = f"{self.step}: {self.message}"
+        return f"{text}\n  hint: {self.hint}" if self.hint else text
 
 
-class CommandNotFound(SetupError):
-    """The command does not exist (or is not executable) inside the sandbox."""
+class CommandNotFound(SetupError, FileNotFoundError):  # type: ignore[misc]
+    """The command does not exist inside the sandbox. Also a FileNotFoundError, as
+    ``subprocess.run`` raises for a missing program: ``except FileNotFoundError`` catches it."""
+
+    def __init__(self, step: str, errno: int, message: str, hint: str | None = None) -> None:
+        super().__init__(step, errno, message, hint)
+        self.strerror = "No such file or directory"
+
+
+class CommandNotExecutable(SetupError, PermissionError):  # type: ignore[misc]
+    """The command exists inside the sandbox but cannot be executed (no execute permission, a
+    directory, a mount without exec). Also a PermissionError, as ``subprocess.run`` raises."""
+
+    def __init__(self, step: str, errno: int, message: str, hint: str | None = None) -> None:
+        super().__init__(step, errno, message, hint)
+        self.strerror = "Permission denied"
 
 
 class LaunchError(NsboxError):
@@ -96,6 +116,18 @@ class FileTransferError(NsboxError):
         self.reason = reason
         shown = visible.name(reason)
         super().__init__(f"{visible.name(path)}: {shown}" if path else shown)
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}" if self.path else self.reason
+
+
+class SandboxFileNotFound(FileTransferError, FileNotFoundError):
+    """The file to read (or list) does not exist in the sandbox. Also a FileNotFoundError:
+    ``except FileNotFoundError`` catches it, as it would for a local ``open``."""
+
+    def __init__(self, path: str, reason: str = "No such file or directory") -> None:
+        super().__init__(path, reason)
+        self.errno, self.strerror, self.filename = _errno.ENOENT, reason, path
 
 
 def suggest(word: str, choices: Iterable[str]) -> str | None:
@@ -141,8 +173,8 @@ def from_wire(wire: ErrorWire | dict[str, Any]) -> NsboxError:
     message = wire.get("message") or wire.get("text") or "error"
     if isinstance(cls, type) and issubclass(cls, SetupError):
         return cls(wire.get("step") or "", wire.get("errno") or 0, message, hint=wire.get("hint"))
-    if cls is FileTransferError:
-        return FileTransferError(wire.get("path") or "", wire.get("reason") or "")
+    if isinstance(cls, type) and issubclass(cls, FileTransferError):
+        return cls(wire.get("path") or "", wire.get("reason") or "")  # type: ignore[no-any-return]
     if cls is PolicyError:
         return PolicyError(message, key=wire.get("key"), file=wire.get("file"),
                            line=wire.get("line"), hint=wire.get("hint"), rule=wire.get("rule"))
