@@ -69,7 +69,7 @@ async def arun(argv: Sequence[str], policy: Policy | None = None, **kwargs: Any)
     ``timeout``...), the same Result and errors. Cancelling the task kills the sandbox; the
     ``CancelledError`` arrives once it is gone (docs/api.md, "asyncio")."""
     cancel = launcher.Cancel()
-    return await _in_thread(lambda: api.run_cancellable(argv, policy, cancel=cancel, **kwargs),
+    return await _in_thread(lambda: api._run_cancellable(argv, policy, cancel=cancel, **kwargs),
                             cancel)
 
 
@@ -129,7 +129,7 @@ class AsyncSession:
         session = self._open()
         cancel = launcher.Cancel()
         return await _in_thread(
-            lambda: session.run_cancellable(argv, cancel=cancel, **kwargs), cancel)
+            lambda: session._run_cancellable(argv, cancel=cancel, **kwargs), cancel)
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """``Session.write_file`` for asyncio."""

@@ -69,14 +69,14 @@ def run(argv: Sequence[str], policy: Policy | None = None, *, input: bytes | str
     the sandbox, SetupError when the sandbox cannot be built, and PolicyError naming the
     argument for a bad value (docs/api.md, "Errors"), before anything starts.
     """
-    return run_cancellable(
+    return _run_cancellable(
         argv, policy, input=input, stdin=stdin, text=text, encoding=encoding, errors=errors,
         check=check, capture_output=capture_output, timeout=timeout, output_limit=output_limit,
         env=env, workspace=workspace, cwd=cwd, passthrough=passthrough, audit=audit,
         profile=profile)
 
 
-def run_cancellable(argv: Any, policy: Any = None, *, input: Any = None, stdin: Any = None,
+def _run_cancellable(argv: Any, policy: Any = None, *, input: Any = None, stdin: Any = None,
                     text: Any = False, encoding: Any = None, errors: Any = None,
                     check: Any = False, capture_output: Any = None, timeout: Any = None,
                     output_limit: Any = None, env: Any = None, workspace: Any = None,
@@ -119,7 +119,7 @@ def run_audited(argv: Sequence[str], policy: Policy, *, audit: str, stdin: bytes
 
     with Session(policy, workspace=workspace, env=env, audit=audit, idle_timeout=None,
                  timeout=timeout, output_limit=output_limit) as session:
-        return session.run_command(argv, stdin=stdin, cwd=cwd, passthrough=passthrough,
+        return session._run_command(argv, stdin=stdin, cwd=cwd, passthrough=passthrough,
                                    cancel=cancel)
 
 

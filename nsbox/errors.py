@@ -26,7 +26,8 @@ class NsboxError(Exception):
 
 class PolicyError(NsboxError):
     """A profile or an option is invalid. Names the file, the key and (when known) the line;
-    ``rule`` is the name of the rule of nsbox/rules.py that refused it, if one did."""
+    ``rule`` is the name of the rule of the rule book (docs/rules.md) that refused it, if one
+    did."""
 
     def __init__(
         self,

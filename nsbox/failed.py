@@ -41,7 +41,8 @@ class CommandFailed(NsboxError, subprocess.CalledProcessError):
             how = f"signal {result.signal}"
         else:
             how = result.error or "no exit status"
-        limit = f", {result.extra['limit']} limit" if result.extra.get("limit") else ""
+        limit = result.extra.get("limit") or ("wall_time" if result.status is Status.TO else "")
+        limit = f", {limit} limit" if limit else ""
         return f"command {command}ended with status {result.status.value} ({how}{limit})"
 
 

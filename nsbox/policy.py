@@ -104,7 +104,7 @@ DEFAULT_MOUNTS: tuple[Mount, ...] = (
 class Limits:
     """Per-run limits. ``None`` means "no limit of this kind".
 
-    The defaults are the shipped ``default`` profile's (nsbox/profiles/default.toml): the API
+    The defaults are the shipped ``default`` profile's (``nsbox profiles show default``): the API
     and the command line start from the same sandbox.
     """
 

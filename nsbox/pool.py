@@ -134,12 +134,12 @@ class Pool:
         """Run ``argv`` in one of the prepared sandboxes. The arguments are ``nsbox.run``'s
         (``input``, ``text``, ``check``, ``capture_output`` as ``subprocess.run``'s;
         docs/api.md), less the policy and the workspace, which are the pool's."""
-        return self.run_cancellable(
+        return self._run_cancellable(
             argv, input=input, stdin=stdin, text=text, encoding=encoding, errors=errors,
             check=check, capture_output=capture_output, timeout=timeout,
             output_limit=output_limit, env=env, cwd=cwd, passthrough=passthrough)
 
-    def run_cancellable(self, argv: Any, *, input: Any = None, stdin: Any = None,
+    def _run_cancellable(self, argv: Any, *, input: Any = None, stdin: Any = None,
                         text: Any = False, encoding: Any = None, errors: Any = None,
                         check: Any = False, capture_output: Any = None, timeout: Any = None,
                         output_limit: Any = None, env: Any = None, cwd: Any = None,

@@ -289,7 +289,7 @@ class Session(SessionRun, ProjectReview):
 
     # --- commands ----------------------------------------------------------------------------
 
-    def run_command(
+    def _run_command(
         self,
         argv: Sequence[str],
         *,

@@ -1,6 +1,6 @@
 """``Session.run``: a command of a session, with the arguments ``subprocess.run`` has too.
 
-The session's own part, one command of its init (``Session.run_command``), is in
+The session's own part, one command of its init (``Session._run_command``), is in
 nsbox/session.py; this is the door: ``input``, ``text``, ``check`` and ``capture_output``
 checked (nsbox/inputs.py, ``call_args``), and the Result decoded or raised as ``nsbox.run``
 does (nsbox/result.py, ``finish``).
@@ -23,13 +23,13 @@ class SessionRun:
 
     timeout: float | None  # the session's default deadline (Session's)
 
-    def run_command(self, argv: Sequence[str], *, stdin: bytes | str | int | None = None,
+    def _run_command(self, argv: Sequence[str], *, stdin: bytes | str | int | None = None,
                     timeout: float | None = None, output_limit: int | None = None,
                     env: dict[str, str] | None = None, cwd: str | None = None,
                     passthrough: bool = False,
                     _sinks: tuple[int | None, int | None] | None = None,
                     cancel: Cancel | None = None) -> Result[bytes]:
-        raise NotImplementedError  # Session.run_command
+        raise NotImplementedError  # Session._run_command
 
     @overload
     def run(self, argv: Sequence[str], *, input: bytes | str | None = None,
@@ -61,13 +61,13 @@ class SessionRun:
         session's. ``timeout`` and ``output_limit`` default to the session's. A timeout (TO)
         or output limit (OL) ends this command and everything it started, never the session.
         """
-        return self.run_cancellable(
+        return self._run_cancellable(
             argv, input=input, stdin=stdin, text=text, encoding=encoding, errors=errors,
             check=check, capture_output=capture_output, timeout=timeout,
             output_limit=output_limit, env=env, cwd=cwd, passthrough=passthrough,
             _sinks=_sinks)
 
-    def run_cancellable(self, argv: Any, *, input: Any = None, stdin: Any = None,
+    def _run_cancellable(self, argv: Any, *, input: Any = None, stdin: Any = None,
                         text: Any = False, encoding: Any = None, errors: Any = None,
                         check: Any = False, capture_output: Any = None, timeout: Any = None,
                         output_limit: Any = None, env: Any = None, cwd: Any = None,
@@ -78,7 +78,7 @@ class SessionRun:
         call = inputs.call_args(input_=input, stdin_=stdin, text_=text, encoding=encoding,
                                 errors=errors, check=check, capture_output=capture_output,
                                 passthrough=passthrough)
-        result = self.run_command(argv, stdin=call.stdin, timeout=timeout,
+        result = self._run_command(argv, stdin=call.stdin, timeout=timeout,
                                   output_limit=output_limit, env=env, cwd=cwd,
                                   passthrough=call.passthrough, _sinks=_sinks, cancel=cancel)
         deadline = timeout if isinstance(timeout, (int, float)) else self.timeout
