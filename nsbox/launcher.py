@@ -244,7 +244,9 @@ def run(
         return _launch(wire, cmd.stdin, cap, passthrough, RunNetwork(policy.network),
                        trace=trace, cancel=cancel)
 
-    return isolation.with_fallback(policy, attempt)
+    result = isolation.with_fallback(policy, attempt)
+    limits.note_disk(result, policy.workspace, policy.limits.workspace_size)
+    return result
 
 
 def build_plan(policy: Policy, argv: list[str], *, mode: str | None = None,
@@ -478,6 +480,7 @@ def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
         timed_out=report["timed_out"],
     )
     result.extra["pid"] = pid
+    result.disk_full = [str(place) for place in report.get("disk_full") or []]
     if report.get("core"):
         result.extra["core"] = report["core"]
     if report.get("seccomp_denied") is not None:

@@ -197,6 +197,12 @@ def build(
         {"op": "proc", "target": "/proc"},
         {"op": "tmpfs", "target": "/tmp", "size": policy.limits.tmp_size, "mode": 0o1777},
     ]
+    if policy.workspace is None and policy.limits.workspace_size is None:
+        raise PolicyError("'none' is only for a host-directory workspace: a tmpfs workspace "
+                          "(or a project's copy-on-write layer) always has a size",
+                          key="limits.workspace_size",
+                          hint="give a size, e.g. 1G, or a host directory as the workspace "
+                          "(--workspace DIR)")
     if policy.project is not None:
         from nsbox.host import project  # its copy-on-write machinery: only for a project
 

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Literal, cast, overload
 
-from nsbox import _wire, inputs, launcher
+from nsbox import _wire, inputs, launcher, limits
 from nsbox import plan as planmod
 from nsbox._wire import PoolMessage, PoolSpec, WireCommand, WirePlan
 from nsbox.errors import LaunchError, PolicyError
@@ -157,6 +157,7 @@ class Pool:
         cap = cmd.output_limit if cmd.output_limit is not None else self.policy.limits.output
         result = launcher._launch(dict(command), cmd.stdin, cap, call.passthrough,
                                   submit=self._submit, trace=trace, cancel=cancel)
+        limits.note_disk(result, self.policy.workspace, self.policy.limits.workspace_size)
         return finish(result, call.text, call.check, cmd.argv, command["wall_time"])
 
     def _command(self, argv: list[str], env: dict[str, str] | None, cwd: str | None,

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nsbox import _wire, launcher
+from nsbox import _wire, launcher, limits
 from nsbox import inputs as doors
 from nsbox._wire import InitEvent, InitRequest, WireCommand
 from nsbox.errors import LaunchError, NsboxError, SessionClosed
@@ -379,6 +379,7 @@ class Session(SessionRun, ProjectReview):
         result.extra["session"] = self.id
         if request["cmd"] == "run":
             self._network_report(result)
+            limits.note_disk(result, self.policy.workspace, self.policy.limits.workspace_size)
         # Output passed through is not in the Result; the audit record still gets its head.
         self._heads = (bytes(streams[0].kept) if sinks[0] is not None else result.stdout,
                        bytes(streams[1].kept) if sinks[1] is not None else result.stderr)

@@ -32,6 +32,7 @@ def exit_report(launch: Launch, wait_status: int, rusage: resource.struct_rusage
         "seccomp_denied": denied,
         "limits": limits,
         "core": launch.core,
+        "disk_full": _child.disk_full(launch.err_data),
     }
     if launch.trace is not None:
         report["trace"] = [*launch.trace, *child_trace, ("helper: reaped", reaped_ns)]

@@ -292,6 +292,7 @@ class Init:
             "cpu_user": rusage.ru_utime, "cpu_system": rusage.ru_stime,
             "maxrss_kib": rusage.ru_maxrss, "timed_out": job.timed_out,
             "kill_reason": job.kill_reason, "setup_error": setup_error,
+            "disk_full": _child.full_places(),  # this init shares the command's mounts
             # What the session's cgroup could not limit here, as the helper found at launch.
             "limits": {"degraded": list(self.ctx.plan.get("degraded", []))},
         })
