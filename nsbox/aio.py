@@ -10,9 +10,10 @@ ended: its processes are gone and its cgroup removed when ``CancelledError`` rea
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from nsbox import api, launcher
 from nsbox.policy import Policy
@@ -64,13 +65,45 @@ async def _in_thread(work: Callable[[], T], cancel: Callable[[], None] | None = 
         raise
 
 
-async def arun(argv: Sequence[str], policy: Policy | None = None, **kwargs: Any) -> Result[Any]:
+@overload
+async def arun(argv: Sequence[str], policy: Policy | None = None, *,
+               input: bytes | str | None = None, stdin: bytes | str | int | None = None,
+               text: Literal[False] = False, encoding: None = None, errors: None = None,
+               check: bool = False, capture_output: bool | None = None,
+               timeout: float | None = None, output_limit: int | None = None,
+               env: dict[str, str] | None = None,
+               workspace: str | os.PathLike[str] | None = None, cwd: str | None = None,
+               passthrough: bool = False, audit: str | os.PathLike[str] | None = None,
+               profile: str | os.PathLike[str] | None = None) -> Result[bytes]: ...
+@overload
+async def arun(argv: Sequence[str], policy: Policy | None = None, *,
+               input: bytes | str | None = None, stdin: bytes | str | int | None = None,
+               text: Literal[True], encoding: str | None = None, errors: str | None = None,
+               check: bool = False, capture_output: bool | None = None,
+               timeout: float | None = None, output_limit: int | None = None,
+               env: dict[str, str] | None = None,
+               workspace: str | os.PathLike[str] | None = None, cwd: str | None = None,
+               passthrough: bool = False, audit: str | os.PathLike[str] | None = None,
+               profile: str | os.PathLike[str] | None = None) -> Result[str]: ...
+async def arun(argv: Sequence[str], policy: Policy | None = None, *,
+               input: bytes | str | None = None, stdin: bytes | str | int | None = None,
+               text: bool = False, encoding: str | None = None, errors: str | None = None,
+               check: bool = False, capture_output: bool | None = None,
+               timeout: float | None = None, output_limit: int | None = None,
+               env: dict[str, str] | None = None,
+               workspace: str | os.PathLike[str] | None = None, cwd: str | None = None,
+               passthrough: bool = False, audit: str | os.PathLike[str] | None = None,
+               profile: str | os.PathLike[str] | None = None) -> Result[Any]:
     """``nsbox.run`` for asyncio: the same arguments (``input``, ``text``, ``check``,
     ``timeout``...), the same Result and errors. Cancelling the task kills the sandbox; the
     ``CancelledError`` arrives once it is gone (docs/api.md, "asyncio")."""
     cancel = launcher.Cancel()
-    return await _in_thread(lambda: api._run_cancellable(argv, policy, cancel=cancel, **kwargs),
-                            cancel)
+    arguments: dict[str, Any] = dict(
+        input=input, stdin=stdin, text=text, encoding=encoding, errors=errors, check=check,
+        capture_output=capture_output, timeout=timeout, output_limit=output_limit, env=env,
+        workspace=workspace, cwd=cwd, passthrough=passthrough, audit=audit, profile=profile)
+    return await _in_thread(
+        lambda: api._run_cancellable(argv, policy, cancel=cancel, **arguments), cancel)
 
 
 class AsyncSession:
@@ -123,13 +156,36 @@ class AsyncSession:
             session = self.session
             await _in_thread(session.close)
 
-    async def run(self, argv: Sequence[str], **kwargs: Any) -> Result[Any]:
+    @overload
+    async def run(self, argv: Sequence[str], *, input: bytes | str | None = None,
+                  stdin: bytes | str | int | None = None, text: Literal[False] = False,
+                  encoding: None = None, errors: None = None, check: bool = False,
+                  capture_output: bool | None = None, timeout: float | None = None,
+                  output_limit: int | None = None, env: dict[str, str] | None = None,
+                  cwd: str | None = None, passthrough: bool = False) -> Result[bytes]: ...
+    @overload
+    async def run(self, argv: Sequence[str], *, input: bytes | str | None = None,
+                  stdin: bytes | str | int | None = None, text: Literal[True],
+                  encoding: str | None = None, errors: str | None = None, check: bool = False,
+                  capture_output: bool | None = None, timeout: float | None = None,
+                  output_limit: int | None = None, env: dict[str, str] | None = None,
+                  cwd: str | None = None, passthrough: bool = False) -> Result[str]: ...
+    async def run(self, argv: Sequence[str], *, input: bytes | str | None = None,
+                  stdin: bytes | str | int | None = None, text: bool = False,
+                  encoding: str | None = None, errors: str | None = None, check: bool = False,
+                  capture_output: bool | None = None, timeout: float | None = None,
+                  output_limit: int | None = None, env: dict[str, str] | None = None,
+                  cwd: str | None = None, passthrough: bool = False) -> Result[Any]:
         """``Session.run`` for asyncio (the same arguments). Cancelling it kills the command
         and everything it started; the session goes on."""
         session = self._open()
         cancel = launcher.Cancel()
+        arguments: dict[str, Any] = dict(
+            input=input, stdin=stdin, text=text, encoding=encoding, errors=errors, check=check,
+            capture_output=capture_output, timeout=timeout, output_limit=output_limit,
+            env=env, cwd=cwd, passthrough=passthrough)
         return await _in_thread(
-            lambda: session._run_cancellable(argv, cancel=cancel, **kwargs), cancel)
+            lambda: session._run_cancellable(argv, cancel=cancel, **arguments), cancel)
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """``Session.write_file`` for asyncio."""
