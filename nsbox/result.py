@@ -23,7 +23,8 @@ class Status(str, enum.Enum):
     - ``OL``: output limit: stdout + stderr passed ``output_limit``; the run was stopped.
     - ``XX``: the sandbox failed around the command (``Result.error`` says what).
 
-    docs/api.md, "Results", tells what each means for ``returncode`` and ``check=True``.
+    docs/api.md, "Coming from subprocess", tells what each means for ``returncode`` and
+    ``check=True``.
     """
 
     def __new__(cls, value: str, doc: str = "") -> Status:
