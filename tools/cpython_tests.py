@@ -15,6 +15,7 @@ failing cases on each side; docs/compatibility.md explains the differences found
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -102,7 +103,21 @@ def inside(module: str, policy: nsbox.Policy) -> str:
     return result.stdout.decode(errors="replace")
 
 
+def default_signals() -> None:
+    """Signals at their defaults, as a terminal gives them, for the host side: started as a
+    background job (``cmd &``, nohup), this process would pass SIGINT and SIGQUIT on ignored
+    (signal(7): ignored signals stay ignored across exec), and CPython's signal and threading
+    tests fail on the host for that alone. nsbox resets the sandbox's own."""
+    for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM,
+                   signal.SIGUSR1, signal.SIGUSR2):
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            # A handler of this process is SIG_DFL again in its children (execve(2)).
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT
+                          else signal.SIG_DFL)
+
+
 def main() -> None:
+    default_signals()
     args = sys.argv[1:]
     strict = "--strict" in args
     modules = [a for a in args if a != "--strict"] or list(MODULES)
