@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 from nsbox import _libc, _wire
 from nsbox._wire import SetupErrorInfo, WirePlan
+from nsbox.sandbox import diskfull
 from nsbox.sandbox import netns as _netns
 from nsbox.sandbox.mounts import NEWROOT, apply_mount, stage
 
@@ -206,46 +207,12 @@ def serve_as_init(ctx: Context, command_pid: int) -> NoReturn:
         _libc.close_range(0, ctx.err_fd - 1)
         _libc.close_range(ctx.err_fd + 1)
         status = wait_for_command(command_pid)
-        full = json.dumps(full_places()).encode()
+        full = json.dumps(diskfull.full_places()).encode()
         os.write(ctx.err_fd, b'\n{"status": %d, "full": %s}\n' % (status, full))
         code = os.waitstatus_to_exitcode(status)
         os._exit(code if code >= 0 else 128 - code)
     except Exception as exc:  # a bug here must not pass for the command's own failure
         fail(ctx, getattr(exc, "errno", None) or 0, f"{type(exc).__name__}: {exc}")
-
-
-# The places a sandbox writes to, each of a size of its own; one with less than FULL_BELOW bytes
-# (or no inode) free when the command ends is named with its status, for the one line that
-# says a failure may come from there (docs/limits.md, "Disk").
-WRITABLE = ("/tmp", "/workspace", "/dev/shm")
-FULL_BELOW = 1 << 20
-
-
-def full_places() -> list[str]:
-    """The places of WRITABLE that are full now (statvfs(3): free blocks for an unprivileged
-    writer, free inodes)."""
-    full = []
-    for place in WRITABLE:
-        try:
-            st = os.statvfs(place)
-        except OSError:
-            continue
-        if st.f_blocks and (st.f_bavail * st.f_frsize < FULL_BELOW
-                            or (st.f_files and not st.f_favail)):
-            full.append(place)
-    return full
-
-
-def disk_full(data: bytes) -> list[str]:
-    """The places pid 1's status line names as full (read_report's data), WRITABLE's only."""
-    for line in data.split(b"\n"):
-        if line.startswith(b'{"status"'):
-            try:
-                places = json.loads(line).get("full") or []
-            except (ValueError, AttributeError):
-                return []
-            return [p for p in WRITABLE if p in places]
-    return []
 
 
 def wait_for_command(command_pid: int) -> int:
