@@ -18,17 +18,10 @@ import threading
 import time
 from typing import Any
 
-from nsbox import _wire, cgroups, inputs, landlockplan, limits
+from nsbox import _wire, cgroups, errors, inputs, landlockplan, limits
 from nsbox import plan as planmod
 from nsbox._wire import SetupErrorInfo
-from nsbox.errors import (
-    CommandNotExecutable,
-    CommandNotFound,
-    HostError,
-    LaunchError,
-    PolicyError,
-    SetupError,
-)
+from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
 from nsbox.host import isolation
 from nsbox.host.network import RunNetwork
 from nsbox.host.output import (  # noqa: F401 (_Stream, _send_kill: sessions use them from here)
@@ -442,7 +435,7 @@ def _setup_error(info: SetupErrorInfo) -> SetupError:
             "the sandbox sees only /usr and the profile's binds; use an absolute path, or "
             "bind the program's directory with --ro-bind"))
     if step == "exec" and err == errno.EACCES:
-        return CommandNotExecutable(step, err, message, hint=hint)
+        return errors.CommandNotExecutable(step, err, message, hint=hint)
     if err in (errno.EMFILE, errno.ENFILE):
         hint = ("the launch helper ran out of descriptors (it has this process's ulimit -n): "
                 "run fewer sandboxes at once, or raise the limit")
