@@ -376,6 +376,8 @@ class Session(SessionRun, ProjectReview):
                 timer.cancel()
         result = launcher._result(report, pid, streams, cap, time.monotonic() - started)
         launcher.landlockplan.mark_result(result, self._wire)
+        if result.isolation != "namespaces":  # its init sees the host's /tmp, not the sandbox's
+            result.disk_full = []
         result.extra["session"] = self.id
         if request["cmd"] == "run":
             self._network_report(result)
