@@ -110,7 +110,8 @@ class SessionClosed(NsboxError):
 class FileTransferError(NsboxError):
     """A file could not be copied into or out of a sandbox. ``path`` names it, ``reason`` says
     why (e.g. "a symlink (not followed)", "too large: ..."). Both may come from the sandbox:
-    they are kept as they are, and the message shows them escaped (nsbox/visible.py)."""
+    they are kept as they are, and the message shows them escaped (docs/sessions.md, "What
+    nsbox shows of the sandbox's making")."""
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
@@ -119,7 +120,9 @@ class FileTransferError(NsboxError):
         super().__init__(f"{visible.name(path)}: {shown}" if path else shown)
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.reason}" if self.path else self.reason
+        # Its own, not OSError's (SandboxFileNotFound): escaped as in __init__.
+        shown = visible.name(self.reason)
+        return f"{visible.name(self.path)}: {shown}" if self.path else shown
 
 
 class SandboxFileNotFound(FileTransferError, FileNotFoundError):
