@@ -1,7 +1,21 @@
 """nsbox: run untrusted commands in a Linux sandbox built from kernel namespaces alone.
 
-The public names are imported on first use (PEP 562), so that ``import nsbox`` is free: the
-command line's fast path and the launch helper import only what they use (docs/performance.md).
+    import nsbox
+    result = nsbox.run(["python3", "-c", "print(6 * 7)"], text=True, check=True)
+    print(result.stdout)          # 42
+
+- ``run`` / ``arun`` (asyncio): one command in a new sandbox, with ``subprocess.run``'s
+  arguments where they mean the same (``input``, ``text``, ``check``, ``capture_output``,
+  ``timeout``); a ``Result`` back.
+- ``Session`` / ``AsyncSession``: one sandbox for many commands and files; ``Pool``:
+  sandboxes built ahead for many short commands.
+- ``Policy`` (and ``Limits``, ``Network``, ``Bind``...): what a sandbox may do; profiles load
+  into one.
+- Errors: ``NsboxError`` and its kinds (``CommandNotFound`` is also a FileNotFoundError,
+  ``CommandFailed`` a subprocess.CalledProcessError).
+
+The guide is docs/api.md; the names are imported on first use, so ``import nsbox`` costs
+nothing until one is.
 """
 
 from __future__ import annotations
@@ -9,15 +23,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from nsbox.aio import AsyncSession, arun
     from nsbox.api import run
     from nsbox.errors import (
+        CommandNotExecutable,
         CommandNotFound,
+        FileTransferError,
         HostError,
         LaunchError,
         NsboxError,
         PolicyError,
+        SandboxFileNotFound,
+        SessionClosed,
         SetupError,
     )
+    from nsbox.failed import CommandFailed, CommandTimedOut
     from nsbox.policy import Bind, Dir, File, Limits, Network, Policy, Seccomp, Symlink, Tmpfs
     from nsbox.pool import Pool
     from nsbox.result import Result, Status
@@ -27,6 +47,10 @@ if TYPE_CHECKING:
 _WHERE = {
     "CommandNotFound": "errors", "HostError": "errors", "LaunchError": "errors",
     "NsboxError": "errors", "PolicyError": "errors", "SetupError": "errors",
+    "CommandNotExecutable": "errors", "FileTransferError": "errors",
+    "SandboxFileNotFound": "errors", "SessionClosed": "errors",
+    "CommandFailed": "failed", "CommandTimedOut": "failed",
+    "arun": "aio", "AsyncSession": "aio",
     "run": "api", "Pool": "pool", "Result": "result", "Status": "result",
     "Bind": "policy", "Dir": "policy", "File": "policy", "Limits": "policy", "Network": "policy",
     "Policy": "policy", "Seccomp": "policy", "Symlink": "policy", "Tmpfs": "policy",
@@ -41,6 +65,8 @@ __all__ = [
 ]
 __all__ += ["CopyLimits", "FileInfo", "Session"]
 __all__ += ["Pool"]
+__all__ += ["AsyncSession", "CommandFailed", "CommandNotExecutable", "CommandTimedOut",
+            "FileTransferError", "SandboxFileNotFound", "SessionClosed", "arun"]
 
 
 def __getattr__(name: str) -> Any:

@@ -98,6 +98,7 @@ class ExitReport(TypedDict, total=False):
     seccomp_denied: list[str] | None
     limits: dict[str, Any]
     trace: list[Any]
+    disk_full: list[str]  # the writable places pid 1 found full at the command's end
 
 
 # --- sessions and pools (their protocols: nsbox/sandbox/sessioninit.py, nsbox/supervisor.py,

@@ -7,75 +7,127 @@ are listed before the sandbox goes away, and a session launches through the laun
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from typing import Any, Literal, overload
 
 from nsbox import inputs, launcher
 from nsbox.errors import NsboxError
 from nsbox.policy import Policy
-from nsbox.result import Result
+from nsbox.result import Result, finish
 
 
-def run(
-    argv: list[str],
-    policy: Policy | None = None,
-    *,
-    stdin: bytes | str | int | None = None,
-    timeout: float | None = None,
-    output_limit: int | None = None,
-    env: dict[str, str] | None = None,
-    workspace: str | None = None,
-    cwd: str | None = None,
-    passthrough: bool = False,
-    audit: str | None = None,
-    profile: str | None = None,
-) -> Result:
+@overload
+def run(argv: Sequence[str], policy: Policy | None = None, *, input: bytes | str | None = None,
+        stdin: bytes | str | int | None = None, text: Literal[False] = False,
+        encoding: None = None, errors: None = None, check: bool = False,
+        capture_output: bool | None = None, timeout: float | None = None,
+        output_limit: int | None = None, env: dict[str, str] | None = None,
+        workspace: str | os.PathLike[str] | None = None, cwd: str | None = None,
+        passthrough: bool = False, audit: str | os.PathLike[str] | None = None,
+        profile: str | os.PathLike[str] | None = None) -> Result[bytes]: ...
+@overload
+def run(argv: Sequence[str], policy: Policy | None = None, *, input: bytes | str | None = None,
+        stdin: bytes | str | int | None = None, text: Literal[True],
+        encoding: str | None = None, errors: str | None = None, check: bool = False,
+        capture_output: bool | None = None, timeout: float | None = None,
+        output_limit: int | None = None, env: dict[str, str] | None = None,
+        workspace: str | os.PathLike[str] | None = None, cwd: str | None = None,
+        passthrough: bool = False, audit: str | os.PathLike[str] | None = None,
+        profile: str | os.PathLike[str] | None = None) -> Result[str]: ...
+def run(argv: Sequence[str], policy: Policy | None = None, *, input: bytes | str | None = None,
+        stdin: bytes | str | int | None = None, text: bool = False,
+        encoding: str | None = None, errors: str | None = None, check: bool = False,
+        capture_output: bool | None = None, timeout: float | None = None,
+        output_limit: int | None = None, env: dict[str, str] | None = None,
+        workspace: str | os.PathLike[str] | None = None, cwd: str | None = None,
+        passthrough: bool = False, audit: str | os.PathLike[str] | None = None,
+        profile: str | os.PathLike[str] | None = None) -> Result[Any]:
     """Run ``argv`` in a new sandbox and return its Result.
 
-    The sandbox is ``policy``, or the profile ``profile`` names (a shipped profile or a TOML
-    file), or the default policy.
+    Arguments as ``subprocess.run``'s where they mean the same (docs/api.md, "Coming from
+    subprocess"):
 
-    ``stdin`` is bytes (or str) to feed, a descriptor to pass, or None for /dev/null. With
-    ``passthrough`` the output goes to this process's stdout/stderr as it arrives (still
-    capped) instead of into the Result. Raises SetupError when the sandbox cannot be built
-    (CommandNotFound when the command does not exist inside it). ``audit`` names a file that
-    gets one JSON line for the run (nsbox/host/audit.py). A bad argument raises PolicyError
-    naming it (nsbox/inputs.py), before anything starts.
+    - ``input``: bytes or str to feed on stdin (``stdin``: the same, or an open descriptor;
+      not both). Without either, stdin is /dev/null.
+    - ``text``: the Result's ``stdout`` and ``stderr`` are str, decoded as ``encoding``
+      (default UTF-8) with ``errors`` (default ``"replace"``: the output is the sandbox's).
+    - ``check``: raise CommandFailed (a ``subprocess.CalledProcessError`` carrying the Result)
+      unless the status is OK; CommandTimedOut (also a ``subprocess.TimeoutExpired``) for TO.
+    - ``capture_output``: the output is captured by default; ``capture_output=False`` sends it
+      to this process's stdout and stderr as it arrives (``passthrough=True``), still capped.
+    - ``timeout``: seconds of wall-clock time; at the deadline the whole sandbox is killed and
+      the status is TO (an exception only with ``check``).
+
+    The sandbox is ``policy``, or the profile ``profile`` names (a shipped profile or a TOML
+    file), or the default policy; ``workspace`` is a host directory bound at /workspace
+    (default: a fresh tmpfs); ``env`` adds variables; ``cwd`` is the working directory inside;
+    ``output_limit`` caps stdout + stderr in bytes (past it: status OL); ``audit`` names a file
+    that gets one JSON line for the run (docs/sessions.md, "Audit").
+
+    Raises CommandNotFound (also a FileNotFoundError) when the program does not exist inside
+    the sandbox, SetupError when the sandbox cannot be built, and PolicyError naming the
+    argument for a bad value (docs/api.md, "Errors"), before anything starts.
     """
-    if audit is None:
-        return launcher.run(argv, policy, stdin=stdin, timeout=timeout,
-                            output_limit=output_limit, env=env, workspace=workspace, cwd=cwd,
-                            passthrough=passthrough, profile=profile)
-    cmd = inputs.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
-                         env_=env, cwd=cwd, passthrough=passthrough)
+    return _run_cancellable(
+        argv, policy, input=input, stdin=stdin, text=text, encoding=encoding, errors=errors,
+        check=check, capture_output=capture_output, timeout=timeout, output_limit=output_limit,
+        env=env, workspace=workspace, cwd=cwd, passthrough=passthrough, audit=audit,
+        profile=profile)
+
+
+def _run_cancellable(argv: Any, policy: Any = None, *, input: Any = None, stdin: Any = None,
+                    text: Any = False, encoding: Any = None, errors: Any = None,
+                    check: Any = False, capture_output: Any = None, timeout: Any = None,
+                    output_limit: Any = None, env: Any = None, workspace: Any = None,
+                    cwd: Any = None, passthrough: Any = False, audit: Any = None,
+                    profile: Any = None, cancel: launcher.Cancel | None = None
+                    ) -> Result[Any]:
+    """``run``, which ``cancel`` can kill from another thread (nsbox/aio.py)."""
+    call = inputs.call_args(input_=input, stdin_=stdin, text_=text, encoding=encoding,
+                            errors=errors, check=check, capture_output=capture_output,
+                            passthrough=passthrough)
+    cmd = inputs.command(argv, stdin_=call.stdin, timeout=timeout, output_limit_=output_limit,
+                         env_=env, cwd=cwd, passthrough=call.passthrough)
     workspace = inputs.optional_path(workspace, "workspace")
-    audit = inputs.path(audit, "audit")
     policy = launcher.choose_policy(policy, profile)
-    return run_audited(cmd.argv, policy, audit=audit, stdin=cmd.stdin, timeout=cmd.timeout,
-                       output_limit=cmd.output_limit, env=cmd.env, workspace=workspace,
-                       cwd=cmd.cwd, passthrough=passthrough)
+    if audit is None:
+        result = launcher.run(cmd.argv, policy, stdin=cmd.stdin, timeout=cmd.timeout,
+                              output_limit=cmd.output_limit, env=cmd.env, workspace=workspace,
+                              cwd=cmd.cwd, passthrough=call.passthrough, cancel=cancel)
+    else:
+        result = run_audited(cmd.argv, policy, audit=inputs.path(audit, "audit"),
+                             stdin=cmd.stdin, timeout=cmd.timeout,
+                             output_limit=cmd.output_limit, env=cmd.env, workspace=workspace,
+                             cwd=cmd.cwd, passthrough=call.passthrough, cancel=cancel)
+    deadline = cmd.timeout if cmd.timeout is not None else policy.limits.wall_time
+    return finish(result, call.text, call.check, cmd.argv, deadline)
 
 
 def run_audited(argv: Sequence[str], policy: Policy, *, audit: str, stdin: bytes | int | None,
                 timeout: float | None, output_limit: int | None, env: dict[str, str] | None,
-                workspace: str | None, cwd: str | None, passthrough: bool) -> Result:
+                workspace: str | None, cwd: str | None, passthrough: bool,
+                cancel: launcher.Cancel | None = None) -> Result:
     """``nsbox.run`` with an audit record: one command in a session of its own, so that the
     files it produced can be listed (and hashed) before the sandbox goes away."""
     if policy.seccomp.log_denied:
         # Learning mode needs a launch of its own; the record then lists no produced files.
         return _run_audited_plain(argv, policy, audit=audit, stdin=stdin, timeout=timeout,
                                   output_limit=output_limit, env=env, workspace=workspace,
-                                  cwd=cwd, passthrough=passthrough)
+                                  cwd=cwd, passthrough=passthrough, cancel=cancel)
     from nsbox.session import Session  # not on the plain run's path
 
     with Session(policy, workspace=workspace, env=env, audit=audit, idle_timeout=None,
                  timeout=timeout, output_limit=output_limit) as session:
-        return session.run(argv, stdin=stdin, cwd=cwd, passthrough=passthrough)
+        return session._run_command(argv, stdin=stdin, cwd=cwd, passthrough=passthrough,
+                                   cancel=cancel)
 
 
 def _run_audited_plain(argv: Sequence[str], policy: Policy, *, audit: str,
                        stdin: bytes | int | None, timeout: float | None,
                        output_limit: int | None, env: dict[str, str] | None,
-                       workspace: str | None, cwd: str | None, passthrough: bool) -> Result:
+                       workspace: str | None, cwd: str | None, passthrough: bool,
+                       cancel: launcher.Cancel | None) -> Result:
     from nsbox.host import audit as auditmod  # not on the plain run's path
 
     log = auditmod.AuditLog(audit)
@@ -84,7 +136,7 @@ def _run_audited_plain(argv: Sequence[str], policy: Policy, *, audit: str,
     try:
         result = launcher.run(list(argv), policy, stdin=stdin, timeout=timeout,
                               output_limit=output_limit, env=env, workspace=workspace, cwd=cwd,
-                              passthrough=passthrough)
+                              passthrough=passthrough, cancel=cancel)
         return result
     except NsboxError as exc:
         error = exc

@@ -7,6 +7,7 @@ a hint.
 
 from __future__ import annotations
 
+import errno as _errno
 from collections.abc import Iterable
 from typing import Any, TypedDict
 
@@ -25,7 +26,8 @@ class NsboxError(Exception):
 
 class PolicyError(NsboxError):
     """A profile or an option is invalid. Names the file, the key and (when known) the line;
-    ``rule`` is the name of the rule of nsbox/rules.py that refused it, if one did."""
+    ``rule`` is the name of the rule of the rule book (docs/rules.md) that refused it, if one
+    did."""
 
     def __init__(
         self,
@@ -68,14 +70,33 @@ class SetupError(NsboxError):
 
     def __init__(self, step: str, errno: int, message: str, hint: str | None = None) -> None:
         self.step = step
-        self.errno = errno
         self.message = message
         self.hint = hint
         super().__init__(f"{step}: {message}")
+        # After the base's __init__: an OSError subclass below resets errno there.
+        self.errno = errno
+
+    def __str__(self) -> str:
+        text = f"{self.step}: {self.message}"
+        return f"{text}\n  hint: {self.hint}" if self.hint else text
 
 
-class CommandNotFound(SetupError):
-    """The command does not exist (or is not executable) inside the sandbox."""
+class CommandNotFound(SetupError, FileNotFoundError):  # type: ignore[misc]
+    """The command does not exist inside the sandbox. Also a FileNotFoundError, as
+    ``subprocess.run`` raises for a missing program: ``except FileNotFoundError`` catches it."""
+
+    def __init__(self, step: str, errno: int, message: str, hint: str | None = None) -> None:
+        super().__init__(step, errno, message, hint)
+        self.strerror = "No such file or directory"
+
+
+class CommandNotExecutable(SetupError, PermissionError):  # type: ignore[misc]
+    """The command exists inside the sandbox but cannot be executed (no execute permission, a
+    directory, a mount without exec). Also a PermissionError, as ``subprocess.run`` raises."""
+
+    def __init__(self, step: str, errno: int, message: str, hint: str | None = None) -> None:
+        super().__init__(step, errno, message, hint)
+        self.strerror = "Permission denied"
 
 
 class LaunchError(NsboxError):
@@ -89,13 +110,28 @@ class SessionClosed(NsboxError):
 class FileTransferError(NsboxError):
     """A file could not be copied into or out of a sandbox. ``path`` names it, ``reason`` says
     why (e.g. "a symlink (not followed)", "too large: ..."). Both may come from the sandbox:
-    they are kept as they are, and the message shows them escaped (nsbox/visible.py)."""
+    they are kept as they are, and the message shows them escaped (docs/sessions.md, "What
+    nsbox shows of the sandbox's making")."""
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
         self.reason = reason
         shown = visible.name(reason)
         super().__init__(f"{visible.name(path)}: {shown}" if path else shown)
+
+    def __str__(self) -> str:
+        # Its own, not OSError's (SandboxFileNotFound): escaped as in __init__.
+        shown = visible.name(self.reason)
+        return f"{visible.name(self.path)}: {shown}" if self.path else shown
+
+
+class SandboxFileNotFound(FileTransferError, FileNotFoundError):
+    """The file to read (or list) does not exist in the sandbox. Also a FileNotFoundError:
+    ``except FileNotFoundError`` catches it, as it would for a local ``open``."""
+
+    def __init__(self, path: str, reason: str = "No such file or directory") -> None:
+        super().__init__(path, reason)
+        self.errno, self.strerror, self.filename = _errno.ENOENT, reason, path
 
 
 def suggest(word: str, choices: Iterable[str]) -> str | None:
@@ -141,8 +177,8 @@ def from_wire(wire: ErrorWire | dict[str, Any]) -> NsboxError:
     message = wire.get("message") or wire.get("text") or "error"
     if isinstance(cls, type) and issubclass(cls, SetupError):
         return cls(wire.get("step") or "", wire.get("errno") or 0, message, hint=wire.get("hint"))
-    if cls is FileTransferError:
-        return FileTransferError(wire.get("path") or "", wire.get("reason") or "")
+    if isinstance(cls, type) and issubclass(cls, FileTransferError):
+        return cls(wire.get("path") or "", wire.get("reason") or "")  # type: ignore[no-any-return]
     if cls is PolicyError:
         return PolicyError(message, key=wire.get("key"), file=wire.get("file"),
                            line=wire.get("line"), hint=wire.get("hint"), rule=wire.get("rule"))

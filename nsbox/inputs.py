@@ -298,3 +298,54 @@ def check_policy(value: Any) -> None:
             raise PolicyError(f"expected a nsbox.{kind.__name__}, got "
                               f"{_type(getattr(value, name))} {quote(getattr(value, name))}",
                               key=name)
+
+
+# --- the subprocess-like arguments of a run (nsbox.run, Session.run, Pool.run) ------------------
+
+
+class CallArgs(NamedTuple):
+    """``input``, ``text``, ``encoding``, ``errors``, ``check`` and ``capture_output``,
+    checked: the stdin and passthrough they amount to, and what to do with the Result."""
+
+    stdin: Any  # what to feed (``input`` or ``stdin``); ``command`` checks it
+    passthrough: Any
+    text: tuple[str, str] | None  # (encoding, errors) to decode the output with
+    check: bool
+
+
+def call_args(*, input_: Any, stdin_: Any, text_: Any, encoding: Any, errors: Any,
+              check: Any, capture_output: Any, passthrough: Any) -> CallArgs:
+    """The arguments ``subprocess.run`` has too, checked, and what they mean here."""
+    import codecs  # only on this path
+
+    flag(text_, "text")
+    flag(check, "check")
+    if input_ is not None:
+        if stdin_ is not None:
+            raise PolicyError("give input or stdin, not both", key="input",
+                              hint="input= is the data to feed; stdin= a descriptor")
+        if not isinstance(input_, (bytes, bytearray, memoryview, str)):
+            raise PolicyError(f"expected bytes or str, got {_type(input_)} {quote(input_)}",
+                              key="input", hint="pass a descriptor as stdin=")
+        stdin_ = input_
+    for value, key, lookup in ((encoding, "encoding", codecs.lookup),
+                               (errors, "errors", codecs.lookup_error)):
+        if value is None:
+            continue
+        text(value, key, empty=False)
+        try:
+            lookup(value)
+        except LookupError:
+            raise PolicyError(f"unknown {key} {quote(value)}", key=key) from None
+        if not text_:
+            raise PolicyError(f"{key} applies to text output", key=key,
+                              hint="pass text=True as well")
+    if capture_output is not None:
+        flag(capture_output, "capture_output")
+        if capture_output and passthrough is True:
+            raise PolicyError("capture_output=True and passthrough=True contradict each other",
+                              key="capture_output")
+        # As subprocess: without capture, the output goes to this process's stdout/stderr.
+        passthrough = passthrough or not capture_output
+    decode = (encoding or "utf-8", errors or "replace") if text_ else None
+    return CallArgs(stdin_, passthrough, decode, check)

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from nsbox import _wire, cgroups, inputs, landlockplan, limits
+from nsbox import _wire, cgroups, errors, inputs, landlockplan, limits
 from nsbox import plan as planmod
 from nsbox._wire import SetupErrorInfo
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
@@ -26,6 +26,7 @@ from nsbox.host import isolation
 from nsbox.host.network import RunNetwork
 from nsbox.host.output import (  # noqa: F401 (_Stream, _send_kill: sessions use them from here)
     HOST_GRACE,
+    Cancel,
     _out_of_descriptors,
     _send_kill,
     _Stream,
@@ -206,9 +207,10 @@ def run(
     cwd: str | None = None,
     passthrough: bool = False,
     profile: str | None = None,
+    cancel: Cancel | None = None,
 ) -> Result:
     """Run ``argv`` in a new sandbox and return its Result (``nsbox.run`` without an audit
-    record; nsbox/api.py adds one).
+    record; nsbox/api.py adds one). ``cancel`` lets another thread kill it.
 
     The sandbox is ``policy``, or the profile ``profile`` names (a shipped profile or a TOML
     file), or the default policy.
@@ -233,9 +235,11 @@ def run(
         wire = plan.to_wire()
         wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
         return _launch(wire, cmd.stdin, cap, passthrough, RunNetwork(policy.network),
-                       trace=trace)
+                       trace=trace, cancel=cancel)
 
-    return isolation.with_fallback(policy, attempt)
+    result = isolation.with_fallback(policy, attempt)
+    limits.note_disk(result, policy.workspace, policy.limits.workspace_size)
+    return result
 
 
 def build_plan(policy: Policy, argv: list[str], *, mode: str | None = None,
@@ -295,7 +299,7 @@ def _trace_steps(events: list[Any]) -> list[dict[str, Any]]:
 
 def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrough: bool,
             net: RunNetwork | None = None, *, submit: Any = None,
-            trace: list[tuple[str, int]] | None = None) -> Result:
+            trace: list[tuple[str, int]] | None = None, cancel: Cancel | None = None) -> Result:
     """One launch through ``submit(wire, fds)``: the helper (run) or a pool (Pool.run)."""
     started = time.monotonic()
     net = net or RunNetwork(Network())
@@ -315,9 +319,13 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     if trace is not None:
         trace.append(("host: wait for the report", time.monotonic_ns()))
     with ours:
+        if cancel is not None:
+            cancel.attach(ours)
         try:
             report, pid = _supervise(ours, streams, cap, net, wall_time=wire.get("wall_time"))
         finally:
+            if cancel is not None:
+                cancel.detach()
             net.close()  # the proxy ends with the run, whatever happened
     if trace is not None:
         trace.append(("host: report received, build result", time.monotonic_ns()))
@@ -426,6 +434,8 @@ def _setup_error(info: SetupErrorInfo) -> SetupError:
         return CommandNotFound(step, err, message, hint=(
             "the sandbox sees only /usr and the profile's binds; use an absolute path, or "
             "bind the program's directory with --ro-bind"))
+    if step == "exec" and err == errno.EACCES:
+        return errors.CommandNotExecutable(step, err, message, hint=hint)
     if err in (errno.EMFILE, errno.ENFILE):
         hint = ("the launch helper ran out of descriptors (it has this process's ulimit -n): "
                 "run fewer sandboxes at once, or raise the limit")
@@ -463,6 +473,7 @@ def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
         timed_out=report["timed_out"],
     )
     result.extra["pid"] = pid
+    result.disk_full = [str(place) for place in report.get("disk_full") or []]
     if report.get("core"):
         result.extra["core"] = report["core"]
     if report.get("seccomp_denied") is not None:

@@ -240,6 +240,17 @@ class RunLimits:
             cgroup.destroy()
 
 
+def note_disk(result: Result, workspace: str | None, size: int | None) -> None:
+    """A host-directory workspace is bound as it is: nothing limits what the sandbox writes
+    there but its filesystem's free space. Said in ``degraded`` unless the policy asks for no
+    limit (``workspace_size`` None); docs/limits.md, "Disk"."""
+    if workspace is not None and size is not None:
+        result.degraded.append(
+            f"disk: not limited: /workspace is the host directory {workspace!r} (a "
+            "workspace_size limits only a tmpfs workspace; writes stop where its filesystem "
+            "is full) [--workspace-size none: accept this]")
+
+
 def apply_outcome(result: Result, outcome: dict[str, Any]) -> None:
     """Fill the Result from a RunLimits outcome and set ML / TO where a limit ended the run."""
     from nsbox.result import Status

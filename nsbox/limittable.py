@@ -43,8 +43,41 @@ class LimitSpec:
         self.flag, self.metavar, self.help = flag, metavar, help
 
     def parse_option(self, text: str, key: str | None = None) -> Any:
-        """The option's value (``--memory 256M``) more than zero, or a PolicyError naming it."""
-        return _OPTION_PARSERS[self.kind](text, key=key or self.flag or self.key)
+        """The option's value (``--memory 256M``) more than zero, or NO_LIMIT for ``none``
+        where the profile key takes it too; else a PolicyError naming the option."""
+        key = key or self.flag or self.key
+        if str(text).strip().lower() == "none":
+            if self.nullable:
+                return NO_LIMIT
+            example = "a size, e.g. 1G" if self.kind == SIZE else "a number, e.g. 4096"
+            raise PolicyError(f"'none' is not allowed: {_ALWAYS[self.name]}", key=key,
+                              hint=f"give {example}")
+        return _OPTION_PARSERS[self.kind](text, key=key)
+
+
+class _NoLimit:
+    """The value of a limit option given as ``none``: no limit of this kind (None in Limits;
+    None itself means "option not given")."""
+
+    def __repr__(self) -> str:
+        return "none"
+
+
+NO_LIMIT: Any = _NoLimit()
+
+# Why a limit takes no "none" (its profile key neither).
+_ALWAYS = {
+    "tmp_size": "/tmp is a tmpfs, and a tmpfs of the sandbox always has a size",
+    "shm_size": "/dev/shm is a tmpfs, and a tmpfs of the sandbox always has a size",
+    "output": "the output is always capped",
+    "open_files": "the sandbox always has an open-files limit",
+}
+
+
+def limit_changes(values: dict[str, Any]) -> dict[str, Any]:
+    """The Limits fields the limit options gave (None: not given), NO_LIMIT as None."""
+    return {name: None if value is NO_LIMIT else value for name, value in values.items()
+            if name in BY_NAME and value is not None}
 
 
 LIMITS: tuple[LimitSpec, ...] = (
@@ -66,8 +99,10 @@ LIMITS: tuple[LimitSpec, ...] = (
               help="Size of the tmpfs at /tmp."),
     LimitSpec("shm_size", SIZE),
     LimitSpec("require_cgroup", FLAG),
-    LimitSpec("workspace_size", SIZE, key="workspace.size", flag="--workspace-size",
-              metavar="SIZE", help="Size of the tmpfs at /workspace (without --workspace)."),
+    LimitSpec("workspace_size", SIZE, nullable=True, key="workspace.size",
+              flag="--workspace-size", metavar="SIZE",
+              help="Size of the tmpfs at /workspace; with --workspace DIR, none accepts that "
+              "the host directory's disk is not limited."),
 )
 BY_NAME = {spec.name: spec for spec in LIMITS}
 # The limits with an option of their own, in the order of the table.

@@ -20,8 +20,8 @@ from typing import Any
 from nsbox import rules
 from nsbox._wire import WirePlan
 from nsbox.errors import PolicyError, SetupError
+from nsbox.host import idfilter, pathrules
 from nsbox.host import network as netmod
-from nsbox.host import pathrules
 from nsbox.host import seccomp as seccompmod
 from nsbox.limits import plan_limits
 from nsbox.policy import Bind, Mount, Policy
@@ -197,6 +197,12 @@ def build(
         {"op": "proc", "target": "/proc"},
         {"op": "tmpfs", "target": "/tmp", "size": policy.limits.tmp_size, "mode": 0o1777},
     ]
+    if policy.workspace is None and policy.limits.workspace_size is None:
+        raise PolicyError("'none' is only for a host-directory workspace: a tmpfs workspace "
+                          "(or a project's copy-on-write layer) always has a size",
+                          key="limits.workspace_size",
+                          hint="give a size, e.g. 1G, or a host directory as the workspace "
+                          "(--workspace DIR)")
     if policy.project is not None:
         from nsbox.host import project  # its copy-on-write machinery: only for a project
 
@@ -237,7 +243,9 @@ def build(
         net=netmod.plan_net(policy.network),
         seccomp_bpf=program.bpf.hex() if program else None,
         seccomp_notify=program.notify if program and program.listener else None,
-        setid_bpf=seccompmod.load_setid(untrusted_dirs=writable).bpf.hex(),
+        # In front of the set-id filter, as one program: EPERM, not EINVAL, for another id.
+        setid_bpf=(idfilter.prefix(policy.uid, policy.gid)
+                   + seccompmod.load_setid(untrusted_dirs=writable).bpf).hex(),
         rlimits=limits["rlimits"],
         cgroup=limits["cgroup"],
     )

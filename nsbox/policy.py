@@ -104,7 +104,7 @@ DEFAULT_MOUNTS: tuple[Mount, ...] = (
 class Limits:
     """Per-run limits. ``None`` means "no limit of this kind".
 
-    The defaults are the shipped ``default`` profile's (nsbox/profiles/default.toml): the API
+    The defaults are the shipped ``default`` profile's (``nsbox profiles show default``): the API
     and the command line start from the same sandbox.
     """
 
@@ -117,7 +117,7 @@ class Limits:
     open_files: int = 1024
     file_size: int | None = 256 * MiB  # bytes; RLIMIT_FSIZE
     tmp_size: int = 64 * MiB
-    workspace_size: int = 256 * MiB
+    workspace_size: int | None = 256 * MiB  # None: only with a host-directory workspace
     shm_size: int = 16 * MiB
     require_cgroup: bool = False  # fail instead of falling back to rlimits
 

@@ -18,14 +18,15 @@ import json
 import os
 import socket
 import threading
-from typing import cast
+from collections.abc import Sequence
+from typing import Any, Literal, cast, overload
 
-from nsbox import _wire, inputs, launcher
+from nsbox import _wire, inputs, launcher, limits
 from nsbox import plan as planmod
 from nsbox._wire import PoolMessage, PoolSpec, WireCommand, WirePlan
 from nsbox.errors import LaunchError, PolicyError
 from nsbox.policy import Policy
-from nsbox.result import Result
+from nsbox.result import Result, finish
 
 # What a command brings; everything else of the plan is fixed when the pool is made.
 MAX_SIZE = 1024  # sandboxes prepared at once: each holds processes, mounts and memory
@@ -110,25 +111,54 @@ class Pool:
                 self._sock.close()
                 self._sock = None
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        stdin: bytes | int | None = None,
-        timeout: float | None = None,
-        output_limit: int | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        passthrough: bool = False,
-    ) -> Result:
-        """Run ``argv`` in one of the prepared sandboxes; see ``nsbox.run``."""
+    @overload
+    def run(self, argv: Sequence[str], *, input: bytes | str | None = None,
+            stdin: bytes | str | int | None = None, text: Literal[False] = False,
+            encoding: None = None, errors: None = None, check: bool = False,
+            capture_output: bool | None = None, timeout: float | None = None,
+            output_limit: int | None = None, env: dict[str, str] | None = None,
+            cwd: str | None = None, passthrough: bool = False) -> Result[bytes]: ...
+    @overload
+    def run(self, argv: Sequence[str], *, input: bytes | str | None = None,
+            stdin: bytes | str | int | None = None, text: Literal[True],
+            encoding: str | None = None, errors: str | None = None, check: bool = False,
+            capture_output: bool | None = None, timeout: float | None = None,
+            output_limit: int | None = None, env: dict[str, str] | None = None,
+            cwd: str | None = None, passthrough: bool = False) -> Result[str]: ...
+    def run(self, argv: Sequence[str], *, input: bytes | str | None = None,
+            stdin: bytes | str | int | None = None, text: bool = False,
+            encoding: str | None = None, errors: str | None = None, check: bool = False,
+            capture_output: bool | None = None, timeout: float | None = None,
+            output_limit: int | None = None, env: dict[str, str] | None = None,
+            cwd: str | None = None, passthrough: bool = False) -> Result[Any]:
+        """Run ``argv`` in one of the prepared sandboxes. The arguments are ``nsbox.run``'s
+        (``input``, ``text``, ``check``, ``capture_output`` as ``subprocess.run``'s;
+        docs/api.md), less the policy and the workspace, which are the pool's."""
+        return self._run_cancellable(
+            argv, input=input, stdin=stdin, text=text, encoding=encoding, errors=errors,
+            check=check, capture_output=capture_output, timeout=timeout,
+            output_limit=output_limit, env=env, cwd=cwd, passthrough=passthrough)
+
+    def _run_cancellable(self, argv: Any, *, input: Any = None, stdin: Any = None,
+                        text: Any = False, encoding: Any = None, errors: Any = None,
+                        check: Any = False, capture_output: Any = None, timeout: Any = None,
+                        output_limit: Any = None, env: Any = None, cwd: Any = None,
+                        passthrough: Any = False, cancel: launcher.Cancel | None = None
+                        ) -> Result[Any]:
+        """``run``, which ``cancel`` can kill from another thread (nsbox/aio.py)."""
         trace = launcher._trace_start()
-        cmd = inputs.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
-                             env_=env, cwd=cwd, passthrough=passthrough)
+        call = inputs.call_args(input_=input, stdin_=stdin, text_=text, encoding=encoding,
+                                errors=errors, check=check, capture_output=capture_output,
+                                passthrough=passthrough)
+        cmd = inputs.command(argv, stdin_=call.stdin, timeout=timeout,
+                             output_limit_=output_limit, env_=env, cwd=cwd,
+                             passthrough=call.passthrough)
         command = self._command(cmd.argv, cmd.env, cmd.cwd, cmd.timeout)
         cap = cmd.output_limit if cmd.output_limit is not None else self.policy.limits.output
-        return launcher._launch(dict(command), cmd.stdin, cap, passthrough, submit=self._submit,
-                                trace=trace)
+        result = launcher._launch(dict(command), cmd.stdin, cap, call.passthrough,
+                                  submit=self._submit, trace=trace, cancel=cancel)
+        limits.note_disk(result, self.policy.workspace, self.policy.limits.workspace_size)
+        return finish(result, call.text, call.check, cmd.argv, command["wall_time"])
 
     def _command(self, argv: list[str], env: dict[str, str] | None, cwd: str | None,
                  timeout: float | None) -> WireCommand:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nsbox import _wire, launcher
+from nsbox import _wire, launcher, limits
 from nsbox import inputs as doors
 from nsbox._wire import InitEvent, InitRequest, WireCommand
 from nsbox.errors import LaunchError, NsboxError, SessionClosed
@@ -39,6 +39,7 @@ from nsbox.result import Result, Status
 from nsbox.sessionfiles import CopyLimits, FileInfo
 from nsbox.sessionpolicy import check_ask, check_copy_limits, check_inputs, input_mount, policy_for
 from nsbox.sessionreview import ProjectReview
+from nsbox.sessionrun import SessionRun
 
 __all__ = ["CopyLimits", "FileInfo", "Session", "input_mount"]
 
@@ -49,7 +50,7 @@ START_TIMEOUT = 30.0
 BACKSTOP = 5.0
 
 
-class Session(ProjectReview):
+class Session(SessionRun, ProjectReview):
     """One sandbox for several commands. Use as a context manager::
 
         with nsbox.Session(timeout=10) as s:
@@ -288,7 +289,7 @@ class Session(ProjectReview):
 
     # --- commands ----------------------------------------------------------------------------
 
-    def run(
+    def _run_command(
         self,
         argv: Sequence[str],
         *,
@@ -299,12 +300,10 @@ class Session(ProjectReview):
         cwd: str | None = None,
         passthrough: bool = False,
         _sinks: tuple[int | None, int | None] | None = None,
+        cancel: launcher.Cancel | None = None,
     ) -> Result:
-        """Run ``argv`` in the session and return its Result.
-
-        A timeout (status TO) or output limit (OL) ends this command and everything it started,
-        never the session. ``stdin`` is bytes (or text) to feed, a descriptor, or None.
-        """
+        """One command of the session, with nsbox's own arguments (``run`` adds those of
+        subprocess, nsbox/sessionrun.py); ``cancel`` lets another thread kill it."""
         # A bad value fails this command alone, before it reaches the session's sandbox.
         cmd = doors.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
                             env_=env, cwd=cwd, passthrough=passthrough)
@@ -328,7 +327,7 @@ class Session(ProjectReview):
             heads = (b"", b"")
             try:
                 result = self._command({"cmd": "run", "command": command}, data, cap, sinks,
-                                       timeout)
+                                       timeout, cancel)
                 heads = self._heads
                 return result
             except NsboxError as exc:
@@ -341,7 +340,8 @@ class Session(ProjectReview):
                                  heads)
 
     def _command(self, request: InitRequest, stdin: bytes | int | None, cap: int,
-                 sinks: tuple[int | None, int | None], timeout: float | None) -> Result:
+                 sinks: tuple[int | None, int | None], timeout: float | None,
+                 cancel: launcher.Cancel | None = None) -> Result:
         self._check_open()
         started = time.monotonic()
         out_r, err_r, ours = launcher._submit_with_streams(self._send_command, dict(request),
@@ -355,6 +355,8 @@ class Session(ProjectReview):
             timer.daemon = True
             timer.start()
         self._current = ours
+        if cancel is not None:
+            cancel.attach(ours)
         try:
             with ours:
                 report, pid = launcher._supervise(ours, streams, cap, self._net)
@@ -368,13 +370,18 @@ class Session(ProjectReview):
             raise SessionClosed(self._ended_reason) from None
         finally:
             self._current = None
+            if cancel is not None:
+                cancel.detach()
             if timer is not None:
                 timer.cancel()
         result = launcher._result(report, pid, streams, cap, time.monotonic() - started)
         launcher.landlockplan.mark_result(result, self._wire)
+        if result.isolation != "namespaces":  # its init sees the host's /tmp, not the sandbox's
+            result.disk_full = []
         result.extra["session"] = self.id
         if request["cmd"] == "run":
             self._network_report(result)
+            limits.note_disk(result, self.policy.workspace, self.policy.limits.workspace_size)
         # Output passed through is not in the Result; the audit record still gets its head.
         self._heads = (bytes(streams[0].kept) if sinks[0] is not None else result.stdout,
                        bytes(streams[1].kept) if sinks[1] is not None else result.stderr)

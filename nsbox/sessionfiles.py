@@ -24,7 +24,7 @@ from typing import Any
 from nsbox import inputs as doors
 from nsbox import plan as planmod
 from nsbox._wire import FileEntry, FileOp, InitRequest
-from nsbox.errors import FileTransferError, PolicyError
+from nsbox.errors import FileTransferError, PolicyError, SandboxFileNotFound
 from nsbox.host import audit as auditmod
 from nsbox.policy import MiB
 from nsbox.result import Result, Status
@@ -83,6 +83,8 @@ class FileTransfer:
         if result.exit_code == 1:
             try:
                 info = json.loads(result.stderr)
+                if info.get("errno") == errno.ENOENT:
+                    raise SandboxFileNotFound(str(info.get("path", "")), str(info["reason"]))
                 raise FileTransferError(str(info.get("path", "")), str(info["reason"]))
             except (ValueError, KeyError, TypeError):
                 pass

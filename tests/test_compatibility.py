@@ -43,12 +43,20 @@ def test_host_files_belong_to_nobody(sandbox: Runner):
         "nobody nogroup", "sandbox sandbox"]
 
 
-def test_another_id_is_invalid_not_forbidden(sandbox: Runner):
-    out = lines(sandbox, "touch /tmp/f; chown 0 /tmp/f; chgrp 0 /tmp/f; "
-                         f"{PYTHON} -c 'import os; os.setuid(65534)' 2>&1 | tail -1")
-    assert out == ["OSError: [Errno 22] Invalid argument",
-                   "chown: changing ownership of '/tmp/f': Invalid argument",
-                   "chgrp: changing group of '/tmp/f': Invalid argument"]
+def test_another_id_is_forbidden_before_the_path_is_looked_at(sandbox: Runner):
+    python = f"{PYTHON} -c 'import os; os.%s' 2>&1 | tail -1"
+    out = lines(sandbox, "exec 2>&1; touch /tmp/f; chown 0 /tmp/f; chgrp 0 /tmp/f; "
+                         "chown sandbox:sandbox /tmp/f && chgrp sandbox /tmp/f && echo own; "
+                         + "; ".join(python % call for call in (
+                             "chown(\"/tmp/missing\", 0, -1)", "setuid(65534)",
+                             "setresgid(-1, -1, 0)")))
+    assert out == ["chown: changing ownership of '/tmp/f': Operation not permitted",
+                   "chgrp: changing group of '/tmp/f': Operation not permitted",
+                   "own",
+                   # a host would say "No such file or directory" first
+                   "PermissionError: [Errno 1] Operation not permitted: '/tmp/missing'",
+                   "PermissionError: [Errno 1] Operation not permitted",
+                   "PermissionError: [Errno 1] Operation not permitted"]
 
 
 def test_no_capabilities_and_no_new_privileges(sandbox: Runner):

@@ -53,7 +53,7 @@ _limit_options = _options.click_options(_options.START, lambda option: option.li
 
 
 def _with_limits(policy: Policy, values: dict[str, Any]) -> Policy:
-    changes = {k: v for k, v in values.items() if k in _LIMIT_PARSERS and v is not None}
+    changes = limittable.limit_changes({k: v for k, v in values.items() if k in _LIMIT_PARSERS})
     return policy.with_limits(**changes) if changes else policy
 
 # --- end of resource limit options ---------------------------------------------------------------

@@ -155,7 +155,11 @@ def convert(option: Option, flag: str, text: str) -> Any:
     return check(option, flag, text) if check else text
 
 
-def _duration(_option: Option, _flag: str, text: str) -> float:
+def _duration(option: Option, flag: str, text: str) -> float | str:
+    if text.strip().lower() == "none":
+        if option.key != "limits.wall_time":
+            raise BadValue("'none' is not allowed here: give a duration, e.g. 10s")
+        return "none"  # the profile key's own word for no limit (nsbox run, session start)
     try:
         seconds = parse_duration(text)
     except ValueError as exc:
@@ -166,6 +170,9 @@ def _duration(_option: Option, _flag: str, text: str) -> float:
 
 
 def _size(_option: Option, _flag: str, text: str) -> int:
+    if text.strip().lower() == "none":
+        raise BadValue("'none' is not allowed: the output is always capped; give a size, "
+                       "e.g. 64M")
     try:
         return parse_size(text)
     except ValueError as exc:

@@ -73,6 +73,21 @@ def degraded_line(result: Result) -> str:
             + " (`nsbox doctor` says how to get them enforced; --quiet hides this line)")
 
 
+_FULL_REMEDY = {"/tmp": "raise its size with --tmp-size",
+                "/workspace": "raise its size with --workspace-size (a host directory: free "
+                "space on its filesystem)",
+                "/dev/shm": "raise its size with --set limits.shm_size=SIZE"}
+
+
+def disk_full_lines(result: Result) -> list[str]:
+    """One line per writable place that was full when a failed command ended: the failure may
+    come from there (its own status and message stay the command's)."""
+    if result.ok:
+        return []
+    return [f"nsbox: {place} was full when the command ended; {_FULL_REMEDY.get(place, '')}"
+            for place in result.disk_full]
+
+
 def refused_connections(result: Result) -> list[str]:
     """One line per connection the proxy refused: a client prints only "403" for a refused
     CONNECT, so the reason (not listed, a private address...) reaches the user here."""
@@ -279,8 +294,8 @@ def policy_from_options(o: dict[str, Any]) -> Policy:
     binds = [("--ro-bind", spec, False) for spec in o["ro_bind"]]
     binds += [("--bind", spec, True) for spec in o["rw_bind"]]
     policy = load_policy(o["profile"], overrides_from_options(o), o["settings"], binds)
-    limit_changes = {spec.name: o[spec.name] for spec in limittable.OPTION_LIMITS
-                     if o.get(spec.name) is not None}
+    limit_changes = limittable.limit_changes(
+        {spec.name: o.get(spec.name) for spec in limittable.OPTION_LIMITS})
     if limit_changes:
         policy = policy.with_limits(**limit_changes)
     # --- network (docs/network.md) ---
@@ -334,7 +349,7 @@ _LIMIT_REASONS = {"memory": "memory limit reached (OOM kill); raise it with --me
 
 def _report(result: Result, quiet: bool) -> None:
     """What the user should know about the run, on stderr."""
-    for line in refused_connections(result):
+    for line in [*refused_connections(result), *disk_full_lines(result)]:
         echo(line, err=True)
     if result.degraded and not quiet:
         echo(degraded_line(result), err=True)

@@ -221,6 +221,10 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         command = command[1:]
     if not command:
         raise click.UsageError("Missing argument 'COMMAND...'.")
+    if wall_time == "none":
+        raise click.BadParameter("'none' is not allowed: a command of a session ends by its "
+                                 "deadline (leave --time out for the session's own)",
+                                 param_hint="'-t' / '--time'")
     message: SupervisorRequest = {"op": "exec", "argv": list(command), "env": _parse_env(env),
                "timeout": wall_time, "output_limit": output_limit, "cwd": cwd}
     sinks: list[int] = []
@@ -247,6 +251,8 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         sys.exit(_cli_run.exit_code(result))
     if result.degraded and not quiet:
         click.echo(_cli_run.degraded_line(result), err=True)
+    for line in _cli_run.disk_full_lines(result):
+        click.echo(line, err=True)
     if result.status in (Status.TO, Status.OL):
         click.echo(f"nsbox: {result.status.value}: "
                    + ("wall-clock limit reached" if result.status is Status.TO

@@ -9,6 +9,7 @@ from typing import Any
 from nsbox._wire import ExitReport
 from nsbox.helper.launch import Launch
 from nsbox.sandbox import child as _child
+from nsbox.sandbox import diskfull
 
 
 def exit_report(launch: Launch, wait_status: int, rusage: resource.struct_rusage,
@@ -32,6 +33,7 @@ def exit_report(launch: Launch, wait_status: int, rusage: resource.struct_rusage
         "seccomp_denied": denied,
         "limits": limits,
         "core": launch.core,
+        "disk_full": diskfull.disk_full(launch.err_data),
     }
     if launch.trace is not None:
         report["trace"] = [*launch.trace, *child_trace, ("helper: reaped", reaped_ns)]

@@ -12,6 +12,7 @@ import os
 import selectors
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,6 +194,34 @@ def _kill_by_pidfd(pidfd: int, signum: int = signal.SIGKILL) -> bool:
     except OSError:
         return False  # not ours to signal: the helper's own deadline stays the guard
     return True
+
+
+class Cancel:
+    """Kills one run from another thread (the asyncio API's cancellation). The run attaches
+    its launch socket once its request is sent; a kill asked for before that is sent then.
+    The helper kills the sandbox, and the run still ends as usual: its cgroup removed, its
+    report read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.cancelled = False
+
+    def attach(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.cancelled:
+                _send_kill(sock, "cancelled")
+
+    def detach(self) -> None:
+        with self._lock:
+            self._sock = None
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._sock is not None:
+                _send_kill(self._sock, "cancelled")
 
 
 def _send_kill(sock: socket.socket, reason: str) -> None:

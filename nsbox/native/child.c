@@ -24,6 +24,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -301,6 +302,28 @@ static int wait_for_command(pid_t command)
     }
 }
 
+/* The places a sandbox writes to that are full when the command ends: less than 1 MiB (or no
+ * inode) free, statvfs(3). As sandbox/child.py's full_places: the host names them in one line,
+ * for a failure that may come from there. */
+static void put_full_places(struct text *t)
+{
+    static const char *const places[] = {"/tmp", "/workspace", "/dev/shm"};
+    int found = 0;
+    for (size_t i = 0; i < sizeof places / sizeof places[0]; i++) {
+        struct statvfs st;
+        if (statvfs(places[i], &st) != 0 || st.f_blocks == 0)
+            continue;
+        if ((unsigned long long)st.f_bavail * st.f_frsize >= (1ULL << 20)
+            && !(st.f_files != 0 && st.f_favail == 0))
+            continue;
+        text_put(t, found++ ? ", \"" : ", \"full\": [\"");
+        text_put(t, places[i]);
+        text_put(t, "\"");
+    }
+    if (found)
+        text_put(t, "]");
+}
+
 static void serve_as_init(struct child *c, pid_t command) __attribute__((noreturn));
 static void serve_as_init(struct child *c, pid_t command)
 {
@@ -318,6 +341,7 @@ static void serve_as_init(struct child *c, pid_t command)
     text_init(&t);
     text_put(&t, "\n{\"status\": ");
     text_put_int(&t, status);
+    put_full_places(&t);
     text_put(&t, "}\n");
     if (write(err_fd, t.s, t.n) < 0)
         fail_errno(c);

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 from nsbox import _libc, _wire
 from nsbox._wire import SetupErrorInfo, WirePlan
+from nsbox.sandbox import diskfull
 from nsbox.sandbox import netns as _netns
 from nsbox.sandbox.mounts import NEWROOT, apply_mount, stage
 
@@ -206,7 +207,8 @@ def serve_as_init(ctx: Context, command_pid: int) -> NoReturn:
         _libc.close_range(0, ctx.err_fd - 1)
         _libc.close_range(ctx.err_fd + 1)
         status = wait_for_command(command_pid)
-        os.write(ctx.err_fd, b'\n{"status": %d}\n' % status)
+        full = json.dumps(diskfull.full_places()).encode()
+        os.write(ctx.err_fd, b'\n{"status": %d, "full": %s}\n' % (status, full))
         code = os.waitstatus_to_exitcode(status)
         os._exit(code if code >= 0 else 128 - code)
     except Exception as exc:  # a bug here must not pass for the command's own failure

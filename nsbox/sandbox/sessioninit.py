@@ -48,6 +48,7 @@ from typing import Any, NoReturn
 from nsbox import _libc, _wire
 from nsbox._wire import ExitReport, InitEvent, InitRequest, KillRequest
 from nsbox.sandbox import child as _child
+from nsbox.sandbox import diskfull
 from nsbox.sandbox.fileworker import run_file_op
 
 CAP_SETPCAP = 8
@@ -292,6 +293,7 @@ class Init:
             "cpu_user": rusage.ru_utime, "cpu_system": rusage.ru_stime,
             "maxrss_kib": rusage.ru_maxrss, "timed_out": job.timed_out,
             "kill_reason": job.kill_reason, "setup_error": setup_error,
+            "disk_full": diskfull.full_places(),  # this init shares the command's mounts
             # What the session's cgroup could not limit here, as the helper found at launch.
             "limits": {"degraded": list(self.ctx.plan.get("degraded", []))},
         })
