@@ -256,21 +256,44 @@ def test_cli_fast_path_does_not_import_click_or_pyseccomp(tmp_path: Path):
         "from nsbox.cli.fast import main\n"
         "main()\n"
     )
-    # As root, the seccomp program comes from the disk cache once a first run has compiled it.
+    # The default profile's seccomp programs come with the package (docs/seccomp.md), for
+    # every caller: no disk cache, no compile.
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
            "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    first = subprocess.run([sys.executable, "-m", "nsbox", "run", "--", "true"],
-                           capture_output=True, text=True, timeout=60, cwd="/", env=env)
-    assert first.returncode == 0, first.stderr
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, cwd="/", env=env)
     assert proc.returncode == 0, proc.stderr
     modules = (tmp_path / "mods").read_text().split()
     assert "nsbox.launcher" in modules
-    assert "click" not in modules
-    # Only a root caller keeps the program on disk (nsbox/host/seccomp.py, disk_cache_allowed);
-    # any other compiles it in memory, which needs pyseccomp.
-    assert ("pyseccomp" in modules) == (os.geteuid() != 0)
+    for heavy in ("click", "pyseccomp", "ctypes", "hashlib", "platform", "pathlib"):
+        assert heavy not in modules, heavy
+    assert not (tmp_path / "cache").exists()
+
+
+def test_cli_launches_through_the_public_run(tmp_path: Path):
+    """The command line's launch is nsbox.run's, the API's (so a new launch core serves both),
+    and it starts no launch helper of its own before it."""
+    probe = (
+        "import sys, json\n"
+        "sys.argv = ['nsbox', 'run', '--time', '7', '--', 'true']\n"
+        "from nsbox import launcher\n"
+        "calls = []\n"
+        "real = launcher.run\n"
+        "def spy(argv, *args, **kwargs):\n"
+        "    calls.append([argv, kwargs.get('passthrough'), launcher._helper._pid])\n"
+        "    return real(argv, *args, **kwargs)\n"
+        "launcher.run = spy\n"
+        "from nsbox.cli.fast import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        f"    open({str(tmp_path / 'calls')!r}, 'w').write(json.dumps(calls))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin",
+                                                    "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "calls").read_text()) == [[["true"], True, 0]]
 
 
 def test_cli_both_doors_give_the_same_result():

@@ -90,25 +90,13 @@ def _main() -> None:
         except _Fallback:
             params = None
         if params is not None:
-            # What both the command line and the launch helper need, imported once, before
-            # the fork (the helper inherits it): about 20 ms of CPU less per run than importing
-            # it on each side of the fork, the same wall-clock time (docs/performance.md).
-            import selectors  # noqa: F401
-
-            from nsbox import _wire, limits  # noqa: F401
-            from nsbox.helper.fork import fork_helper
-
-            helper = fork_helper()
-            from nsbox import launcher
             from nsbox.cli import run as _cli_run
 
-            launcher._helper.adopt(*helper)
-            launcher._helper.reap_at_exit()
             try:
                 _cli_run.check(params)
                 code = _cli_run.execute(params)
             except _cli_run.OptionError:
-                pass  # click reports it; the helper ends with this process
+                pass  # click reports it
             else:
                 sys.exit(code)
     from nsbox.cli.commands import main as click_main

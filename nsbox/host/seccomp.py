@@ -27,7 +27,6 @@ not use it at run time. The child applies the program as the last step before ex
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import errno
 import json
@@ -151,10 +150,6 @@ def program_for(seccomp: Seccomp) -> bytes:
 # --- the key, without pyseccomp ----------------------------------------------------------------
 
 
-class _Version(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint), ("micro", ctypes.c_uint)]
-
-
 _libseccomp_version: str | None = None
 
 
@@ -163,6 +158,12 @@ def libseccomp_version() -> str:
     makes pyseccomp's import slow; the dynamic linker's cache finds the library directly."""
     global _libseccomp_version
     if _libseccomp_version is None:
+        import ctypes  # not at import: no launch needs it
+
+        class _Version(ctypes.Structure):
+            _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint),
+                        ("micro", ctypes.c_uint)]
+
         try:
             lib = ctypes.CDLL("libseccomp.so.2")
             lib.seccomp_version.restype = ctypes.POINTER(_Version)
