@@ -1,7 +1,7 @@
 """Measure where a seccomp program comes from: compiling (libseccomp) against reading the one
 built with the package, and (as root) a program of the disk cache.
 
-    python bench/seccomp_cache.py [rounds]
+    python -m nsbox.bench.seccomp_cache [rounds]
 
 Each figure is the median over fresh interpreter processes (so imports count as they do for a
 first launch), with a private XDG_CACHE_HOME.
