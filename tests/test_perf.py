@@ -277,8 +277,10 @@ def test_cli_launches_through_the_public_run(tmp_path: Path):
         "from nsbox import launcher\n"
         "calls = []\n"
         "real = launcher.run\n"
+        "import gc\n"
         "def spy(argv, *args, **kwargs):\n"
-        "    calls.append([argv, kwargs.get('passthrough'), launcher._helper._pid])\n"
+        "    calls.append([argv, kwargs.get('passthrough'), launcher._helper._pid,\n"
+        "                  gc.isenabled()])\n"
         "    return real(argv, *args, **kwargs)\n"
         "launcher.run = spy\n"
         "from nsbox.cli.fast import main\n"
@@ -291,7 +293,23 @@ def test_cli_launches_through_the_public_run(tmp_path: Path):
                           timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin",
                                                     "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((tmp_path / "calls").read_text()) == [[["true"], True, 0]]
+    # Garbage collection, off while the command line imports, is on again for the launch.
+    assert json.loads((tmp_path / "calls").read_text()) == [[["true"], True, 0, True]]
+
+
+def test_cli_commands_other_than_run_collect_garbage_as_usual():
+    """The fast path starts with the collector off; a long-lived command (nsbox mcp) must not
+    run that way: everything that goes to click has it on."""
+    probe = ("import atexit, gc, sys\n"
+             "atexit.register(lambda: print('collecting', gc.isenabled()))\n"
+             "sys.argv = ['nsbox', '--version']\n"
+             "from nsbox.cli.fast import main\n"
+             "main()\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin",
+                                                    "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "collecting True"
 
 
 def test_cli_both_doors_give_the_same_result():

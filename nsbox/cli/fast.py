@@ -14,6 +14,7 @@ parameters for the same command lines.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 from nsbox.cli import options as _options
@@ -75,6 +76,11 @@ def parse_run(args: list[str]) -> dict[str, Any]:
 
 
 def main() -> None:
+    # No garbage collection while the command line imports and builds the policy: the objects
+    # made then (modules, classes, the policy) live to the end, and the collector's passes
+    # over them would cost a run several ms. nsbox/cli/run.py turns it back on before the
+    # launch, for the rest of the process's life.
+    gc.disable()
     try:
         _main()
     except KeyboardInterrupt:  # Ctrl-C before or after a run (during one: _cli_run.execute)
@@ -99,6 +105,7 @@ def _main() -> None:
                 pass  # click reports it
             else:
                 sys.exit(code)
+    gc.enable()  # the other commands may live long (nsbox mcp): collected as usual
     from nsbox.cli.commands import main as click_main
 
     click_main()
