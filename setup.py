@@ -26,26 +26,33 @@ NATIVE = Extension(
 
 
 class BuildWithPrograms(build_ext):
-    """build_ext, then the seccomp programs, in the tree the extension goes to (the source tree
-    for an editable install or --inplace, the build directory for a wheel)."""
+    """build_ext, then what the shipped profiles need at run time (their seccomp programs, their
+    parsed values), in the tree the extension goes to (the source tree for an editable install
+    or --inplace, the build directory for a wheel)."""
 
     def run(self) -> None:
         super().run()
         self._programs = []
         root = HERE if self.inplace else self.build_lib
         directory = os.path.join(root, "nsbox", "host", "seccomp_programs")
+        parsed = os.path.join(root, "nsbox", "profiles", "parsed.json")
         sys.path.insert(0, HERE)  # the nsbox being built, not one installed elsewhere
         try:
             from nsbox.profiles import programs
 
             keys = programs.build(directory)
-        except Exception as exc:  # noqa: BLE001 - any failure: programs compiled at run time
+            self._programs += [os.path.join(directory, key + ".json") for key in keys]
+        except Exception as exc:  # noqa: BLE001 - any failure: compiled at run time instead
             print(f"nsbox: seccomp programs not built ({type(exc).__name__}: {exc}); they "
                   "are compiled at run time", file=sys.stderr)
-            return
+        try:
+            programs.build_parsed(parsed)
+            self._programs.append(parsed)
+        except Exception as exc:  # noqa: BLE001 - any failure: parsed at run time instead
+            print(f"nsbox: profiles not parsed ahead ({type(exc).__name__}: {exc}); they are "
+                  "parsed at run time", file=sys.stderr)
         finally:
             sys.path.remove(HERE)
-        self._programs = [os.path.join(directory, key + ".json") for key in keys]
 
     def get_outputs(self) -> list:
         return [*super().get_outputs(), *getattr(self, "_programs", [])]

@@ -143,9 +143,10 @@ def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ..
     """The profile with the options applied; ``--set KEY=VALUE`` takes a TOML value (a bare
     word is a string) and comes last. Raises PolicyError naming the file, key and line, or the
     option."""
-    from nsbox.profiles import apply_overrides, load_profile, tomllib
+    from nsbox.profiles import apply_overrides, load_profile, toml
 
     for item in settings:
+        tomllib = toml()
         key, _sep, text = item.partition("=")
         try:
             overrides[key.strip()] = tomllib.loads(f"value = {text}")["value"]

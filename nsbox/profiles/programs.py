@@ -1,11 +1,14 @@
-"""The seccomp programs built with the package: those of the shipped profiles and the set-id
-filter, compiled once when nsbox is built and loaded as bytes at every launch.
+"""What the build makes of the shipped profiles, so that a launch of one neither compiles nor
+parses: their seccomp programs (and the set-id filter's), loaded as bytes, and their values as
+the TOML parser gives them.
 
-setup.py calls ``build`` while it builds the package (``python -m nsbox.profiles.programs DIR``
-does the same by hand). The programs go into the package directory (nsbox/host/seccomp.py,
-``SHIPPED_DIR``), where rule nsbox-code keeps every sandbox from writing them, so a regular
-user's ``nsbox run`` neither imports pyseccomp nor compiles. Each entry records what it was
-compiled from, so that a test can compile it again and compare (tests/test_seccomp_shipped.py).
+setup.py calls ``build`` and ``build_parsed`` while it builds the package (``python -m
+nsbox.profiles.programs`` does the same in this tree by hand). Both go into the package
+directory (nsbox/host/seccomp.py ``SHIPPED_DIR``, nsbox/profiles ``PARSED``), where rule
+nsbox-code keeps every sandbox from writing them, so a regular user's ``nsbox run`` neither
+imports pyseccomp nor compiles. Each program records what it was compiled from, so that a test
+can compile it again and compare (tests/test_seccomp_shipped.py); each parsed profile holds the
+text it was parsed from, and is used only for that text.
 """
 
 from __future__ import annotations
@@ -54,10 +57,34 @@ def build(directory: str) -> list[str]:
     return keys
 
 
+def build_parsed(path: str) -> list[str]:
+    """The shipped profiles' values into ``path`` (JSON), each with its text; the names."""
+    import json
+
+    from nsbox import profiles
+
+    parsed = {}
+    for name in profiles.shipped_profiles():
+        source = profiles._shipped(name)
+        text = source.read_text()
+        parsed[source.display] = {"text": text, "data": profiles.toml().loads(text)}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(parsed, f, sort_keys=True)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return sorted(parsed)
+
+
 def main(argv: list[str]) -> int:
     directory = argv[0] if argv else seccomp.SHIPPED_DIR
     keys = build(directory)
     print(f"{len(keys)} seccomp programs in {directory}")
+    if not argv:
+        from nsbox import profiles
+
+        names = build_parsed(profiles.PARSED)
+        print(f"{len(names)} profiles parsed into {profiles.PARSED}")
     return 0
 
 
