@@ -123,7 +123,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
             "cpu_launches": given(args.cpu_launches, 16, 400), "cpu_blocks": 2 if quick else 10,
             "memory_runs": 5 if quick else 50, "traced": 10 if quick else 200,
             "soak_warmup": 20 if quick else 200, "pool_size": args.pool_size,
-            "payloads": PAYLOADS}
+            "payloads": PAYLOADS, "quick": quick}
 
 
 def measure_all(args: argparse.Namespace, report: dict[str, Any]) -> None:

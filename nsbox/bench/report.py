@@ -98,5 +98,6 @@ def text(report: dict[str, Any]) -> str:
     if report.get("skipped"):
         lines.append("\nskipped:")
         lines += [f"  {name}: {why}" for name, why in report["skipped"].items()]
-    lines += targets.table(report["targets"])
+    quick = bool(report.get("config", {}).get("quick"))
+    lines += targets.table(report["targets"], quick=quick)
     return "\n".join(lines)

@@ -57,9 +57,12 @@ def judge(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def table(judged: dict[str, Any]) -> list[str]:
+def table(judged: dict[str, Any], quick: bool = False) -> list[str]:
     """The targets as lines of text: figure, value, target, and pass / MISS / not measured."""
     lines = ["\ntargets: each a ratio to the peer of the same run"]
+    if quick:
+        lines.append("  (a --quick run: too few launches to judge anything; it checks that "
+                     "every section works)")
     for entry in judged.values():
         value = entry["value"]
         shown = "-" if value is None else (f"+{value:.2f} MiB" if entry["figure"].startswith(
