@@ -86,7 +86,8 @@ def _soak(report: dict[str, Any]) -> list[str]:
     s = report["soak"]
     return [f"\nsoak: {s['launches']} launches through {s['through']} in {s['seconds']} s; "
             f"left behind: {s['left_behind'] or 'nothing'}; RSS growth: launcher "
-            f"{s['rss_growth_mib']} MiB, launch helper {s['helper_growth_mib']} MiB"]
+            f"{s['rss_growth_mib']} MiB, its launch processes (the launch helper) "
+            f"{s['helper_growth_mib']} MiB"]
 
 
 def text(report: dict[str, Any]) -> str:
