@@ -263,7 +263,8 @@ def test_cli_fast_path_does_not_import_click_or_pyseccomp(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     modules = (tmp_path / "mods").read_text().split()
     assert "nsbox.launcher" in modules
-    for heavy in ("click", "pyseccomp", "ctypes", "hashlib", "platform", "pathlib", "tomllib"):
+    # (ctypes is on the way: the socket scan's inotify watches, nsbox/host/socketscan.py.)
+    for heavy in ("click", "pyseccomp", "hashlib", "platform", "pathlib", "tomllib"):
         assert heavy not in modules, heavy
     assert not (tmp_path / "cache").exists()
 
