@@ -16,8 +16,8 @@ from conftest import Runner, require
 
 import nsbox
 from nsbox.errors import PolicyError
+from nsbox.host import landlock_filter, seccomp_compile
 from nsbox.host import seccomp as sc
-from nsbox.host import seccomp_compile
 from nsbox.policy import Bind, Policy, Seccomp, SeccompArg, SeccompRule
 from nsbox.profiles import programs
 
@@ -50,6 +50,9 @@ def test_the_shipped_programs_are_what_the_compiler_makes_now() -> None:
         if stored["source"].get("setid"):
             key = sc._setid_key()
             fresh = seccomp_compile.compile_setid(key)
+        elif stored["source"].get("landlock"):
+            key = landlock_filter._key()
+            fresh = landlock_filter._compile(key)
         else:
             policy = _seccomp(stored["source"]["seccomp"])
             key = sc.cache_key(policy)
@@ -63,7 +66,7 @@ def test_the_shipped_programs_are_what_the_compiler_makes_now() -> None:
 def test_every_shipped_profile_has_its_programs_in_learning_mode_too() -> None:
     from nsbox.profiles import load_profile, shipped_profiles
 
-    wanted = {sc._setid_key()}
+    wanted = {sc._setid_key(), landlock_filter._key()}
     for name in shipped_profiles():
         policy = load_profile(name).seccomp
         wanted |= {sc.cache_key(policy),
@@ -118,6 +121,31 @@ def test_a_run_of_a_shipped_profile_neither_imports_pyseccomp_nor_compiles(
     compiled, setid, shipped, imported, default, learning = proc.stdout.strip().split("|")
     assert (compiled, setid, shipped, imported) == ("0", "0", "3", "False")
     assert default == learning == f"-1 {errno.EPERM}"  # the filter is there and denies
+
+
+LANDLOCK_RUN = r'''
+import sys
+sys.path.insert(0, sys.argv[1])
+import nsbox
+from nsbox.host import seccomp
+result = nsbox.run(["true"], nsbox.Policy(isolation="landlock"), timeout=30)
+assert result.ok and result.isolation == "landlock", result
+print(seccomp.stats.compiled + seccomp.stats.setid_compiled, seccomp.stats.shipped_hits,
+      "pyseccomp" in sys.modules)
+'''
+
+
+def test_the_landlock_modes_filter_comes_with_the_package(public_tree: Path) -> None:
+    """The Landlock mode loads its own filter beside the set-id filter and the policy's: all
+    three from the package, none compiled."""
+    from test_landlock import require_landlock
+
+    require_landlock()
+    proc = subprocess.run(["/usr/bin/python3", "-I", "-c", LANDLOCK_RUN, str(public_tree)],
+                          capture_output=True, text=True, timeout=120, cwd="/",
+                          env={"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": "/nonexistent"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "3", "False"]
 
 
 @pytest.fixture
@@ -180,7 +208,7 @@ def test_build_writes_one_program_per_policy_and_removes_stale_ones(tmp_path: Pa
     (tmp_path / "stale.json").write_text("{}")
     keys = programs.build(str(tmp_path))
     assert sorted(path.stem for path in tmp_path.glob("*.json")) == sorted(keys)
-    assert len(keys) == len(set(keys)) == 1 + len(programs.shipped_policies())
+    assert len(keys) == len(set(keys)) == 2 + len(programs.shipped_policies())
     assert oct(tmp_path.stat().st_mode & 0o777) == oct(0o755)
     assert all(path.stat().st_mode & 0o777 == 0o644 for path in tmp_path.glob("*.json"))
 

@@ -1,6 +1,6 @@
 """What the build makes of the shipped profiles, so that a launch of one neither compiles nor
-parses: their seccomp programs (and the set-id filter's), loaded as bytes, and their values as
-the TOML parser gives them.
+parses: their seccomp programs (and those of the set-id filter and the Landlock mode's filter),
+loaded as bytes, and their values as the TOML parser gives them.
 
 setup.py calls ``build`` and ``build_parsed`` while it builds the package (``python -m
 nsbox.profiles.programs`` does the same in this tree by hand). Both go into the package
@@ -50,6 +50,13 @@ def build(directory: str) -> list[str]:
     setid = seccomp_compile.compile_setid(seccomp._setid_key())
     seccomp.write_entry(directory, setid, {"setid": True})
     keys.append(setid.key)
+    from nsbox.host import (
+        landlock_filter,  # the Landlock mode's own filter, in every one of its runs
+    )
+
+    landlock = landlock_filter._compile(landlock_filter._key())
+    seccomp.write_entry(directory, landlock, {"landlock": True})
+    keys.append(landlock.key)
     for policy in shipped_policies():
         program = seccomp_compile.compile_program(policy, seccomp.cache_key(policy))
         seccomp.write_entry(directory, program, {"seccomp": seccomp._plain(policy)})
