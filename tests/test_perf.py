@@ -37,9 +37,7 @@ def helper_children(helper: int | None = None, sandboxes_only: bool = True) -> l
     """The live (non-zombie) children of a launch helper (default: this process's). Only those
     in a pid namespace of their own, its sandboxes, unless ``sandboxes_only`` is False: then its
     spawners too (nsbox/helper/spawner.py)."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))  # bench/ is not installed; the tests use its soak
-    from bench.soak import children_of
+    from nsbox.bench.soak import children_of
 
     helper = helper if helper is not None else launcher._helper._pid
     found = []
@@ -256,21 +254,63 @@ def test_cli_fast_path_does_not_import_click_or_pyseccomp(tmp_path: Path):
         "from nsbox.cli.fast import main\n"
         "main()\n"
     )
-    # As root, the seccomp program comes from the disk cache once a first run has compiled it.
+    # The default profile's seccomp programs come with the package (docs/seccomp.md), for
+    # every caller: no disk cache, no compile.
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
            "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    first = subprocess.run([sys.executable, "-m", "nsbox", "run", "--", "true"],
-                           capture_output=True, text=True, timeout=60, cwd="/", env=env)
-    assert first.returncode == 0, first.stderr
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, cwd="/", env=env)
     assert proc.returncode == 0, proc.stderr
     modules = (tmp_path / "mods").read_text().split()
     assert "nsbox.launcher" in modules
-    assert "click" not in modules
-    # Only a root caller keeps the program on disk (nsbox/host/seccomp.py, disk_cache_allowed);
-    # any other compiles it in memory, which needs pyseccomp.
-    assert ("pyseccomp" in modules) == (os.geteuid() != 0)
+    # (ctypes is on the way: the socket scan's inotify watches, nsbox/host/socketscan.py.)
+    for heavy in ("click", "pyseccomp", "hashlib", "platform", "pathlib", "tomllib"):
+        assert heavy not in modules, heavy
+    assert not (tmp_path / "cache").exists()
+
+
+def test_cli_launches_through_the_public_run(tmp_path: Path):
+    """The command line's launch is nsbox.run's, the API's (so a new launch core serves both),
+    and it starts no launch helper of its own before it."""
+    probe = (
+        "import sys, json\n"
+        "sys.argv = ['nsbox', 'run', '--time', '7', '--', 'true']\n"
+        "from nsbox import launcher\n"
+        "calls = []\n"
+        "real = launcher.run\n"
+        "import gc\n"
+        "def spy(argv, *args, **kwargs):\n"
+        "    calls.append([argv, kwargs.get('passthrough'), launcher._helper._pid,\n"
+        "                  gc.isenabled()])\n"
+        "    return real(argv, *args, **kwargs)\n"
+        "launcher.run = spy\n"
+        "from nsbox.cli.fast import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        f"    open({str(tmp_path / 'calls')!r}, 'w').write(json.dumps(calls))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin",
+                                                    "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    # Garbage collection, off while the command line imports, is on again for the launch.
+    assert json.loads((tmp_path / "calls").read_text()) == [[["true"], True, 0, True]]
+
+
+def test_cli_commands_other_than_run_collect_garbage_as_usual():
+    """The fast path starts with the collector off; a long-lived command (nsbox mcp) must not
+    run that way: everything that goes to click has it on."""
+    probe = ("import atexit, gc, sys\n"
+             "atexit.register(lambda: print('collecting', gc.isenabled()))\n"
+             "sys.argv = ['nsbox', '--version']\n"
+             "from nsbox.cli.fast import main\n"
+             "main()\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin",
+                                                    "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "collecting True"
 
 
 def test_cli_both_doors_give_the_same_result():
@@ -308,7 +348,7 @@ def test_short_soak_leaves_nothing_behind(pool_size: int):
     # In a process of its own, so that nothing else of the test session moves the counts.
     code = (
         "import json, sys\n"
-        "from bench.soak import soak\n"
+        "from nsbox.bench.soak import soak\n"
         f"print(json.dumps(soak(['true'], 200, warmup=20, pool_size={pool_size})))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -326,9 +366,8 @@ def test_short_soak_leaves_nothing_behind(pool_size: int):
 def test_soak_sees_the_cgroup_of_a_running_sandbox():
     import threading
 
-    sys.path.insert(0, str(REPO))
-    from bench.soak import snapshot
     from nsbox import cgroups
+    from nsbox.bench.soak import snapshot
 
     if not cgroups.get_backend().supports():
         pytest.skip("no writable cgroup here: runs get none, so there is nothing to count")
@@ -349,8 +388,8 @@ def test_soak_sees_the_cgroup_of_a_running_sandbox():
 def test_bench_quick_writes_valid_json(tmp_path: Path):
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--rounds", "2", "--soak", "20",
-         "--seconds", "0.2", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+         "--seconds", "0.2", "--cpu-launches", "4", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     [report_path] = tmp_path.glob("bench-*.json")
@@ -362,26 +401,54 @@ def test_bench_quick_writes_valid_json(tmp_path: Path):
     assert report["soak"]["launches"] == 20
     assert report["soak"]["left_behind"] == {}
     assert {s["step"] for s in report["breakdown"]["cold"]["steps"]} >= {"helper: clone", "exec"}
-    assert report["cpu"]["nsbox API cold"]["cpu_ms"] > 0
-    assert set(report["targets"]) >= {"api_cold_x_bwrap_seccomp", "api_cold_x_bwrap_cgroup",
-                                      "pool_x_bwrap_seccomp", "cli_x_bwrap", "cpu_x_bwrap"}
+    assert report["cpu"]["nsbox API cold"]["launches"] == 4
+    assert set(report["throughput"]["nsbox API cold"]) >= {"1", "2", "4"}
+    assert report["memory"]["launch_processes"], report["memory"]
+    assert report["memory"]["run_peak"]["/bin/true"]["max_kib"] > 0
+    assert set(report["targets"]) == {"api_cold_x_bwrap", "pool_x_bwrap", "cli_x_bwrap",
+                                      "throughput_2_x_bwrap", "cpu_x_bwrap_seccomp", "soak"}
+    assert "targets: each a ratio to the peer of the same run" in proc.stdout
+    assert not re.search(r"issue|#\d", proc.stdout + json.dumps(report["targets"]), re.I)
     if "bwrap" not in report["skipped"]:
         # Each nsbox row has its ratio to the peer doing the same work, from the same run.
         assert set(rows["nsbox API cold"]["x_peers"]) >= {"bwrap+seccomp"}
-        assert report["targets"]["pool_x_bwrap_seccomp"]["met"] in (True, False)
+        assert report["targets"]["pool_x_bwrap"]["met"] in (True, False)
+        assert set(report["throughput"]["nsbox API cold"]) >= {"x_bwrap_1", "x_bwrap_2",
+                                                               "x_bwrap_4"}
     if "bwrap+seccomp+cgroup" in rows:
         # The caller-made cgroups of that row are removed after every launch.
-        from bench.soak import _cgroup_dirs
+        from nsbox.bench.soak import _cgroup_dirs
 
         left = [name for top in _cgroup_dirs() for _root, dirs, _files in os.walk(top)
                 for name in dirs if name.startswith("bench-bwrap-")]
         assert left == []
 
 
+def _meter(name: str, launches: int) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "nsbox.bench.meter", name, str(launches), "1"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_the_cpu_meter_reaps_the_pid_1_bwrap_leaves_behind():
+    """bwrap's monitor exits before the sandbox's pid 1 is reaped: the meter, a subreaper,
+    gets each one and counts it; nsbox reaps its own, through the launch process it keeps."""
+    import shutil
+
+    from conftest import require
+
+    require(shutil.which("bwrap") is not None, "bubblewrap not installed")
+    bwrap = _meter("bwrap", 4)
+    assert (bwrap["orphans"], bwrap["kept"]) == (4, 0), bwrap
+    assert bwrap["exact"] > bwrap["host"] > 0
+    ours = _meter("nsbox API cold", 4)
+    assert ours["orphans"] == 0 and ours["kept"] >= 1, ours
+
+
 def test_bench_cpu_splits_the_cpu_of_a_launch_by_process():
-    proc = subprocess.run([sys.executable, "-m", "bench.cpu", "60"], capture_output=True,
-                          text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run([sys.executable, "-m", "nsbox.bench.cpu", "60"], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("nsbox")]
     assert [line.split(":")[0] for line in lines] == ["nsbox  x1", "nsbox  x2"]

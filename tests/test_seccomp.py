@@ -397,7 +397,9 @@ def test_bad_rules_are_policy_errors_naming_them(seccomp: Seccomp, named: str) -
 
 
 # --- the cache --------------------------------------------------------------------------------
-
+# The shipped profiles' programs come with the package (tests/test_seccomp_shipped.py); the
+# cache serves every other policy, such as this one.
+CUSTOM = Seccomp(rules=(SeccompRule("getppid", "errno:EACCES"),))
 
 ROOT_DISK = pytest.mark.skipif(
     os.geteuid() != 0, reason="only a root caller keeps seccomp programs on disk "
@@ -415,21 +417,21 @@ def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @ROOT_DISK
 def test_second_load_does_not_compile(cache_home: Path) -> None:
     before = sc.stats.compiled
-    first = sc.program_for(Seccomp())
+    first = sc.program_for(CUSTOM)
     assert sc.stats.compiled == before + 1
-    assert sc.program_for(Seccomp()) == first  # memory
+    assert sc.program_for(CUSTOM) == first  # memory
     sc.clear_memory_cache()
     hits = sc.stats.disk_hits
-    assert sc.program_for(Seccomp()) == first  # disk
+    assert sc.program_for(CUSTOM) == first  # disk
     assert sc.stats.disk_hits == hits + 1
     assert sc.stats.compiled == before + 1
     assert oct(cache_home.stat().st_mode & 0o777) == oct(0o700)
-    assert [p.name for p in cache_home.iterdir()] == [sc.cache_key(Seccomp()) + ".json"]
+    assert [p.name for p in cache_home.iterdir()] == [sc.cache_key(CUSTOM) + ".json"]
 
 
 @ROOT_DISK
 def test_second_launch_with_the_same_policy_does_not_compile(cache_home: Path) -> None:
-    policy = Policy(seccomp=Seccomp(rules=(SeccompRule("getppid", "errno:EACCES"),)))
+    policy = Policy(seccomp=CUSTOM)
     before = sc.stats.compiled
     assert nsbox.run(["/bin/true"], policy).ok
     assert sc.stats.compiled == before + 1
@@ -443,8 +445,8 @@ def test_second_launch_with_the_same_policy_does_not_compile(cache_home: Path) -
 @ROOT_DISK
 def test_changed_policy_gets_a_new_program(cache_home: Path) -> None:
     before = sc.stats.compiled
-    plain = sc.program_for(Seccomp())
-    changed = sc.program_for(Seccomp(rules=(SeccompRule("getppid", "errno:EACCES"),)))
+    plain = sc.program_for(CUSTOM)
+    changed = sc.program_for(Seccomp(rules=(SeccompRule("getppid", "errno:EPERM"),)))
     assert sc.stats.compiled == before + 2
     assert plain != changed
     assert len(list(cache_home.iterdir())) == 2
@@ -453,35 +455,36 @@ def test_changed_policy_gets_a_new_program(cache_home: Path) -> None:
 @ROOT_DISK
 def test_a_cache_hit_does_not_import_pyseccomp(cache_home: Path) -> None:
     """A whole launch in a new process with a warm disk cache: no compile, no pyseccomp."""
-    sc.program_for(Seccomp())
-    sc.load_setid()
+    sc.program_for(CUSTOM)
     code = (
         "import sys, nsbox; from nsbox.host import seccomp; "
-        "r = nsbox.run(['/bin/true']); assert r.ok, r; "
+        "from nsbox.policy import Policy, Seccomp, SeccompRule; "
+        "custom = Seccomp(rules=(SeccompRule('getppid', 'errno:EACCES'),)); "
+        "r = nsbox.run(['/bin/true'], Policy(seccomp=custom)); assert r.ok, r; "
         "print(seccomp.stats.compiled + seccomp.stats.setid_compiled, seccomp.stats.disk_hits, "
         "'pyseccomp' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=dict(os.environ, XDG_CACHE_HOME=str(cache_home.parent
                                                                              .parent)))
-    assert out.stdout.split() == ["0", "2", "False"]
+    assert out.stdout.split() == ["0", "1", "False"]
 
 
 @ROOT_DISK
 def test_a_corrupt_entry_is_rebuilt(cache_home: Path) -> None:
-    good = sc.program_for(Seccomp())
-    entry = cache_home / (sc.cache_key(Seccomp()) + ".json")
+    good = sc.program_for(CUSTOM)
+    entry = cache_home / (sc.cache_key(CUSTOM) + ".json")
     data = json.loads(entry.read_text())
     data["bpf"] = data["bpf"][:-16] + "06000000000000ff"  # a changed last instruction
     entry.write_text(json.dumps(data))
     sc.clear_memory_cache()
     before, errors = sc.stats.compiled, sc.stats.disk_errors
-    assert sc.program_for(Seccomp()) == good
+    assert sc.program_for(CUSTOM) == good
     assert (sc.stats.compiled, sc.stats.disk_errors) == (before + 1, errors + 1)
     assert json.loads(entry.read_text())["bpf"] == good.hex()  # rewritten whole
     entry.write_bytes(b"\x00garbage")
     sc.clear_memory_cache()
-    assert sc.program_for(Seccomp()) == good
+    assert sc.program_for(CUSTOM) == good
     assert sc.stats.compiled == before + 2
 
 
@@ -490,15 +493,15 @@ def test_an_unwritable_cache_is_only_a_miss(cache_home: Path) -> None:
     cache_home.parent.mkdir(parents=True)
     cache_home.write_text("a file where the directory should be")
     before = sc.stats.compiled
-    assert sc.program_for(Seccomp())
+    assert sc.program_for(CUSTOM)
     sc.clear_memory_cache()
-    assert sc.program_for(Seccomp())
+    assert sc.program_for(CUSTOM)
     assert sc.stats.compiled == before + 2
 
 
 def test_a_cache_the_sandbox_can_write_is_not_used(cache_home: Path) -> None:
     """With the cache inside a writable bind, the sandbox could plant a weaker program."""
-    program = sc.load(Seccomp(), untrusted_dirs=[str(cache_home.parent.parent)])
+    program = sc.load(CUSTOM, untrusted_dirs=[str(cache_home.parent.parent)])
     assert program.bpf
     assert not cache_home.exists()
 
@@ -508,22 +511,22 @@ def test_a_workspace_that_holds_the_cache_keeps_it_unused(cache_home: Path) -> N
     workspace = cache_home.parent.parent  # $XDG_CACHE_HOME itself
     if os.geteuid() == 0:  # a user's directory: as root, a root-owned one is refused
         os.chown(workspace, 1234, 1234)
-    result = nsbox.run(["/bin/true"], Policy(workspace=str(workspace)))
+    policy = Policy(workspace=str(workspace), seccomp=CUSTOM)
+    result = nsbox.run(["/bin/true"], policy)
     assert result.ok, result
     assert not cache_home.exists()
     sc.clear_memory_cache()
-    assert nsbox.run(["/bin/true"]).ok  # no writable bind over it: cached as usual
-    assert sorted(p.name for p in cache_home.iterdir()) == sorted(
-        [sc.cache_key(Seccomp()) + ".json", sc._setid_key() + ".json"])
+    assert nsbox.run(["/bin/true"], Policy(seccomp=CUSTOM)).ok  # no writable bind over it
+    assert sorted(p.name for p in cache_home.iterdir()) == [sc.cache_key(CUSTOM) + ".json"]
 
 
 @ROOT_DISK
 def test_an_entry_from_another_directory_owner_is_not_trusted(cache_home: Path) -> None:
-    sc.program_for(Seccomp())
+    sc.program_for(CUSTOM)
     cache_home.chmod(0o777)  # writable by others: entries could have been swapped
     sc.clear_memory_cache()
     before = sc.stats.compiled
-    sc.program_for(Seccomp())
+    sc.program_for(CUSTOM)
     assert sc.stats.compiled == before + 1
 
 
@@ -699,51 +702,113 @@ PLANT = r'''
 import json, hashlib, os, struct, sys
 import nsbox
 from nsbox.host import seccomp as sc
-from nsbox.policy import Bind, Policy, Seccomp
+from nsbox.policy import Bind, Policy, Seccomp, SeccompRule
 
 home = sys.argv[1]
 os.environ["XDG_CACHE_HOME"] = home
+custom = Seccomp(rules=(SeccompRule("getppid", "errno:EACCES"),))
 # One instruction: BPF_RET|BPF_K SECCOMP_RET_ALLOW, under the keys of the next run's programs.
 allow = struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000).hex()
-entries = [{"format": 1, "key": key, "sha256": hashlib.sha256(bytes.fromhex(allow)).hexdigest(),
-            "bpf": allow, "listener": False, "notify": None}
-           for key in (sc.cache_key(Seccomp()), sc._setid_key())]
+entries = [{"format": sc._FORMAT, "key": key,
+            "sha256": hashlib.sha256(bytes.fromhex(allow)).hexdigest(), "bpf": allow,
+            "listener": False, "notify": None, "source": {}}
+           for key in (sc.cache_key(Seccomp()), sc.cache_key(custom), sc._setid_key())]
+# Overwrite the entries if it can, else move the directory aside and make a new one.
 writer = ("import json, os, sys\n"
-          "os.makedirs('/cache/nsbox/seccomp', mode=0o700, exist_ok=True)\n"
+          "d = '/cache/nsbox/seccomp'\n"
+          "os.makedirs(d, mode=0o700, exist_ok=True)\n"
           "for e in json.loads(sys.argv[1]):\n"
-          "    open('/cache/nsbox/seccomp/' + e['key'] + '.json', 'w').write(json.dumps(e))\n")
+          "    try:\n"
+          "        open(d + '/' + e['key'] + '.json', 'w').write(json.dumps(e))\n"
+          "    except PermissionError:\n"
+          "        print('refused', flush=True)\n"
+          "        os.rename('/cache/nsbox', '/cache/nsbox.moved')\n"
+          "        os.makedirs(d, mode=0o700)\n"
+          "        open(d + '/' + e['key'] + '.json', 'w').write(json.dumps(e))\n")
 policy = Policy(mounts=Policy().mounts + (Bind(home, "/cache", writable=True),))
 planted = nsbox.run(["python3", "-c", writer, json.dumps(entries)], policy, timeout=30)
-json.dump({"planted": planted.exit_code}, sys.stdout)
+json.dump({"planted": planted.exit_code, "out": planted.stdout.decode(),
+           "err": planted.stderr.decode()[-500:]}, sys.stdout)
 '''
+
+# A later run: the default policy and the custom one, unshare(CLONE_NEWUSER) and getppid.
+LATER = r'''
+import sys
+import nsbox
+from nsbox.host import seccomp as sc
+from nsbox.policy import Policy, Seccomp, SeccompRule
+
+probe = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+         "print(libc.unshare(0x10000000), ctypes.get_errno(), end=' '); "
+         "print(libc.getppid())")
+custom = Seccomp(rules=(SeccompRule("getppid", "errno:EACCES"),))
+for policy in (Policy(), Policy(seccomp=custom)):
+    r = nsbox.run(["python3", "-c", probe], policy, timeout=30)
+    print(r.stdout.decode().strip())
+'''
+
+
+def _plant_and_run_later(public_tree: Path, home: Path, user: list[str]) -> list[str]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public_tree), "XDG_CACHE_HOME": str(home)}
+    prefix = f"import sys; sys.path.insert(0, {str(public_tree)!r})\n"
+    plant = subprocess.run([*user, "/usr/bin/python3", "-I", "-c", prefix + PLANT, str(home)],
+                           capture_output=True, text=True, timeout=120, env=env, cwd="/")
+    assert plant.returncode == 0, plant.stderr
+    planted = json.loads(plant.stdout)
+    assert planted["planted"] == 0, planted
+    later = subprocess.run([*user, "/usr/bin/python3", "-I", "-c", prefix + LATER],
+                           capture_output=True, text=True, timeout=120, env=env, cwd="/")
+    assert later.returncode == 0, later.stderr
+    return [planted["out"], *later.stdout.splitlines()]
+
+
+def _denied_as_the_rules_say(lines: list[str]) -> None:
+    default, custom = (line.split() for line in lines)
+    assert default[:2] == ["-1", str(errno.EPERM)]  # built-in rule: no new user namespace
+    assert int(default[2]) > 0  # getppid allowed by the default policy
+    # glibc's getppid cannot fail, so it returns the filter's answer as it is: -EACCES.
+    assert custom[:3] == ["-1", str(errno.EPERM), str(-errno.EACCES)]
 
 
 def test_a_sandbox_cannot_plant_a_program_for_a_later_run(public_tree: Path,
                                                           unprivileged_tmp: Path) -> None:
     """A caller that is not root: a sandbox with a writable bind over the cache writes an
-    allow-all program under the default policy's key; the next run must still deny unshare
-    (CLONE_NEWUSER) with EPERM, as the built-in rules say."""
+    allow-all program under the keys of the default and a custom policy; the next runs must
+    still deny unshare (CLONE_NEWUSER) with EPERM, as the built-in rules say, and getppid as
+    the custom policy says."""
     home = unprivileged_tmp / "cache"
     home.mkdir()
     user: list[str] = []  # a caller that is not root plants as itself
     if os.geteuid() == 0:
         os.chown(home, 65534, 65534)
         user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public_tree), "XDG_CACHE_HOME": str(home)}
-    plant = subprocess.run([*user, "/usr/bin/python3", "-I", "-c",
-                            f"import sys; sys.path.insert(0, {str(public_tree)!r})\n" + PLANT,
-                            str(home)], capture_output=True, text=True, timeout=120, env=env,
-                           cwd="/")
-    assert plant.returncode == 0, plant.stderr
-    assert json.loads(plant.stdout)["planted"] == 0
+    out, *later = _plant_and_run_later(public_tree, home, user)
+    assert out == ""  # the files were the caller's own: written without a refusal
     planted = sorted(p.name for p in (home / "nsbox" / "seccomp").iterdir())
-    assert planted == sorted([sc.cache_key(Seccomp()) + ".json", sc._setid_key() + ".json"])
-    probe = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
-             "print(libc.unshare(0x10000000), ctypes.get_errno())")
-    code = (f"import sys; sys.path.insert(0, {str(public_tree)!r})\nimport nsbox\n"
-            f"r = nsbox.run(['python3', '-c', {probe!r}], timeout=30)\n"
-            + "print(r.stdout.decode().strip())")
-    later = subprocess.run([*user, "/usr/bin/python3", "-I", "-c", code], capture_output=True,
-                           text=True, timeout=120, env=env, cwd="/")
-    assert later.returncode == 0, later.stderr
-    assert later.stdout.split() == ["-1", str(errno.EPERM)]
+    assert planted == sorted([sc.cache_key(Seccomp()) + ".json", sc.cache_key(CUSTOM) + ".json",
+                              sc._setid_key() + ".json"])
+    _denied_as_the_rules_say(later)
+
+
+@ROOT_DISK
+def test_a_sandbox_of_root_cannot_replace_roots_cached_programs(public_tree: Path,
+                                                                unprivileged_tmp: Path) -> None:
+    """Root's disk cache, bound writable into a sandbox (which runs as host uid 65534): the
+    sandbox cannot write root's entries (a 0700 directory of root's), and the directory it makes
+    in their place is not root's, so the next run does not read it."""
+    home = unprivileged_tmp / "cache"
+    home.mkdir()
+    os.chown(home, 65534, 65534)  # the parent is the sandbox's to write: the worst case
+    env = dict(os.environ, XDG_CACHE_HOME=str(home), PYTHONPATH=str(public_tree))
+    warm = subprocess.run(["/usr/bin/python3", "-I", "-c",
+                           f"import sys; sys.path.insert(0, {str(public_tree)!r})\n" + LATER],
+                          capture_output=True, text=True, timeout=120, env=env, cwd="/")
+    assert warm.returncode == 0, warm.stderr
+    entry = home / "nsbox" / "seccomp" / (sc.cache_key(CUSTOM) + ".json")
+    genuine = entry.read_bytes()
+    assert entry.stat().st_uid == 0
+    out, *later = _plant_and_run_later(public_tree, home, [])
+    assert out.startswith("refused")
+    assert (home / "nsbox.moved" / "seccomp" / entry.name).read_bytes() == genuine
+    assert (home / "nsbox" / "seccomp").stat().st_uid == 65534  # the sandbox's, not trusted
+    _denied_as_the_rules_say(later)

@@ -22,7 +22,7 @@ import click
 from nsbox import limittable
 from nsbox.cli import options as _options
 from nsbox.cli import run as _cli_run
-from nsbox.cli.run import EXIT_SETUP, fail_code
+from nsbox.cli.run import fail_code
 from nsbox.errors import NsboxError
 from nsbox.policy import Policy
 
@@ -190,19 +190,14 @@ main.add_command(session)
 # --- end sessions ---
 
 
-# --- bench (bench/, docs/performance.md) ---
+# --- bench (nsbox/bench, docs/performance.md) ---
 @main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(args: tuple[str, ...]) -> None:
-    """Measure launch latency against the peers (python -m bench; --help for its options)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if not os.path.isfile(os.path.join(root, "bench", "__main__.py")):
-        click.echo("nsbox: bench: the benchmark ships with the source tree only; run it from "
-                   "a checkout (python -m bench)", err=True)
-        sys.exit(EXIT_SETUP)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    os.execve(sys.executable, [sys.executable, "-m", "bench", *args], env)
+    """Measure launches against bubblewrap and the other peers (--help for its options)."""
+    from nsbox.bench.__main__ import main as bench_main
+
+    sys.exit(bench_main(list(args)))
 # --- end bench ---
 
 

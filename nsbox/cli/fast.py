@@ -14,6 +14,7 @@ parameters for the same command lines.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 from nsbox.cli import options as _options
@@ -75,6 +76,11 @@ def parse_run(args: list[str]) -> dict[str, Any]:
 
 
 def main() -> None:
+    # No garbage collection while the command line imports and builds the policy: the objects
+    # made then (modules, classes, the policy) live to the end, and the collector's passes
+    # over them would cost a run several ms. nsbox/cli/run.py turns it back on before the
+    # launch, for the rest of the process's life.
+    gc.disable()
     try:
         _main()
     except KeyboardInterrupt:  # Ctrl-C before or after a run (during one: _cli_run.execute)
@@ -90,27 +96,16 @@ def _main() -> None:
         except _Fallback:
             params = None
         if params is not None:
-            # What both the command line and the launch helper need, imported once, before
-            # the fork (the helper inherits it): about 20 ms of CPU less per run than importing
-            # it on each side of the fork, the same wall-clock time (docs/performance.md).
-            import selectors  # noqa: F401
-
-            from nsbox import _wire, limits  # noqa: F401
-            from nsbox.helper.fork import fork_helper
-
-            helper = fork_helper()
-            from nsbox import launcher
             from nsbox.cli import run as _cli_run
 
-            launcher._helper.adopt(*helper)
-            launcher._helper.reap_at_exit()
             try:
                 _cli_run.check(params)
                 code = _cli_run.execute(params)
             except _cli_run.OptionError:
-                pass  # click reports it; the helper ends with this process
+                pass  # click reports it
             else:
                 sys.exit(code)
+    gc.enable()  # the other commands may live long (nsbox mcp): collected as usual
     from nsbox.cli.commands import main as click_main
 
     click_main()

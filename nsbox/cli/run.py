@@ -8,6 +8,7 @@ the exit code (nsbox/cli/commands.py documents them).
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -142,9 +143,10 @@ def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ..
     """The profile with the options applied; ``--set KEY=VALUE`` takes a TOML value (a bare
     word is a string) and comes last. Raises PolicyError naming the file, key and line, or the
     option."""
-    from nsbox.profiles import apply_overrides, load_profile, tomllib
+    from nsbox.profiles import apply_overrides, load_profile, toml
 
     for item in settings:
+        tomllib = toml()
         key, _sep, text = item.partition("=")
         try:
             overrides[key.strip()] = tomllib.loads(f"value = {text}")["value"]
@@ -239,7 +241,9 @@ def _execute(o: dict[str, Any]) -> int:
             return 0
         if not o["command"]:
             raise OptionError("missing COMMAND (or --print-profile)", None)
-        result, collected = _launch(o, _with_inputs(policy, o["inputs"]))
+        policy = _with_inputs(policy, o["inputs"])
+        collect_from_now_on()
+        result, collected = _launch(o, policy)
     except (NsboxError, OSError) as raised:
         return _failed(raised, as_json)
     if result.isolation != "namespaces" and policy.isolation == "auto" and not o.get("quiet"):
@@ -258,6 +262,14 @@ def isolation_line() -> str:
 
     return (f"nsbox: Landlock mode: this host refuses namespaces ({refusal_reason()}); "
             "`nsbox doctor` says what is weaker and how to get them")
+
+
+def collect_from_now_on() -> None:
+    """Garbage collection back on (the fast path starts without it, nsbox/cli/fast.py), over
+    the objects made from now on only: those of the imports and the policy stay, so no pass
+    walks them again (and a forked helper does not write to their pages)."""
+    gc.freeze()
+    gc.enable()
 
 
 # How an option's value becomes the value of its profile key (Option.key), where it is not the

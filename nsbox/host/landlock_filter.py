@@ -31,14 +31,11 @@ policy cannot lift them (stacked filters all run, the strictest answer wins, sec
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import platform
 from collections.abc import Iterable
 
 from nsbox.host import seccomp as seccompmod
 from nsbox.host import seccomp_compile as compiler
-from nsbox.host.seccomp_rules import _not_in
+from nsbox.host.seccomp_rules import _not_in, sha256_hex
 from nsbox.policy import SeccompArg, SeccompRule
 
 _EACCES, _EPERM, _ENOSYS = "errno:EACCES", "errno:EPERM", "errno:ENOSYS"
@@ -126,12 +123,9 @@ def _compile(key: str) -> compiler.Program:
 
 
 def _key() -> str:
-    from nsbox.version import VERSION
-
-    blob = json.dumps({"landlock": hashlib.sha256(repr(rules()).encode()).hexdigest(),
-                       "arch": platform.machine(), "libseccomp": seccompmod.libseccomp_version(),
-                       "nsbox": VERSION}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    """The rules' digest, with the architecture and nsbox's version as every program's key
+    has them (nsbox/host/seccomp.py): the filter built with the package is found by it."""
+    return seccompmod._key({"landlock": sha256_hex(repr(rules()).encode())})
 
 
 _keys: list[str] = []  # worked out once: nothing in it changes in a process

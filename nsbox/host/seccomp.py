@@ -1,34 +1,48 @@
-"""The seccomp filter of a launch: the default deny policy plus a profile's rules, as a cached
-BPF program.
+"""The seccomp filter of a launch: the default deny policy plus a profile's rules, as a BPF
+program, loaded as bytes wherever it can be.
 
-The host process compiles the program once (nsbox/host/seccomp_compile.py, from the rules of
-nsbox/host/seccomp_rules.py) and caches the bytes, keyed by the seccomp policy, the built-in
-rules, the architecture, the libseccomp version and the nsbox version: in memory, and, for a
-root caller only (disk_cache_allowed), on disk under ``$XDG_CACHE_HOME/nsbox/seccomp`` (or
-``~/.cache/nsbox/seccomp``). A hit only reads
-bytes; pyseccomp is imported on a miss alone, because its import runs ldconfig (about 35 ms).
-The child applies the program as the last step before execve (nsbox/sandbox/child.py).
-docs/seccomp.md explains every rule.
+Where a program comes from, in order:
+
+1. memory: each program is compiled or read once per process;
+2. the package: the programs of the shipped profiles (nsbox/profiles/*.toml, with and without
+   learning mode) and the set-id filter, compiled when nsbox is built
+   (nsbox/profiles/programs.py, run by setup.py) into ``seccomp_programs/`` beside this file.
+   They are read by every caller, root or not: the package directory is code, and rule
+   ``nsbox-code`` keeps every sandbox from writing it (nsbox/host/codepaths.py). A build
+   without libseccomp, or the one-file nsbox.pyz, has none: its programs are compiled at run
+   time, never replaced by a weaker filter;
+3. for a root caller only (disk_cache_allowed), a disk cache under
+   ``$XDG_CACHE_HOME/nsbox/seccomp`` (or ``~/.cache/nsbox/seccomp``): root's own files in a
+   directory only root may write, which no sandbox can write since none ever runs as host uid
+   0 (nsbox/identity.py); checked before use (_read_entry);
+4. compiled by nsbox/host/seccomp_compile.py (from the rules of nsbox/host/seccomp_rules.py),
+   which imports pyseccomp, whose import runs ldconfig.
+
+Every program is keyed by the seccomp policy, the digest of the built-in rules, the
+architecture and the nsbox version (cache_key): a changed rule, another architecture or another
+release never finds an old program. libseccomp is not in the key: it only compiles, the BPF does
+not use it at run time. The child applies the program as the last step before execve
+(nsbox/sandbox/child.py). docs/seccomp.md explains every rule.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import errno
-import hashlib
 import json
 import os
-import platform
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from nsbox.host.seccomp_compile import MAX_INSNS, Program, compile_program, compile_setid
-from nsbox.host.seccomp_rules import BUILTIN_DIGEST, SETID_DIGEST
+from nsbox.host.seccomp_rules import BUILTIN_DIGEST, SETID_DIGEST, sha256_hex
 from nsbox.policy import Seccomp, SeccompArg, SeccompRule
 
-_FORMAT = 1  # of the cache entries; bump when their layout changes
+_FORMAT = 2  # of the entries; bump when their layout or the key's inputs change
+# The programs built with the package (nsbox/profiles/programs.py writes them).
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seccomp_programs")
 
 
 @dataclass
@@ -38,6 +52,7 @@ class Stats:
     compiled: int = 0  # policy programs
     setid_compiled: int = 0  # the set-id filter
     memory_hits: int = 0
+    shipped_hits: int = 0  # read from the package's programs
     disk_hits: int = 0
     disk_errors: int = 0  # entries that could not be written or were corrupt
 
@@ -79,26 +94,52 @@ def load_setid(*, untrusted_dirs: Iterable[str] = ()) -> Program:
 
 
 def _cached(key: str, untrusted_dirs: Iterable[str], compile_: Callable[[], Program]) -> Program:
-    """The program of ``key``: from memory, else from the disk cache (unless it lies in a
-    directory the sandbox can write), else compiled and written to both."""
+    """The program of ``key``: from memory, else from the package, else from the disk cache
+    (unless it lies in a directory the sandbox can write), else compiled and written to it."""
     program = _memory.get(key)
     if program is not None:
         stats.memory_hits += 1
         return program
+    program = read_shipped(key)
+    if program is not None:
+        stats.shipped_hits += 1
+    else:
+        program = _from_disk_or_compiled(key, untrusted_dirs, compile_)
+    if len(_memory) >= _MEMORY_MAX:  # an embedder with ever new policies: forget the oldest
+        del _memory[next(iter(_memory))]
+    _memory[key] = program
+    return program
+
+
+def _from_disk_or_compiled(key: str, untrusted_dirs: Iterable[str],
+                           compile_: Callable[[], Program]) -> Program:
     directory = cache_dir() if disk_cache_allowed() else None
     if directory is not None and _inside_any(directory, untrusted_dirs):
         directory = None
     program = _read_entry(directory, key) if directory else None
     if program is not None:
         stats.disk_hits += 1
-    else:
-        program = compile_()
-        if directory:
-            _write_entry(directory, program)
-    if len(_memory) >= _MEMORY_MAX:  # an embedder with ever new policies: forget the oldest
-        del _memory[next(iter(_memory))]
-    _memory[key] = program
+        return program
+    program = compile_()
+    if directory:
+        _write_entry(directory, program)
     return program
+
+
+def read_shipped(key: str) -> Program | None:
+    """The program of ``key`` built with the package, or None (none built, another key).
+
+    No owner check: these files are as trusted as the code beside them that loads them (a
+    sandbox never writes either, rule nsbox-code), and a corrupt one is only a miss."""
+    try:
+        fd = os.open(os.path.join(SHIPPED_DIR, key + ".json"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # not built here; inside a zip (nsbox.pyz) there is no such directory
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            return _parse_entry(f.read(4 * 1024 * 1024), key)
+    except OSError:
+        return None
 
 
 def program_for(seccomp: Seccomp) -> bytes:
@@ -106,21 +147,23 @@ def program_for(seccomp: Seccomp) -> bytes:
     return load(seccomp).bpf
 
 
-# --- the cache key, without pyseccomp ---------------------------------------------------------
-
-
-class _Version(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint), ("micro", ctypes.c_uint)]
+# --- the key, without pyseccomp ----------------------------------------------------------------
 
 
 _libseccomp_version: str | None = None
 
 
 def libseccomp_version() -> str:
-    """The system libseccomp's version, read with dlopen (ldconfig is what makes pyseccomp's
-    import slow; the dynamic linker's cache finds the library directly)."""
+    """The system libseccomp's version (for `nsbox doctor`), read with dlopen: ldconfig is what
+    makes pyseccomp's import slow; the dynamic linker's cache finds the library directly."""
     global _libseccomp_version
     if _libseccomp_version is None:
+        import ctypes  # not at import: no launch needs it
+
+        class _Version(ctypes.Structure):
+            _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint),
+                        ("micro", ctypes.c_uint)]
+
         try:
             lib = ctypes.CDLL("libseccomp.so.2")
             lib.seccomp_version.restype = ctypes.POINTER(_Version)
@@ -131,22 +174,25 @@ def libseccomp_version() -> str:
     return _libseccomp_version
 
 
+def architecture() -> str:
+    """The machine and the process's word size: the programs hold the native architecture
+    only (a 32-bit interpreter on a 64-bit kernel is another one), so it is in every key."""
+    return f"{os.uname().machine}-{64 if sys.maxsize > 2**32 else 32}"
+
+
 def cache_key(seccomp: Seccomp) -> str:
-    from nsbox.version import VERSION as __version__
+    return _key({"seccomp": _plain(seccomp), "builtin": BUILTIN_DIGEST})
+
+
+def _key(inputs: dict[str, Any]) -> str:
+    from nsbox.version import VERSION
 
     blob = json.dumps(
-        {
-            "format": _FORMAT,
-            "seccomp": _plain(seccomp),
-            "builtin": BUILTIN_DIGEST,
-            "arch": platform.machine(),
-            "libseccomp": libseccomp_version(),
-            "nsbox": __version__,
-        },
+        {**inputs, "format": _FORMAT, "arch": architecture(), "nsbox": VERSION},
         sort_keys=True,
         default=repr,  # a malformed value still gets a key; compiling names the problem
     )
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return sha256_hex(blob.encode())
 
 
 # The fields _plain writes out; a class with other fields goes through dataclasses.asdict.
@@ -181,15 +227,47 @@ def _setid_key() -> str:
     """Everything in it is fixed for the life of the process: worked out once."""
     global _setid_key_memo
     if not _setid_key_memo:
-        from nsbox.version import VERSION as __version__
-
         # "compiler" changes with compile_setid's options (a program of the same rules, built
         # anew)
-        blob = json.dumps({"format": _FORMAT, "setid": SETID_DIGEST, "compiler": 2,
-                           "arch": platform.machine(), "libseccomp": libseccomp_version(),
-                           "nsbox": __version__}, sort_keys=True)
-        _setid_key_memo = hashlib.sha256(blob.encode()).hexdigest()
+        _setid_key_memo = _key({"setid": SETID_DIGEST, "compiler": 2})
     return _setid_key_memo
+
+
+def entry(program: Program, source: dict[str, Any]) -> dict[str, Any]:
+    """The stored form of ``program``; ``source`` says what it was compiled from (a shipped
+    program is checked against the compiler with it, tests/test_seccomp_shipped.py)."""
+    return {
+        "format": _FORMAT,
+        "key": program.key,
+        "sha256": sha256_hex(program.bpf),
+        "bpf": program.bpf.hex(),
+        "listener": program.listener,
+        "notify": program.notify,
+        "source": source,
+    }
+
+
+def _parse_entry(data: bytes, key: str) -> Program | None:
+    """The program in a stored entry, if it is whole and is the program of ``key``."""
+    try:
+        stored = json.loads(data)
+        bpf = bytes.fromhex(stored["bpf"])
+        if (
+            stored.get("format") != _FORMAT
+            or stored.get("key") != key
+            or sha256_hex(bpf) != stored.get("sha256")
+            or not bpf
+            or len(bpf) % 8
+            or len(bpf) // 8 > MAX_INSNS
+        ):
+            raise ValueError("entry does not match")
+        notify = stored.get("notify")
+        if notify is not None and not isinstance(notify, dict):
+            raise ValueError("notify is not a mapping")
+        return Program(bpf, key, bool(stored.get("listener")), notify)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        stats.disk_errors += 1  # a corrupt entry is a miss; a disk cache's is replaced
+        return None
 
 
 # --- the disk cache ---------------------------------------------------------------------------
@@ -210,12 +288,19 @@ def cache_dir() -> str | None:
 def disk_cache_allowed() -> bool:
     """Only a root caller keeps programs on disk.
 
-    A sandbox runs as its caller's own uid unless the caller is root, whose sandboxes run as
-    an unprivileged uid (nsbox/identity.py). Run as the caller, a sandbox given a writable bind
-    over the cache (``~/.cache`` for pip's sake, in one run) can write an entry that passes
-    every ownership check, since it is the caller's own file: an allow-all program under the
-    key of the next run's policy. The untrusted_dirs check sees only the current run's binds,
-    so it cannot stop that. Root's entries are root's files, which no sandbox can write."""
+    What keeps every sandbox from writing root's cache: a root caller's sandboxes never run as
+    host uid 0 (nsbox/identity.py: the sandbox's user never maps to an id that is 0 in the
+    launcher's namespace or its parent), and an entry is read only from a directory owned by
+    root that nobody else may write, and only when the entry itself is root's file
+    (_trusted_dir, _read_entry). A sandbox given a writable bind over the cache's parent can
+    make files there, but only as its own uid, which these checks refuse.
+
+    A caller that is not root has its sandboxes run as its own uid: a sandbox given a writable
+    bind over the cache (``~/.cache`` for pip's sake, in one run) could write an entry that
+    passes every ownership check, since it is the caller's own file: an allow-all program under
+    the key of the next run's policy. The untrusted_dirs check sees only the current run's
+    binds, so it cannot stop that. Such callers get the shipped programs from the package
+    (read_shipped) and compile other policies once per process."""
     return os.geteuid() == 0
 
 
@@ -249,47 +334,35 @@ def _read_entry(directory: str, key: str) -> Program | None:
         with os.fdopen(fd, "rb") as f:
             if os.fstat(f.fileno()).st_uid != os.geteuid():
                 return None
-            entry = json.loads(f.read(4 * 1024 * 1024))
-        bpf = bytes.fromhex(entry["bpf"])
-        if (
-            entry.get("format") != _FORMAT
-            or entry.get("key") != key
-            or hashlib.sha256(bpf).hexdigest() != entry.get("sha256")
-            or not bpf
-            or len(bpf) % 8
-            or len(bpf) // 8 > MAX_INSNS
-        ):
-            raise ValueError("entry does not match")
-        notify = entry.get("notify")
-        return Program(bpf, key, bool(entry.get("listener")), notify)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        stats.disk_errors += 1  # a corrupt entry is a miss; the new one replaces it
+            data = f.read(4 * 1024 * 1024)
+    except OSError:
+        stats.disk_errors += 1
         return None
+    return _parse_entry(data, key)
+
+
+def write_entry(directory: str, program: Program, source: dict[str, Any]) -> None:
+    """Atomically: a temporary file renamed over the entry, readable by everyone (the
+    programs are no secret; the directory decides who may write)."""
+    import tempfile  # only when writing: launches that hit the cache do not need it
+
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(entry(program, source), f, sort_keys=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, os.path.join(directory, program.key + ".json"))
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _write_entry(directory: str, program: Program) -> None:
-    """Atomically (a temporary file renamed over the entry); a failure is only a miss."""
+    """Into the disk cache; a failure is only a miss."""
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         if not _trusted_dir(directory):
             raise OSError(errno.EPERM, f"{directory}: not owned by us or writable by others")
-        entry = {
-            "format": _FORMAT,
-            "key": program.key,
-            "sha256": hashlib.sha256(program.bpf).hexdigest(),
-            "bpf": program.bpf.hex(),
-            "listener": program.listener,
-            "notify": program.notify,
-        }
-        import tempfile  # only when writing: launches that hit the cache do not need it
-
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(entry, f)
-            os.replace(tmp, os.path.join(directory, program.key + ".json"))
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_entry(directory, program, {})
     except OSError:
         stats.disk_errors += 1

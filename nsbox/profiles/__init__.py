@@ -17,6 +17,7 @@ checks are in nsbox/profiles/schema.py.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import stat
@@ -30,11 +31,6 @@ from nsbox.errors import PolicyError
 from nsbox.policy import MOUNT_KINDS, Mount, Policy, SeccompRule
 from nsbox.profiles import schema, writers
 from nsbox.profiles import tomltext as _tomltext
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -251,6 +247,46 @@ def _exists(source: _Source) -> bool:
     return True
 
 
+def toml() -> Any:
+    """tomllib (tomli before Python 3.11), imported only when a TOML text is parsed here."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
+def __getattr__(name: str) -> Any:
+    if name == "tomllib":  # what ``from nsbox.profiles import tomllib`` gave before
+        return toml()
+    raise AttributeError(f"module 'nsbox.profiles' has no attribute {name!r}")
+
+
+# The shipped profiles' values as tomllib gives them, written when the package is built
+# (nsbox/profiles/programs.py): {display name: {"text": the file's text, "data": its values}}.
+# Used only for a text equal to the file's own, so that a run of a shipped profile imports
+# no TOML parser (~4 ms); any other text, or no such file (a plain source tree), is parsed.
+PARSED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "parsed.json")
+_parsed: dict[str, Any] | None = None
+
+
+def _parsed_already(source: _Source, text: str) -> dict[str, Any] | None:
+    global _parsed
+    if source.base_dir is not None:  # a file of the caller's
+        return None
+    if _parsed is None:
+        try:
+            assert __spec__ is not None and __spec__.loader is not None
+            _parsed = json.loads(__spec__.loader.get_data(PARSED))  # type: ignore[attr-defined]
+        except (OSError, ValueError):
+            _parsed = {}
+    entry = _parsed.get(source.display) if isinstance(_parsed, dict) else None
+    if isinstance(entry, dict) and entry.get("text") == text and isinstance(entry.get("data"),
+                                                                              dict):
+        return entry["data"]
+    return None
+
+
 def _read(source: _Source) -> tuple[dict[str, Any], schema.Origin]:
     try:
         text = source.read_text()
@@ -259,17 +295,24 @@ def _read(source: _Source) -> tuple[dict[str, Any], schema.Origin]:
                           hint="give an existing file or a shipped profile's name") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError(f"cannot read the profile: {exc}", file=source.display) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        match = re.search(r"line (\d+)", str(exc))
-        raise PolicyError(f"not valid TOML: {exc}", file=source.display,
-                          line=int(match.group(1)) if match else None) from None
-    except RecursionError:
-        raise PolicyError(f"nested more than {MAX_DEPTH} levels deep",
-                          file=source.display) from None
+    data = _parsed_already(source, text)
+    if data is None:
+        data = _parse(text, source.display)
     _check_depth(data, source.display)
     return data, schema.Origin(source.display, _tomltext.KeyLines(text).line, source.base_dir)
+
+
+def _parse(text: str, display: str) -> dict[str, Any]:
+    tomllib = toml()
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"line (\d+)", str(exc))
+        raise PolicyError(f"not valid TOML: {exc}", file=display,
+                          line=int(match.group(1)) if match else None) from None
+    except RecursionError:
+        raise PolicyError(f"nested more than {MAX_DEPTH} levels deep", file=display) from None
+    return data
 
 
 def load_layers(ref: str) -> tuple[str, list[Layer]]:

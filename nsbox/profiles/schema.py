@@ -8,7 +8,6 @@ validated values. Defaults are Policy's field defaults.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import errno
 import functools
@@ -337,8 +336,8 @@ ARG_KEYS = ("index", "op", "value", "mask")
 
 
 @functools.lru_cache(maxsize=1)
-def _libseccomp() -> ctypes.CDLL | None:
-    # Loaded with ctypes directly: importing pyseccomp costs ~35 ms (it runs ldconfig).
+def _libseccomp() -> Any:  # a ctypes.CDLL, or None; ctypes only for a profile's rules
+    import ctypes  # directly: importing pyseccomp costs ~35 ms (it runs ldconfig)
     try:
         return ctypes.CDLL("libseccomp.so.2")
     except OSError:
@@ -360,6 +359,7 @@ def native_syscall_names() -> frozenset[str]:
     lib = _libseccomp()
     if lib is None:
         return frozenset()
+    import ctypes  # loaded by _libseccomp already
     resolve = lib.seccomp_syscall_resolve_num_arch
     resolve.restype = ctypes.c_void_p
     names = set()

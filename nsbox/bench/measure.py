@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import nsbox
-from bench.methods import Method
+from nsbox.bench.methods import Method
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -61,7 +61,7 @@ def latency(methods: list[Method], payloads: dict[str, list[str]], rounds: int,
 # Each nsbox row against the peer that does the same work (all from the same run): the default
 # policy against bwrap with nsbox's seccomp program, and against that bwrap in a fresh cgroup
 # with the same limits; nsbox without limits against bwrap+seccomp; the command line against
-# plain bwrap (the figure of the targets).
+# plain bwrap (the figure of the targets). Every row also has x_bwrap.
 PEERS = {
     "nsbox API cold": ("bwrap+seccomp", "bwrap+seccomp+cgroup"),
     "nsbox API no limits": ("bwrap+seccomp",),
@@ -83,10 +83,14 @@ def add_ratios(rows: dict[str, dict[str, Any]], key: str) -> None:
             row["x_peers"] = peers
 
 
+CONCURRENCY = (1, 2, 4)
+
+
 def throughput(methods: list[Method], argv: list[str], seconds: float,
-               concurrency: tuple[int, ...] = (1, 2)) -> dict[str, dict[str, float]]:
-    """Launches per second with N threads launching back to back (no pause: a pool has no
-    time to refill ahead, so this is its sustained rate)."""
+               concurrency: tuple[int, ...] = CONCURRENCY) -> dict[str, dict[str, float]]:
+    """Launches per second with N threads of this process launching back to back (no pause: a
+    pool has no time to refill ahead, so this is its sustained rate); ``x_bwrap_N`` is the
+    ratio to bwrap's rate with as many threads."""
     out: dict[str, dict[str, float]] = {}
     for method in methods:
         out[method.name] = {}

@@ -1,6 +1,6 @@
 """Launches per second through Ray against direct nsbox calls and Ray without a sandbox.
 
-    python bench/ray_throughput.py [jobs] [rounds] [default|nolimits]
+    python -m nsbox.bench.ray_throughput [jobs] [rounds] [default|nolimits]
 
 Starts a local Ray cluster of two nodes on this machine (``ray.cluster_utils.Cluster``, one
 CPU and 200 MB of object store each) and runs ``jobs`` short commands (``/bin/true``) with each
@@ -31,8 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from typing import Any
 
 # The local cluster binds and dials 127.0.0.1 only (see tests/test_ray.py).
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -65,7 +64,8 @@ def direct_pool(pool: nsbox.Pool, jobs: int, threads: int) -> None:
 
 
 def ray_plain(jobs: int, in_flight: int) -> None:
-    pending, done = [], 0
+    pending: list[Any] = []
+    done = 0
     for _ in range(jobs):
         if len(pending) >= in_flight:
             ready, pending = ray.wait(pending, num_returns=1)

@@ -1,7 +1,7 @@
 """Measure what per-run limits cost a launch: the cgroup calls on their own, and whole runs of
 /bin/true with and without cgroup limits.
 
-    python bench/limits_overhead.py [rounds]
+    python -m nsbox.bench.limits_overhead [rounds]
 
 Run as root (or with a writable cgroup); without one, the cgroup rows are skipped. Medians and
 the 90th percentile, in milliseconds.

@@ -1,6 +1,6 @@
 """Measure the network modes: launch cost of none / loopback / allow, and proxy throughput.
 
-    python bench/network.py [rounds]
+    python -m nsbox.bench.network [rounds]
 
 Launch figures are medians of ``nsbox.run(["/bin/true"])`` in this process after a warm-up
 (the launch helper already running). Throughput: a 64 MiB download by curl inside the sandbox
@@ -11,17 +11,14 @@ against the same download by curl on the host without any proxy.
 from __future__ import annotations
 
 import http.server
-import os
 import statistics
 import subprocess
 import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import nsbox  # noqa: E402
-from nsbox.policy import Network, Policy  # noqa: E402
+import nsbox
+from nsbox.policy import Network, Policy
 
 SIZE = 64 * 1024 * 1024
 BLOCK = b"x" * (1024 * 1024)

@@ -132,7 +132,7 @@ def _bwrap_like_nsbox(bwrap: str) -> Method:
 def _bwrap_in_cgroup(bwrap: str, skipped: dict[str, str]) -> Method | None:
     """bwrap+seccomp in a fresh cgroup with the default policy's memory and pids limits, made
     by the caller (bench/cgroup_peer.py): the work of nsbox's default policy."""
-    from bench import cgroup_peer
+    from nsbox.bench import cgroup_peer
 
     found = cgroup_peer.bases()
     if isinstance(found, str):
@@ -227,7 +227,22 @@ def nsbox_methods(pool_size: int) -> list[Method]:
     def no_limits(argv: list[str]) -> None:
         _ok(nsbox.run(argv, unlimited))
 
-    pool = nsbox.Pool(nsbox.Policy(), size=pool_size)
+    # Made on first use: a method picked by name alone (bench/meter.py) starts no pool.
+    pools: list[nsbox.Pool] = []
+
+    def pooled(argv: list[str]) -> None:
+        if not pools:
+            pools.append(nsbox.Pool(nsbox.Policy(), size=pool_size))
+        _ok(pools[0].run(argv))
+
+    def refill() -> None:
+        if pools:
+            pools[0].wait_ready()
+
+    def close_pool() -> None:
+        if pools:
+            pools.pop().close()
+
     cli = _nsbox_cli()
     methods = [
         Method("nsbox API cold", "nsbox.run(argv, nsbox.Policy())  # helper warm, nothing "
@@ -238,15 +253,29 @@ def nsbox_methods(pool_size: int) -> list[Method]:
                "as nsbox API cold, without a cgroup (no memory, pids or CPU-time limit)"),
         Method("nsbox pool", f"nsbox.Pool(nsbox.Policy(), size={pool_size}).run(argv)  "
                "# measured with the pool refilled (wait_ready, untimed)",
-               lambda argv: _ok(pool.run(argv)), "as nsbox API cold",
-               close=pool.close, after=pool.wait_ready),
+               pooled, "as nsbox API cold", close=close_pool, after=refill),
         Method("nsbox CLI", " ".join(cli) + " -- ARGV", _wrap([*cli, "--"]),
-               "as nsbox API cold, as a whole process (interpreter start, helper start)"),
+               "as nsbox API cold, as a whole process: the installed command"),
         Method("nsbox CLI -I -S", " ".join(LEAN_CLI) + " ARGV", _wrap(LEAN_CLI),
-               "the same fast path, without site-packages (and the editable install's import "
-               "hook): what a '#!/usr/bin/python3 -I -S' launcher script costs"),
+               "the same command, without site-packages: what a '#!/usr/bin/python3 -I -S' "
+               "launcher script costs"),
     ]
     return methods
+
+
+def by_name(name: str, pool_size: int = 2) -> Method:
+    """The one method called ``name`` (the others made for it are closed again); KeyError if
+    there is none here."""
+    skipped: dict[str, str] = {}
+    found = None
+    for method in [*peers(skipped), *nsbox_methods(pool_size)]:
+        if method.name == name and found is None:
+            found = method
+        else:
+            method.close()
+    if found is None:
+        raise KeyError(f"{name}: {skipped.get(name, 'no such launcher')}")
+    return found
 
 
 def _lean_paths() -> list[str]:

@@ -1,6 +1,6 @@
 """Measure `nsbox mcp` as an agent sees it: connecting, each tool's round trip, disconnecting.
 
-    python bench/mcp_server.py [rounds]
+    python -m nsbox.bench.mcp_server [rounds]
 
 Starts `nsbox mcp` with this interpreter and talks to it with the mcp SDK's stdio client.
 "connect" is spawn + SDK import + session start + MCP handshake; each tool figure is the

@@ -1,6 +1,6 @@
 """Measure what the rule book (nsbox/rules.py) adds to a launch.
 
-    python -m bench.rules [rounds]
+    python -m nsbox.bench.rules [rounds]
 
 For project-like trees of 10,000 and 50,000 files (20 files a directory, three levels, in a
 temporary directory): the socket scan the first time in a process and again (directories

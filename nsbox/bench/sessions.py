@@ -1,6 +1,6 @@
 """Costs of a session against one-shot runs: start, one command, file operations, close.
 
-Run: python bench/sessions.py [N]   (prints the median and p90 of N repetitions, in ms)
+Run: python -m nsbox.bench.sessions [N]   (prints the median and p90 of N repetitions, in ms)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How much CPU one launch costs, and in which process: nsbox against bwrap, back to back.
 
-    python -m bench.cpu [launches]
+    python -m nsbox.bench.cpu [launches]
 
 The machine's CPU (from /proc/stat: everything but idle, so also kernel threads such as the
 deferred cleanup of network namespaces) per launch, and the parts of the host process, of the
@@ -8,14 +8,14 @@ launch helper, and of the helper's reaped children (the sandboxes and, on v1 hos
 spawners, nsbox/helper/spawner.py). Run it on a quiet machine: other tenants' work counts
 too. With 1 and 2 threads launching at once.
 
-``per_launch`` is the row of ``python -m bench``: every process's CPU (getrusage and the
-helper's /proc/PID/stat) per launch, nsbox against its peers in one run.
+``per_launch`` is the row of ``python -m nsbox.bench``: every process's CPU per launch, each
+launcher's in child subreapers (nsbox/bench/meter.py), nsbox against its peers in one run.
 """
 
 from __future__ import annotations
 
 import os
-import resource
+import random
 import shutil
 import sys
 import threading
@@ -24,9 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 import nsbox
-from bench.measure import add_ratios
-from bench.methods import BWRAP_FLAGS, Method, _checked
 from nsbox import launcher
+from nsbox.bench import meter
+from nsbox.bench.measure import add_ratios
+from nsbox.bench.methods import BWRAP_FLAGS, _checked
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -44,39 +45,39 @@ def _process_seconds(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / TICK, (int(fields[13]) + int(fields[14])) / TICK
 
 
-def _all_seconds(helper: int | None) -> float:
-    """CPU seconds so far of every process a launch uses: this one, its reaped children (bwrap
-    and all it reaped, getrusage(2) RUSAGE_CHILDREN), and the launch helper with its reaped
-    children (the sandboxes and spawners)."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-    if helper:
-        total += sum(_process_seconds(helper))
-    return total
-
-
-def per_launch(methods: list[Method], argv: list[str], launches: int,
-               blocks: int = 4) -> dict[str, dict[str, Any]]:
-    """The CPU of one launch, all its processes, per method: the methods take turns in
-    ``blocks`` blocks of back-to-back launches, so that load changes fall on all of them. Not
-    counted: kernel threads' deferred work (the network namespace's cleanup), which
-    ``python -m bench.cpu`` shows in the machine's figure. The helper's figure comes in clock
-    ticks (``TICK`` per second): use some hundreds of launches."""
-    helper = launcher._helper._pid
+def per_launch(names: list[str], launches: int, blocks: int = 4,
+               pool_size: int = 2) -> dict[str, dict[str, Any]]:
+    """The CPU of one launch of /bin/true, every process counted (nsbox/bench/meter.py), per
+    launcher: in ``blocks`` blocks, the launchers in a new random order in each, a meter of
+    ``launches // blocks`` launches (against a meter of the warm-up alone where a launch
+    process outlives the launches). ``host_ms`` is what the launching process itself spent."""
     per_block = max(1, launches // blocks)
-    spent: dict[str, float] = dict.fromkeys((m.name for m in methods), 0.0)
-    for _ in range(blocks):
-        for method in methods:
-            before = _all_seconds(helper)
-            for _ in range(per_block):
-                method.run(argv)
-            spent[method.name] += _all_seconds(helper) - before
-    rows = {name: {"launches": per_block * blocks,
-                   "cpu_ms": round(seconds / (per_block * blocks) * 1e3, 3)}
-            for name, seconds in spent.items()}
+    spent: dict[str, float] = dict.fromkeys(names, 0.0)
+    host: dict[str, float] = dict.fromkeys(names, 0.0)
+    rng = random.Random(9)
+    order = list(names)
+    meter.become_subreaper()
+    try:
+        for _ in range(blocks):
+            rng.shuffle(order)
+            for name in order:
+                measured = meter.cpu_of(name, per_block, WARMUP, pool_size)
+                host[name] += measured["host"]
+                if not measured["kept"]:
+                    spent[name] += measured["exact"]
+                    continue
+                baseline = meter.cpu_of(name, 0, WARMUP, pool_size)
+                spent[name] += measured["seconds"] - baseline["seconds"]
+    finally:
+        meter.become_subreaper(False)
+    n = per_block * blocks
+    rows = {name: {"launches": n, "cpu_ms": round(spent[name] / n * 1e3, 3),
+                   "host_ms": round(host[name] / n * 1e3, 3)} for name in names}
     add_ratios(rows, "cpu_ms")
     return rows
+
+
+WARMUP = 3
 
 
 def measure(name: str, launch: Callable[[], object], launches: int, threads: int,

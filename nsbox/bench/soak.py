@@ -20,7 +20,7 @@ from nsbox.helper.spawner import READY
 
 def _cgroup_dirs() -> list[str]:
     """This process's own cgroup directory in every mounted hierarchy."""
-    mounts = []
+    mounts: list[tuple[str, str, set[str]]] = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             left, _, right = line.partition(" - ")
@@ -31,11 +31,11 @@ def _cgroup_dirs() -> list[str]:
     with open("/proc/self/cgroup") as f:
         for line in f:
             hid, controllers, path = line.rstrip("\n").split(":", 2)
-            for fstype, point, options in mounts:
+            for fstype, point, flags in mounts:
                 if (hid == "0" and fstype == "cgroup2") or (
                         fstype == "cgroup" and controllers
-                        and set(controllers.split(",")) <= options | {
-                            o.partition("=")[2] for o in options if o.startswith("name=")}):
+                        and set(controllers.split(",")) <= flags | {
+                            o.partition("=")[2] for o in flags if o.startswith("name=")}):
                     dirs.append(os.path.join(point, path.lstrip("/")))
     return [d for d in dirs if os.path.isdir(d)]
 
@@ -98,11 +98,22 @@ def _children(parents: set[int]) -> tuple[int, int, int]:
 
 
 def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:  # no such process (no launch helper: another launch core)
+        pass
     return -1
+
+
+def _launch_processes_kib() -> int:
+    """The resident memory of this process's children that outlive a launch (the launch
+    helper, or whatever launch process the launcher keeps): the sandboxes are theirs."""
+    from nsbox.bench.meter import children
+
+    return sum(max(0, _rss_kib(pid)) for pid in children())
 
 
 def snapshot() -> dict[str, int]:
@@ -121,6 +132,7 @@ def snapshot() -> dict[str, int]:
         "children_left": live - 1,  # the helper itself is our child
         "rss_kib_launcher": _rss_kib(os.getpid()),
         "rss_kib_helper": _rss_kib(helper),
+        "rss_kib_launch_processes": _launch_processes_kib(),
     }
 
 
@@ -192,5 +204,7 @@ def soak(argv: list[str], launches: int, warmup: int = 200, pool_size: int = 0,
         "delta": delta,
         "left_behind": left_behind,
         "rss_growth_mib": round(delta["rss_kib_launcher"] / 1024, 2),
-        "ok": not left_behind and delta["rss_kib_launcher"] < 5 * 1024,
+        "helper_growth_mib": round(delta["rss_kib_launch_processes"] / 1024, 2),
+        "ok": (not left_behind and delta["rss_kib_launcher"] < 5 * 1024
+               and delta["rss_kib_launch_processes"] < 5 * 1024),
     }
