@@ -24,6 +24,7 @@ Prints the median jobs per second of each method and the figures of every round 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -41,7 +42,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 import nsbox  # noqa: E402
 from nsbox import ray as nsray  # noqa: E402
 
-NODE = {"num_cpus": 1, "object_store_memory": 200 * 1024 * 1024}
+NODE: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 200 * 1024 * 1024}
 COMMAND = ["/bin/true"]
 POOL_SIZE = 2  # per executor; also the jobs an executor runs at once
 
@@ -99,7 +100,7 @@ def main() -> None:
     cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
     cluster.add_node(**NODE)
     try:
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
         cluster.wait_for_nodes()
         with nsray.Executors(policy, pool_size=POOL_SIZE) as executors, \
                 nsbox.Pool(policy, size=POOL_SIZE * 2) as pool:
