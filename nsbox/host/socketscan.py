@@ -12,12 +12,12 @@ the tree sends no event: the caller asks again when the mount table changed (the
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import stat
 import threading
 import time
+from typing import Any
 
 # Directories found clean: path -> (identity and change times, names of its subdirectories).
 # Creating, renaming or linking an entry changes a directory's ctime, which no one can set
@@ -111,7 +111,14 @@ _IN_NONBLOCK_CLOEXEC = 0o4000 | 0o2000000
 _EVENTS = 0x100 | 0x80 | 0x4 | 0x400 | 0x800 | 0x2000  # CREATE MOVED_TO ATTRIB DELETE_SELF
 # MOVE_SELF UNMOUNT (IN_IGNORED and IN_Q_OVERFLOW come unasked)
 _MAX_WATCHED = 4096  # directories of one watched tree; a larger one is only walked
-_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _inotify() -> tuple[Any, Any]:
+    """libc's inotify calls, loaded on the first watch (ctypes costs a one-shot CLI run)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc, ctypes.get_errno
 
 
 class _Watch:
@@ -119,13 +126,14 @@ class _Watch:
 
     def __init__(self, owner: tuple[int, str]) -> None:
         self.owner = owner
-        self.fd = _libc.inotify_init1(_IN_NONBLOCK_CLOEXEC)
+        self.libc, self.errno = _inotify()
+        self.fd = self.libc.inotify_init1(_IN_NONBLOCK_CLOEXEC)
         if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1")
+            raise OSError(self.errno(), "inotify_init1")
 
     def add(self, directory: str) -> None:
-        if _libc.inotify_add_watch(self.fd, os.fsencode(directory), _EVENTS) < 0:
-            raise OSError(ctypes.get_errno(), "inotify_add_watch", directory)
+        if self.libc.inotify_add_watch(self.fd, os.fsencode(directory), _EVENTS) < 0:
+            raise OSError(self.errno(), "inotify_add_watch", directory)
 
     def quiet(self) -> bool:
         """No event since the watches were added (a read that would block)."""
@@ -139,6 +147,7 @@ class _Watch:
 
 
 _watches: dict[str, _Watch] = {}
+_walked: set[tuple[int, str]] = set()  # (pid, tree) walked once without a watch
 _watch_lock = threading.Lock()
 
 
@@ -156,6 +165,11 @@ def find_watched(root: str, mounts: str) -> tuple[str, str] | None:
         if watch is not None:
             del _watches[root]
             watch.close()
+        if (owner[0], root) not in _walked:
+            # A process that launches once (the command line) is not worth the watches: the
+            # first walk only walks; a second launch in this process sets the watches up.
+            _walked.add((owner[0], root))
+            return find_host_socket(root)
         try:
             watch = _Watch(owner)
         except OSError:
