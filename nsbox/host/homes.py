@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from nsbox.rules import SECRETS, secret_in
+from nsbox.rules import SECRETS, UNSCANNED_TREES, secret_in
 
 
 def home_dirs() -> list[str]:
@@ -23,7 +23,16 @@ def home_dirs() -> list[str]:
     except OSError:
         pass
     homes.update(p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/"))
-    return sorted(h for h in homes if posixpath.normpath(h) != "/" and os.path.isdir(h))
+    return sorted(h for h in homes if posixpath.normpath(h) != "/" and os.path.isdir(h)
+                  and not _system_tree(os.path.realpath(h)))
+
+
+def _system_tree(real: str) -> bool:
+    """System accounts' homes in package-managed trees (/bin, /usr/sbin, /usr/games) or /dev:
+    only packages and the kernel put files there, never an account's credentials, and listing
+    them (a thousand programs in /usr/bin) would cost every launch."""
+    return any(real == tree or real.startswith(tree + "/")
+               for tree in (*UNSCANNED_TREES, "/dev")) and not real.startswith("/usr/local")
 
 
 # The folders of a home that SECRETS names entries of (".config" for ".config/gcloud").
