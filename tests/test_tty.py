@@ -93,10 +93,14 @@ class Terminal:
 
     def finish(self, timeout: float = 60) -> int:
         """The CLI's exit status, once it ended; everything it showed is read."""
-        code = self.proc.wait(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None:  # read on: a full terminal would stop its writer
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the CLI did not end: {self.shown[-2000:]!r}")
+            self._read(0.2)
         while self._read(0.2):
             pass
-        return code
+        return self.proc.returncode
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -310,3 +314,27 @@ def test_both_cores_take_the_terminal_in_the_same_steps(monkeypatch: pytest.Monk
     at = steps["native"].index("terminal")
     assert steps["native"][at - 1:at + 2] == ["working directory", "terminal",
                                               "close file descriptors"]
+
+
+def test_a_terminal_in_the_landlock_mode(terminals: list[Terminal], as_user: UserRunner):
+    from nsbox import _landlock
+
+    abi = _landlock.abi_version()
+    require(abi >= _landlock.MIN_ABI, f"the kernel has Landlock ABI {abi}, the mode needs 4")
+    # No mount namespace there: the pty is a new one of the host's devpts, still nobody
+    # else's, and made before the Landlock layer, as the streams are.
+    term = cli(terminals, as_user, "run", "--isolation", "landlock", "--tty", "--quiet", "--",
+               "sh", "-c", "tty; stty size; test -t 0 && exit 3")
+    assert term.finish() == 3
+    assert re.match(rb"/dev/pts/\d+\r\n31 97\r\n", term.shown), term.shown
+    assert term.modes() == term.before
+
+
+def test_the_output_limit_holds_on_a_terminal(terminals: list[Terminal]):
+    term = cli(terminals, UserRunner("caller", Path(__file__).parent.parent), "run", "--tty",
+               "--output-limit", "64K", "--quiet", "--", "sh", "-c", "yes | head -c 10M; sleep 100")
+    assert term.finish() == 123
+    shown = term.shown.split(b"nsbox:")[0]
+    assert 64 * 1024 - 1024 <= len(shown) <= 64 * 1024, len(shown)
+    assert b"nsbox: OL: output limit reached; raise it with --output-limit" in term.shown
+    assert term.modes() == term.before

@@ -370,9 +370,13 @@ def _launch_on_terminal(o: dict[str, Any], policy: Policy) -> Result:
     if policy.project is not None or o.get("ask") or o["collect"] or o["audit"]:
         raise OptionError("--tty does not go with --project, --ask, --collect or --audit",
                           "--tty")
-    with Relay() as relay:
-        return launcher.run(list(o["command"]), policy, stdin=relay.sandbox_end, cwd=o["cwd"],
-                            tty=relay.size)
+    cancel = launcher.Cancel()
+    with Relay(cap=policy.limits.output, on_cap=cancel) as relay:
+        result = launcher.run(list(o["command"]), policy, stdin=relay.sandbox_end,
+                              cwd=o["cwd"], tty=relay.size, cancel=cancel)
+    if relay.cut:  # killed past the output limit, as a run with pipes is (status OL)
+        result.status, result.stdout_truncated = Status.OL, True
+    return result
 
 
 def _failed(raised: NsboxError | OSError, as_json: bool) -> int:

@@ -33,6 +33,7 @@ import termios
 import threading
 import time
 import tty
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -79,8 +80,12 @@ class Relay:
     """The caller's terminal relayed to the sandbox's pty for one run (see the module's
     docstring). ``sandbox_end`` is the launch's stdin; ``size`` the plan's window size."""
 
-    def __init__(self, fd_in: int = 0, fd_out: int = 1) -> None:
+    def __init__(self, fd_in: int = 0, fd_out: int = 1, cap: int | None = None,
+                 on_cap: Callable[[], None] | None = None) -> None:
         self.fd_in, self.fd_out = fd_in, fd_out
+        # The output limit holds on a terminal too: past ``cap`` bytes nothing more is shown,
+        # ``on_cap`` is called (it kills the run) and ``cut`` says so.
+        self.cap, self.on_cap, self.cut, self.shown = cap, on_cap, False, 0
         self.size = window_size(fd_in)
         self.master = -1
         self._saved: list[Any] | None = None
@@ -202,11 +207,21 @@ class Relay:
                         data = _read(self.master)
                         if data is None:
                             return  # EIO: every process of the sandbox closed the pty
-                        _write_all(self.fd_out, data)
+                        self._show(data)
                     if pending and key.fd == self.master and mask & selectors.EVENT_WRITE:
                         pending = pending[_write_some(self.master, pending):]
                 wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0)
                 selector.modify(self.master, wanted)
+
+    def _show(self, data: bytes) -> None:
+        if self.cap is not None and self.shown + len(data) > self.cap:
+            data = data[:max(0, self.cap - self.shown)]
+            if not self.cut:
+                self.cut = True
+                if self.on_cap is not None:
+                    self.on_cap()
+        self.shown += len(data)
+        _write_all(self.fd_out, data)
 
 
 def _read(fd: int) -> bytes | None:
