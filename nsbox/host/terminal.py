@@ -196,8 +196,12 @@ class Relay:
                     return
                 for key, mask in events:
                     if key.fd == self._wake_r:
+                        # The run is over: what is typed from now on is for the caller's shell.
                         selector.unregister(self._wake_r)
-                        woken = time.monotonic()
+                        if self.fd_in in selector.get_map():
+                            selector.unregister(self.fd_in)
+                        pending, woken = b"", time.monotonic()
+                        break
                     elif key.fd == self.fd_in:
                         data = _read(self.fd_in)
                         if not data:  # the caller's stdin ended: the sandbox keeps its pty
