@@ -281,6 +281,13 @@ def test_tty_needs_a_terminal_and_no_json(as_user: UserRunner):
     assert b"--tty and --json do not go together" in proc.stderr
 
 
+def test_tty_does_not_go_with_collect(terminals: list[Terminal], as_user: UserRunner):
+    term = cli(terminals, as_user, "run", "--tty", "--collect", "*.txt", "--", "true")
+    assert term.finish() == 2
+    assert b"--tty does not go with --project, --ask, --collect or --audit" in term.shown
+    assert term.modes() == term.before
+
+
 def _launch_with_terminal(argv: list[str]) -> tuple[Any, bytes]:
     """launcher.run with a pty of the sandbox's: the Result, and what the pty showed."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
