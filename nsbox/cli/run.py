@@ -327,7 +327,7 @@ def _launch(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
     """One run: in a session where the run needs one (a project, --ask, --collect), else by
     ``nsbox.run``; the files collected, if any."""
     as_json = o["as_json"]
-    common: dict[str, Any] = {"stdin": None if as_json else 0, "cwd": o["cwd"],
+    common: dict[str, Any] = {"stdin": 0, "cwd": o["cwd"],
                               "passthrough": not as_json, "audit": o["audit"]}
     command = list(o["command"])
     if policy.project is not None or o.get("ask"):

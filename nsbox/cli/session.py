@@ -231,7 +231,7 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
     try:
         if as_json:
             sinks = [os.memfd_create("nsbox-out"), os.memfd_create("nsbox-err")]
-            fds = [os.open(os.devnull, os.O_RDONLY), *sinks]
+            fds = [0, *sinks]  # --json changes what is printed, not what the command reads
         else:
             fds = [0, 1, 2]
         reply = request(session_id, message, fds)

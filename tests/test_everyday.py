@@ -1,0 +1,162 @@
+"""What everyday programs expect of the box they run in, through every door of nsbox: stdin
+with --json, a /proc of the command's own pid namespace (ps), the /etc files programs read, and
+signals at their defaults.
+
+Every test runs real sandboxes; what is inside is read by probes inside and compared here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sessiontools import UserRunner, user_runner
+
+DOORS = {
+    "fast": [str(Path(sys.executable).with_name("nsbox"))],
+    "click": [sys.executable, "-c", "import sys; from nsbox.cli.commands import main; main()"],
+}
+
+
+@pytest.fixture(params=["caller", "unprivileged"])
+def as_user(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
+    return user_runner(request, public_tree)
+
+
+def nsbox_cli(*args: str, input: bytes | None = None, door: str = "fast",
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*DOORS[door], *args], input=input, capture_output=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+# --- stdin with --json ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("door", sorted(DOORS))
+def test_json_passes_stdin_as_without_it(door: str):
+    plain = nsbox_cli("run", "--", "cat", input=b"hello\n", door=door)
+    assert (plain.returncode, plain.stdout) == (0, b"hello\n"), plain.stderr
+    as_json = nsbox_cli("run", "--json", "--", "sh", "-c", "cat; exit 3", input=b"hello\n",
+                        door=door)
+    assert as_json.returncode == 3, as_json.stderr
+    result = json.loads(as_json.stdout)
+    assert (result["status"], result["exit_code"], result["stdout"]) == ("RE", 3, "hello\n")
+
+
+def test_session_exec_json_passes_stdin(tmp_path: Path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    tmp_path.chmod(0o700)
+    start = nsbox_cli("session", "start", env=env)
+    assert start.returncode == 0, start.stderr
+    sid = start.stdout.decode().strip()
+    try:
+        ran = nsbox_cli("session", "exec", "--json", sid, "--", "wc", "-c", input=b"12345",
+                        env=env)
+        assert ran.returncode == 0, ran.stderr
+        assert json.loads(ran.stdout)["stdout"] == "5\n"
+    finally:
+        assert nsbox_cli("session", "stop", sid, env=env).returncode == 0
+
+
+# --- /proc is the command's own: ps, and /proc/self is the reader ---------------------------------
+
+# `ps -e` lists the processes of the command's pid namespace (it fails with "fatal library
+# error, lookup self" when /proc/<its own pid> is another process); Python then checks that
+# /proc/self and /proc/<getpid()> are the reading process.
+PS_PROBE = ["sh", "-c", "ps -e -o pid=,comm= && python3 -c 'import os; p = os.getpid(); "
+            "print(\"self\", os.readlink(\"/proc/self\") == str(p), "
+            "open(\"/proc/%d/comm\" % p).read().strip())'"]
+
+
+def check_ps(stdout: str, stderr: str = "", shell: str = "sh") -> None:
+    lines = stdout.splitlines()
+    assert lines and lines[-1] == "self True python3", (stdout, stderr)
+    listed = [line.split() for line in lines[:-1]]
+    names = [name for _pid, name in listed]
+    # The probe's own processes, and nothing of the session's init or another command.
+    assert "ps" in names and shell in names, stdout
+    assert "python" not in names and "python3" not in names, stdout
+    assert listed[0] == ["1", "nsbox-init"], stdout
+
+
+@pytest.mark.parametrize("door", sorted(DOORS))
+def test_ps_through_the_command_line(door: str):
+    ran = nsbox_cli("run", "--", *PS_PROBE, door=door)
+    assert ran.returncode == 0, ran.stderr
+    check_ps(ran.stdout.decode(), ran.stderr.decode())
+
+
+def test_ps_through_session_exec(tmp_path: Path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    tmp_path.chmod(0o700)
+    start = nsbox_cli("session", "start", env=env)
+    assert start.returncode == 0, start.stderr
+    sid = start.stdout.decode().strip()
+    try:
+        for _ in range(2):  # the second command of a session was the one that failed
+            ran = nsbox_cli("session", "exec", sid, "--", *PS_PROBE, env=env)
+            assert ran.returncode == 0, ran.stderr
+            check_ps(ran.stdout.decode(), ran.stderr.decode())
+    finally:
+        assert nsbox_cli("session", "stop", sid, env=env).returncode == 0
+
+
+def test_ps_through_the_api_session_and_pool(as_user: UserRunner):
+    seen = as_user.script(f"""
+probe = {PS_PROBE!r}
+def out(r):
+    return [r.status.value, r.stdout.decode(), r.stderr.decode()]
+seen = {{"run": out(nsbox.run(probe))}}
+with nsbox.Session() as s:
+    seen["session"] = [out(s.run(probe)) for _ in range(3)]
+    seen["session masks"] = out(s.run(["sh", "-c",
+        "wc -c < /proc/cmdline; ls -A /proc/fs | wc -l; echo x > /proc/sys/kernel/hostname"]))
+with nsbox.Pool(size=1) as pool:
+    seen["pool"] = [out(pool.run(probe)) for _ in range(2)]
+import asyncio
+seen["arun"] = out(asyncio.run(nsbox.arun(probe)))
+emit(**seen)
+""")
+    for status, stdout, stderr in [seen["run"], *seen["session"], *seen["pool"], seen["arun"]]:
+        assert status == "OK", stderr
+        check_ps(stdout, stderr)
+    # The command's own /proc is masked and read-only as the session's is.
+    status, stdout, stderr = seen["session masks"]
+    assert (status, stdout) == ("RE", "0\n0\n"), stderr
+    assert "Read-only file system" in stderr
+
+
+def _mcp_server_parts() -> Any:
+    import test_mcp
+
+    test_mcp._require_server_parts()
+    return test_mcp
+
+
+def test_ps_through_the_mcp_tools(public_tree: Path):
+    test_mcp = _mcp_server_parts()
+    server = test_mcp.Server("caller", public_tree)
+    code = ("import os; p = os.getpid(); "
+            "print('self', os.readlink('/proc/self') == str(p), "
+            "open(f'/proc/{p}/comm').read().strip())")
+
+    async def scenario() -> list[Any]:
+        async with test_mcp.connect(server) as client:
+            return [await test_mcp.call(client, "run_bash", command=" ".join(
+                        ["ps -e -o pid=,comm= &&", "python3 -c", shlex.quote(code)])),
+                    await test_mcp.call(client, "run_python", code=code),
+                    await test_mcp.call(client, "run_bash", command="ps aux")]
+
+    bash, python, aux = test_mcp.run(scenario)
+    assert bash.structured_content["status"] == "OK", test_mcp.text_of(bash)
+    check_ps(bash.structured_content["stdout"], shell="bash")
+    assert python.structured_content["stdout"] == "self True python3\n", test_mcp.text_of(python)
+    assert aux.structured_content["status"] == "OK", test_mcp.text_of(aux)
+    assert "ps aux" in aux.structured_content["stdout"]
+
