@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Runner, require
 from sessiontools import UserRunner, user_runner
 
 DOORS = {
@@ -160,3 +161,90 @@ def test_ps_through_the_mcp_tools(public_tree: Path):
     assert aux.structured_content["status"] == "OK", test_mcp.text_of(aux)
     assert "ps aux" in aux.structured_content["stdout"]
 
+
+
+# --- the /etc that programs read ---------------------------------------------------------------
+
+ETC_PROBE = r"""
+import json, mimetypes, os, socket, ssl, subprocess
+out = {"services": socket.getservbyname("http"), "tcp": socket.getprotobyname("tcp"),
+       "gai": sorted({a[4][1] for a in socket.getaddrinfo("localhost", "http")}),
+       "webp": mimetypes.guess_type("a.webp")[0],
+       "release": os.path.exists("/etc/os-release") and "ID=" in open("/etc/os-release").read(),
+       "nsswitch": open("/etc/nsswitch.conf").read().split("\n")[0],
+       "mtab": os.readlink("/etc/mtab"),
+       "cas": ssl.create_default_context().cert_store_stats()["x509_ca"],
+       "ca_file": os.path.exists("/etc/ssl/certs/ca-certificates.crt")}
+for name in ("shadow", "gshadow", "machine-id", "resolv.conf", "ssh", "ssl/private",
+             "pip.conf", "environment", "profile"):
+    out[name] = os.path.lexists("/etc/" + name)
+openssl = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:1024", "-nodes", "-keyout",
+                          "/tmp/k", "-out", "/tmp/c", "-subj", "/CN=x", "-days", "1"],
+                         capture_output=True, text=True)
+out["openssl"] = [openssl.returncode, openssl.stderr]
+print(json.dumps(out))
+"""
+NEVER_THERE = ("shadow", "gshadow", "machine-id", "resolv.conf", "ssh", "ssl/private", "pip.conf",
+               "environment", "profile")
+
+
+@pytest.fixture(params=["native", "python"])
+def core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    from nsbox.sandbox import native
+
+    if request.param == "native":
+        require(native.MISSING == "", native.MISSING or "the native core")
+    monkeypatch.setenv("NSBOX_NATIVE", "0" if request.param == "python" else "1")
+    return str(request.param)
+
+
+def etc_probe(sandbox: Runner, **kwargs: Any) -> dict[str, Any]:
+    result = sandbox.run(["python3", "-c", ETC_PROBE], **kwargs)
+    assert result.status.value == "OK", result.stderr.decode()
+    return dict(json.loads(result.stdout))
+
+
+def test_etc_has_the_public_files_programs_read(core: str, sandbox: Runner):
+    require(all(os.path.exists(p) for p in ("/etc/services", "/etc/protocols")),
+            "the host has no /etc/services or /etc/protocols (Debian's netbase)")
+    got = etc_probe(sandbox)
+    assert (got["services"], got["tcp"], got["gai"]) == (80, 6, [80])
+    assert got["release"] is True
+    assert got["nsswitch"] == "passwd: files"
+    assert got["mtab"] == "../proc/self/mounts"
+    if os.path.exists("/etc/mime.types"):
+        assert got["webp"] == "image/webp"
+    if os.path.exists("/etc/ssl/openssl.cnf"):
+        assert got["openssl"][0] == 0, got["openssl"][1]
+    # The CA store only where the network is allowed.
+    assert (got["cas"], got["ca_file"]) == (0, False)
+    assert [name for name in NEVER_THERE if got[name]] == []
+
+
+def test_the_ca_store_is_there_where_the_network_is_allowed(core: str, sandbox: Runner):
+    require(os.path.exists("/etc/ssl/certs/ca-certificates.crt"),
+            "the host has no CA store at /etc/ssl/certs (Debian's ca-certificates)")
+    network = {"mode": "allow", "allow": ["pypi.org:443"]}
+    got = etc_probe(sandbox, policy_changes={"network": network})
+    assert got["ca_file"] is True
+    assert got["cas"] > 10
+    assert [name for name in NEVER_THERE if got[name]] == []
+
+
+def test_the_policys_own_mounts_at_etc_win(core: str, sandbox: Runner):
+    mounts = [{"kind": "file", "target": "/etc/services", "content": "web 8080/tcp\n"},
+              {"kind": "file", "target": "/etc/nsswitch.conf", "content": "hosts: files\n"}]
+    result = sandbox.run(["sh", "-c", "cat /etc/services /etc/nsswitch.conf; ls /etc/protocols"],
+                         mounts=mounts)
+    assert result.stdout == b"web 8080/tcp\nhosts: files\n/etc/protocols\n", result.stderr
+
+
+def test_a_policy_without_the_hosts_usr_gets_no_host_etc():
+    # The minimal profile's shape (one static program, nothing of the host's tree): only what
+    # nsbox writes, and the mount table's link.
+    from nsbox import plan
+    from nsbox.profiles import load_profile
+
+    built = plan.build(load_profile("minimal"), ["/app/prog"])
+    etc = sorted(op["target"] for op in built.mounts if op["target"].startswith("/etc/"))
+    assert etc == ["/etc/group", "/etc/hostname", "/etc/hosts", "/etc/mtab", "/etc/passwd"]
