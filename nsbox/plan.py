@@ -157,17 +157,18 @@ def _group(policy: Policy) -> str:
 
 
 # The host's public system files that the programs and libraries of its /usr read: the network
-# databases (getservbyname, getaddrinfo(host, "http"); netbase), media types (Python's
-# mimetypes), readline's settings, the distribution's release (platform, pip), OpenSSL's
-# configuration (the openssl command fails without it). Bound read-only, where the host has them
-# readable by every user, for a policy that binds the host's /usr; each costs the launch a bind.
-# Left out: what glibc's defaults equal (host.conf, gai.conf), what few read (rpc, timezone,
-# locale.alias, debian_version), the host's secrets (shadow, gshadow, ssh/, ssl/private/), its
-# identity (machine-id "should be considered confidential", machine-id(5)), and the settings of
-# its users, services and network (profile, bash.bashrc, environment, pip.conf, gitconfig,
-# resolv.conf): docs/compatibility.md says why, one by one.
-PUBLIC_ETC = ("/etc/services", "/etc/protocols", "/etc/mime.types", "/etc/inputrc",
-              "/etc/os-release", "/etc/ssl/openssl.cnf")
+# databases (getservbyname, getaddrinfo(host, "http"); netbase), the resolver's settings,
+# media types (Python's mimetypes), readline's settings, the time zone's name, the
+# distribution's release (platform, pip), OpenSSL's configuration (the openssl command fails
+# without it). Bound read-only, where the host has them readable by every user, for a policy
+# that binds the host's /usr; each costs the launch a bind. Left out: what few read (rpc,
+# locale.alias, debian_version, shells), the host's secrets (shadow, gshadow, ssh/,
+# ssl/private/), its identity (machine-id "should be considered confidential", machine-id(5)),
+# and the settings of its users, services and network (profile, bash.bashrc, environment,
+# pip.conf, gitconfig, resolv.conf): docs/compatibility.md says why, one by one.
+PUBLIC_ETC = ("/etc/services", "/etc/protocols", "/etc/host.conf", "/etc/gai.conf",
+              "/etc/mime.types", "/etc/inputrc", "/etc/timezone", "/etc/os-release",
+              "/etc/ssl/openssl.cnf")
 # The system's CA store, wherever the network is allowed: curl, git, Python's ssl (through
 # /usr/lib/ssl/cert.pem) and Debian's pip and requests read /etc/ssl/certs/ca-certificates.crt;
 # OpenSSL's hashed names are there too. (/etc/ca-certificates.conf is read only by

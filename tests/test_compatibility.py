@@ -89,7 +89,8 @@ def test_etc_holds_only_what_nsbox_writes_or_binds(sandbox: Runner):
     out = lines(sandbox, "ls /etc; ls /etc/resolv.conf")
     assert set(out[:-1]) <= {"passwd", "group", "hostname", "hosts", "nsswitch.conf", "mtab",
                              "ld.so.cache", "alternatives", "localtime", "services",
-                             "protocols", "mime.types", "inputrc", "os-release", "ssl"}
+                             "protocols", "mime.types", "inputrc", "os-release", "ssl",
+                             "host.conf", "gai.conf", "timezone"}
     assert out[-1] == "ls: cannot access '/etc/resolv.conf': No such file or directory"
 
 

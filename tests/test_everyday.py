@@ -248,3 +248,60 @@ def test_a_policy_without_the_hosts_usr_gets_no_host_etc():
     built = plan.build(load_profile("minimal"), ["/app/prog"])
     etc = sorted(op["target"] for op in built.mounts if op["target"].startswith("/etc/"))
     assert etc == ["/etc/group", "/etc/hostname", "/etc/hosts", "/etc/mtab", "/etc/passwd"]
+
+
+# --- signals start at their defaults, whatever the launcher ignored -------------------------------
+
+SIGQUIT_BIT = 1 << 2  # SigIgn in /proc/PID/status: bit N-1 for signal N (proc(5))
+IGNORING_SHELL = ["sh", "-c", 'trap "" QUIT; exec "$@"', "sh"]  # as a shell's background job
+
+
+def ignored(status_text: str) -> int:
+    return int(status_text.split("SigIgn:")[1].split()[0], 16)
+
+
+def test_sigquit_ignored_by_the_shell_is_at_default_in_the_cli(tmp_path: Path):
+    probe = ["grep", "SigIgn", "/proc/self/status"]
+    outside = subprocess.run([*IGNORING_SHELL, *probe], capture_output=True, text=True)
+    assert ignored(outside.stdout) & SIGQUIT_BIT, outside.stdout  # the launcher does ignore it
+    for door in DOORS.values():
+        ran = subprocess.run([*IGNORING_SHELL, *door, "run", "--", *probe],
+                             capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0, ran.stderr
+        assert ignored(ran.stdout) == 0, ran.stdout
+    # glibc's posix_spawn (up to 2.36) leaves its internal signals 32 and 33 ignored too.
+    spawn = ("import os, sys; pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ); "
+             "sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))")
+    ran = subprocess.run([sys.executable, "-c", spawn, DOORS["fast"][0], "run", "--", *probe],
+                         capture_output=True, text=True, timeout=120)
+    assert (ran.returncode, ignored(ran.stdout)) == (0, 0), ran.stdout + ran.stderr
+    # ... and in a session started and used from such a shell.
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    tmp_path.chmod(0o700)
+    start = subprocess.run([*IGNORING_SHELL, *DOORS["fast"], "session", "start"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert start.returncode == 0, start.stderr
+    sid = start.stdout.strip()
+    try:
+        ran = subprocess.run([*IGNORING_SHELL, *DOORS["fast"], "session", "exec", sid, *probe],
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert (ran.returncode, ignored(ran.stdout)) == (0, 0), ran.stdout + ran.stderr
+    finally:
+        subprocess.run([*DOORS["fast"], "session", "stop", sid], env=env, timeout=60)
+
+
+def test_sigquit_ignored_by_the_launcher_is_at_default_through_the_api(as_user: UserRunner):
+    seen = as_user.script("""
+probe = ["grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"]
+import signal
+out = {"launcher": signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN,
+       "run": nsbox.run(probe).stdout.decode()}
+with nsbox.Session() as s:
+    out["session"] = s.run(probe).stdout.decode()
+with nsbox.Pool(size=1) as pool:
+    out["pool"] = pool.run(probe).stdout.decode()
+emit(**out)
+""", wrap=IGNORING_SHELL)
+    assert seen.pop("launcher") is True
+    for door, text in seen.items():
+        assert ignored(text) == 0 and "SigBlk:\t0000000000000000" in text, (door, text)
