@@ -427,6 +427,7 @@ def test_limits_of_one_job(executors: nsray.Executors):
 
 
 def test_ps_and_proc_self_in_every_kind_of_job(executors: nsray.Executors):
+    require(os.path.exists("/usr/bin/ps"), "ps is not installed (Debian package procps)")
     # A plain job runs in the warm pool, one with limits by nsbox.run, one with files in a
     # session: in each, /proc is the job's own pid namespace's (ps reads /proc/<its pid>).
     probe = ["sh", "-c", "ps -e -o comm= && python3 -c 'import os; "
