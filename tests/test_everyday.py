@@ -65,6 +65,22 @@ def test_session_exec_json_passes_stdin(tmp_path: Path):
         assert nsbox_cli("session", "stop", sid, env=env).returncode == 0
 
 
+@pytest.mark.parametrize("door", sorted(DOORS))
+def test_json_has_the_same_keys_when_the_run_did_not_start(door: str, tmp_path: Path):
+    ran = json.loads(nsbox_cli("run", "--json", "--", "true", door=door).stdout)
+    failed = nsbox_cli("run", "--json", "--", "no-such-program", door=door)
+    assert failed.returncode == 127, failed.stderr
+    data = json.loads(failed.stdout)
+    assert sorted(data) == sorted(ran)
+    assert (data["status"], data["exit_code"], data["stdout"]) == ("XX", None, "")
+    assert "command not found inside the sandbox: no-such-program" in data["error"]
+    tmp_path.chmod(0o700)
+    gone = nsbox_cli("session", "exec", "--json", "no-such-session", "--", "true",
+                     env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert gone.returncode != 0
+    assert sorted(json.loads(gone.stdout)) == sorted(ran)
+
+
 # --- /proc is the command's own: ps, and /proc/self is the reader ---------------------------------
 
 # `ps -e` lists the processes of the command's pid namespace (it fails with "fatal library

@@ -351,8 +351,18 @@ def _failed(raised: NsboxError | OSError, as_json: bool) -> int:
     error = raised if isinstance(raised, NsboxError) else NsboxError(
         f"{raised.strerror or raised}" + (f": {raised.filename}" if raised.filename else ""))
     if as_json:
-        echo(visible.json_text({"status": Status.XX.value, "error": str(error)}))
+        echo(visible.json_text(failure_json(error)))
     return fail_code(error)
+
+
+def failure_json(error: NsboxError) -> dict[str, Any]:
+    """--json of a run that did not start: the keys of every other result (null where there
+    is no value), so that a reader finds ``exit_code`` whatever happened."""
+    import dataclasses
+
+    data: dict[str, Any] = {field.name: None for field in dataclasses.fields(Result)}
+    data.update(status=Status.XX.value, error=str(error), stdout="", stderr="")
+    return data
 
 
 _LIMIT_REASONS = {"memory": "memory limit reached (OOM kill); raise it with --memory",

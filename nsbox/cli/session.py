@@ -237,7 +237,7 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         reply = request(session_id, message, fds)
     except NsboxError as error:
         if as_json:
-            click.echo(visible.json_text({"status": Status.XX.value, "error": str(error)}))
+            click.echo(visible.json_text(_cli_run.failure_json(error)))
         cli._fail(error)
         return
     data = reply["result"]
