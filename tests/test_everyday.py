@@ -329,3 +329,23 @@ emit(**out)
     assert seen.pop("launcher") is True
     for door, text in seen.items():
         assert ignored(text) == 0 and "SigBlk:\t0000000000000000" in text, (door, text)
+
+
+# --- smaller things users met --------------------------------------------------------------------
+
+
+def test_session_exec_names_an_option_after_id_and_the_remedy_of_a_limit(tmp_path: Path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    tmp_path.chmod(0o700)
+    start = nsbox_cli("session", "start", env=env)
+    assert start.returncode == 0, start.stderr
+    sid = start.stdout.decode().strip()
+    try:
+        late = nsbox_cli("session", "exec", sid, "--time", "1", "--", "sleep", "3", env=env)
+        assert late.returncode == 2
+        assert b'"--time" after ID: options go before ID' in late.stderr
+        slow = nsbox_cli("session", "exec", "--time", "1", sid, "sleep", "3", env=env)
+        assert slow.returncode == 124
+        assert slow.stderr.endswith(b"nsbox: TO: wall-clock limit reached; raise it with --time\n")
+    finally:
+        assert nsbox_cli("session", "stop", sid, env=env).returncode == 0

@@ -221,6 +221,9 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         command = command[1:]
     if not command:
         raise click.UsageError("Missing argument 'COMMAND...'.")
+    if command[0].startswith("-"):  # no program is named so: an option put after ID
+        raise click.UsageError(f"{visible.quoted(command[0])} after ID: options go before "
+                               "ID (nsbox session exec [OPTIONS] ID COMMAND...)")
     if wall_time == "none":
         raise click.BadParameter("'none' is not allowed: a command of a session ends by its "
                                  "deadline (leave --time out for the session's own)",
@@ -255,8 +258,8 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         click.echo(line, err=True)
     if result.status in (Status.TO, Status.OL):
         click.echo(f"nsbox: {result.status.value}: "
-                   + ("wall-clock limit reached" if result.status is Status.TO
-                      else "output limit reached"), err=True)
+                   + ("wall-clock limit reached; raise it with --time" if result.status is Status.TO
+                      else "output limit reached; raise it with --output-limit"), err=True)
     sys.exit(_cli_run.exit_code(result))
 
 
