@@ -274,6 +274,19 @@ def test_a_policy_without_the_hosts_usr_gets_no_host_etc():
     assert etc == ["/etc/group", "/etc/hostname", "/etc/hosts", "/etc/mtab", "/etc/passwd"]
 
 
+def test_the_landlock_mode_reads_the_same_public_etc_files():
+    from nsbox import _landlock
+
+    require(_landlock.abi_version() >= _landlock.MIN_ABI, "the kernel has no Landlock ABI 4")
+    require(os.path.exists("/etc/services"), "the host has no /etc/services (netbase)")
+    code = "import socket; print(socket.getservbyname('http'), socket.getprotobyname('tcp'))"
+    import nsbox
+
+    result = nsbox.run(["python3", "-c", code], nsbox.Policy(isolation="landlock"))
+    assert result.isolation == "landlock"
+    assert result.stdout == b"80 6\n", result.stderr
+
+
 # --- signals start at their defaults, whatever the launcher ignored -------------------------------
 
 SIGQUIT_BIT = 1 << 2  # SigIgn in /proc/PID/status: bit N-1 for signal N (proc(5))
