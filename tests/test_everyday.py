@@ -362,3 +362,11 @@ def test_session_exec_names_an_option_after_id_and_the_remedy_of_a_limit(tmp_pat
         assert slow.stderr.endswith(b"nsbox: TO: wall-clock limit reached; raise it with --time\n")
     finally:
         assert nsbox_cli("session", "stop", sid, env=env).returncode == 0
+
+
+@pytest.mark.parametrize("door", sorted(DOORS))
+def test_ask_without_an_allow_list_is_a_usage_error_in_the_options_terms(door: str):
+    ran = nsbox_cli("run", "--ask", "--", "true", door=door)
+    assert ran.returncode == 2
+    assert b"name at least one with --allow-host HOST" in ran.stderr
+    assert b"callable" not in ran.stderr and b"Network(" not in ran.stderr

@@ -242,6 +242,10 @@ def _execute(o: dict[str, Any]) -> int:
         if not o["command"]:
             raise OptionError("missing COMMAND (or --print-profile)", None)
         policy = _with_inputs(policy, o["inputs"])
+        if o.get("ask") and policy.network.effective_mode != "allow":
+            raise OptionError("it asks about the hosts that are not on the allow-list: name "
+                              "at least one with --allow-host HOST (or a profile's [network] "
+                              "allow)", "--ask")
         collect_from_now_on()
         result, collected = _launch(o, policy)
     except (NsboxError, OSError) as raised:
