@@ -370,3 +370,13 @@ def test_ask_without_an_allow_list_is_a_usage_error_in_the_options_terms(door: s
     assert ran.returncode == 2
     assert b"name at least one with --allow-host HOST" in ran.stderr
     assert b"callable" not in ran.stderr and b"Network(" not in ran.stderr
+
+
+@pytest.mark.parametrize("door", sorted(DOORS))
+def test_a_program_that_cannot_run_is_named(door: str):
+    denied = nsbox_cli("run", "--", "/etc/passwd", door=door)
+    assert denied.returncode == 126
+    assert denied.stderr.startswith(b"nsbox: exec: /etc/passwd: Permission denied\n")
+    missing = nsbox_cli("run", "--", "/workspace/missing", door=door)
+    assert missing.returncode == 127
+    assert missing.stderr.startswith(b"nsbox: exec: /workspace/missing: No such file")

@@ -249,7 +249,7 @@ def _execute(o: dict[str, Any]) -> int:
         collect_from_now_on()
         result, collected = _launch(o, policy)
     except (NsboxError, OSError) as raised:
-        return _failed(raised, as_json)
+        return _failed(_naming_the_program(raised, o["command"]), as_json)
     if result.isolation != "namespaces" and policy.isolation == "auto" and not o.get("quiet"):
         echo(isolation_line(), err=True)
     if as_json:
@@ -258,6 +258,17 @@ def _execute(o: dict[str, Any]) -> int:
     else:
         _report(result, quiet=bool(o.get("quiet")))
     return exit_code(result)
+
+
+def _naming_the_program(raised: NsboxError | OSError,
+                        command: tuple[str, ...]) -> NsboxError | OSError:
+    """A program that exists but cannot be run is named, as a shell names it
+    (``sh: 1: /etc/passwd: Permission denied``); a missing one is named already."""
+    if (isinstance(raised, SetupError) and raised.step == "exec" and command
+            and command[0] not in raised.message):
+        return type(raised)("exec", raised.errno, f"{command[0]}: {raised.message}",
+                            raised.hint)
+    return raised
 
 
 def isolation_line() -> str:
