@@ -1,8 +1,9 @@
-"""What everyday programs expect of the box they run in, through every door of nsbox: stdin
-with --json, a /proc of the command's own pid namespace (ps), the /etc files programs read, and
-signals at their defaults.
+"""What everyday programs and users expect of the box they run in, through every door of nsbox:
+stdin with --json, a /proc of the command's own pid namespace (ps), the /etc files programs
+read, signals at their defaults, and the command line's messages where a run cannot start.
 
-Every test runs real sandboxes; what is inside is read by probes inside and compared here.
+Every test runs real sandboxes (one reads a plan); what is inside is read by probes inside and
+compared here.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def as_user(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
 
 def nsbox_cli(*args: str, input: bytes | None = None, door: str = "fast",
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([*DOORS[door], *args], input=input, capture_output=True, timeout=120,
+    stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
+    return subprocess.run([*DOORS[door], *args], **stdin, capture_output=True, timeout=120,
                           env={**os.environ, **(env or {})})
 
 
