@@ -382,3 +382,11 @@ def test_a_program_that_cannot_run_is_named(door: str):
     missing = nsbox_cli("run", "--", "/workspace/missing", door=door)
     assert missing.returncode == 127
     assert missing.stderr.startswith(b"nsbox: exec: /workspace/missing: No such file")
+
+
+@pytest.mark.parametrize("door", sorted(DOORS))
+def test_a_refused_bind_is_named_by_its_option(door: str):
+    ran = nsbox_cli("run", "--ro-bind", "/run:/r", "--", "true", door=door)
+    assert ran.returncode == 125
+    assert ran.stderr.startswith(b"nsbox: --ro-bind /run:/r: refused by rule bind-run: ")
+    assert b"mounts[" not in ran.stderr

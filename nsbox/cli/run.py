@@ -173,11 +173,22 @@ def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ..
     for option, spec, writable in binds:
         try:
             policy = apply_overrides(policy, {"mounts": [bind_override(spec, writable)]})
+            _check_bind(policy)
         except PolicyError as exc:
             raise PolicyError(exc.message, key=f"{option} {spec}", hint=exc.hint,
                               rule=exc.rule) from None
     return apply_overrides(policy, {k: v for k, v in overrides.items()
                                     if v is not None and v != []})
+
+
+def _check_bind(policy: Policy) -> None:
+    """The rule book on the bind just added, now, so that a refusal names the option
+    (``--ro-bind /root: refused by rule secret-dir``), not the policy's ``mounts[9]``."""
+    from nsbox import plan
+    from nsbox.host.pathrules import HostView
+
+    mount = policy.mounts[-1]
+    plan.MOUNT_OPS[mount.kind](mount, "bind", policy.allow_rules, HostView.current())
 
 
 # --- end profiles ---------------------------------------------------------------------------------
