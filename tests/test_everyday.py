@@ -390,3 +390,18 @@ def test_a_refused_bind_is_named_by_its_option(door: str):
     assert ran.returncode == 125
     assert ran.stderr.startswith(b"nsbox: --ro-bind /run:/r: refused by rule bind-run: ")
     assert b"mounts[" not in ran.stderr
+
+
+@pytest.mark.parametrize("door", sorted(DOORS))
+def test_set_comes_after_every_option_the_limits_own_too(door: str):
+    shown = nsbox_cli("run", "--time", "5", "--set", "limits.wall_time=none", "--memory", "100M",
+                      "--set", "limits.memory=200M", "--pids", "50", "--print-profile", door=door)
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout.decode()
+    assert 'wall_time = "none"' in text and 'memory = "200M"' in text and "pids = 50" in text
+    # nsbox session start takes the same rule.
+    from nsbox import Policy
+    from nsbox.cli.commands import _with_limits
+
+    started = _with_limits(Policy(), {"memory": 100 << 20, "pids": 50}, ("limits.memory=1G",))
+    assert (started.limits.memory, started.limits.pids) == (Policy().limits.memory, 50)

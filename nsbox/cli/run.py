@@ -332,8 +332,11 @@ def policy_from_options(o: dict[str, Any]) -> Policy:
     binds = [("--ro-bind", spec, False) for spec in o["ro_bind"]]
     binds += [("--bind", spec, True) for spec in o["rw_bind"]]
     policy = load_policy(o["profile"], overrides_from_options(o), o["settings"], binds)
+    # --set comes last, for the limits' own options too (as for every other option's key).
+    set_keys = {item.partition("=")[0].strip() for item in o["settings"]}
     limit_changes = limittable.limit_changes(
-        {spec.name: o.get(spec.name) for spec in limittable.OPTION_LIMITS})
+        {spec.name: o.get(spec.name) for spec in limittable.OPTION_LIMITS
+         if spec.key not in set_keys})
     if limit_changes:
         policy = policy.with_limits(**limit_changes)
     # --- network (docs/network.md) ---

@@ -166,7 +166,7 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
     binds += [("--bind", spec, True) for spec in rw_bind]
     try:
         policy = cli._with_limits(cli._load_policy(profile, overrides, settings, binds),
-                                  limit_values)
+                                  limit_values, settings)
         policy = policy.replace(network=from_options(policy.network, net_mode, allow_host))
         policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
         runtime_dir()
