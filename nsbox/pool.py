@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Literal, cast, overload
 
-from nsbox import _wire, inputs, launcher, limits
+from nsbox import _wire, checks, inputs, launcher, limits
 from nsbox import plan as planmod
 from nsbox._wire import PoolMessage, PoolSpec, WireCommand, WirePlan
 from nsbox.errors import LaunchError, PolicyError
@@ -42,8 +42,8 @@ class Pool:
 
     def __init__(self, policy: Policy | None = None, size: int = 2, *,
                  workspace: str | None = None) -> None:
-        inputs.whole(size, "size", 1, MAX_SIZE, "a number of sandboxes")
-        workspace = inputs.optional_path(workspace, "workspace")
+        checks.whole(size, "size", 1, MAX_SIZE, "a number of sandboxes")
+        workspace = checks.optional_path(workspace, "workspace")
         policy = inputs.policy(policy) or Policy()
         if workspace is not None:
             policy = policy.replace(workspace=workspace)
