@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,6 +26,7 @@ from nsbox.checks import (
     whole,
 )
 from nsbox.errors import PolicyError
+from nsbox.limittable import COUNT, DURATION, FLAG, LIMITS, SHARE, SIZE
 from nsbox.rules import SECRETS
 
 KiB = 1024
@@ -135,7 +137,7 @@ class Limits:
     require_cgroup: bool = False  # fail instead of falling back to rlimits
 
     def __post_init__(self) -> None:
-        _check_limits(self)  # types and ranges: NaN, 2^64 or "5" never weaken a limit
+        _check_limits(self)  # NaN, 2^64, 0 or "5" never weaken a limit, None only where allowed
 
 
 # --- network -----------------------------------------------------------------------------------
@@ -210,29 +212,36 @@ DEFAULT_PROJECT_SECRETS = SECRETS
 
 # --- the types and ranges of the fields (Limits, Tmpfs, Policy check them in __post_init__) ---
 
-_SIZES = ("output", "file_size", "tmp_size", "workspace_size", "shm_size")
+def _check_share(value: Any, key: str) -> None:
+    cpus = number(value, key, "a share of cores")
+    if not 0 < cpus <= 1 << 20:
+        raise PolicyError(f"{quote(cpus)} is out of range (more than 0)", key=key)
+
+
+# How a limit of each kind of the table is checked (its range is the kernel's; a profile's is
+# the table's own, nsbox/profiles/schema.py).
+_LIMIT_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    DURATION: seconds,
+    SIZE: size,
+    COUNT: lambda value, key: whole(value, key, 1, 2**31 - 1),
+    SHARE: _check_share,
+    FLAG: flag,
+}
 
 
 def _check_limits(limits: Any) -> None:
-    """Types and ranges of Limits. (limits.check_limits refuses zero and negative values.)"""
-    if limits.wall_time is not None:
-        seconds(limits.wall_time, "limits.wall_time")
-    if limits.cpu_time is not None:
-        seconds(limits.cpu_time, "limits.cpu_time")
-    if limits.memory is not None:
-        memory(limits.memory, "limits.memory")
-    for name in _SIZES:
-        value = getattr(limits, name)
-        if value is not None:
-            size(value, f"limits.{name}", low=0 if name == "output" else 1)
-    if limits.pids is not None:
-        whole(limits.pids, "limits.pids", 1, 2**31 - 1)
-    whole(limits.open_files, "limits.open_files", 1, 2**31 - 1)
-    if limits.cpus is not None:
-        cpus = number(limits.cpus, "limits.cpus", "a share of cores")
-        if not 0 < cpus <= 1 << 20:
-            raise PolicyError(f"{quote(cpus)} is out of range (more than 0)", key="limits.cpus")
-    flag(limits.require_cgroup, "limits.require_cgroup")
+    """Types and ranges of Limits, each by its kind in the table of limits (nsbox/limittable.py):
+    None only where the table allows no limit; zero only where its range starts at zero."""
+    for spec in LIMITS:
+        value, key = getattr(limits, spec.name), f"limits.{spec.name}"
+        if value is None and spec.nullable:
+            continue
+        if spec.name == "memory":
+            memory(value, key)  # a bare number under a page is a missing unit
+        elif spec.kind == SIZE and spec.low == 0:
+            size(value, key, low=0)
+        else:
+            _LIMIT_CHECKS[spec.kind](value, key)
 
 
 def _check_tmpfs(mount: Any) -> None:

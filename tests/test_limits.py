@@ -30,7 +30,7 @@ from conftest import (
 )
 
 import nsbox
-from nsbox import cgroups, launcher, limits
+from nsbox import cgroups, launcher, limits, limittable
 from nsbox.cgroups import _names
 from nsbox.cgroups._null import NullBackend
 from nsbox.errors import CommandNotFound, HostError, PolicyError
@@ -46,7 +46,7 @@ M = 1 << 20
      ("1.5G", 3 << 29), ("2g", 2 << 30)],
 )
 def test_parse_size(text: str, value: int) -> None:
-    assert limits.parse_size(text) == value
+    assert limittable.parse_size(text) == value
 
 
 @pytest.mark.parametrize(("text", "problem"), [("0", "more than zero"), ("lots", "not a size"),
@@ -54,7 +54,7 @@ def test_parse_size(text: str, value: int) -> None:
                                                ("", "not a size")])
 def test_parse_size_rejects_bad_input_naming_the_option(text: str, problem: str) -> None:
     with pytest.raises(PolicyError) as info:
-        limits.parse_size(text, key="--memory")
+        limittable.parse_size(text, key="--memory")
     assert info.value.key == "--memory" and problem in str(info.value)
     assert "e.g." in str(info.value) or "leave the option out" in str(info.value)
 
@@ -62,21 +62,21 @@ def test_parse_size_rejects_bad_input_naming_the_option(text: str, problem: str)
 @pytest.mark.parametrize(("text", "value"), [("10", 10.0), ("10s", 10.0), ("500ms", 0.5),
                                              ("2m", 120.0), ("1h", 3600.0), ("0.25s", 0.25)])
 def test_parse_duration(text: str, value: float) -> None:
-    assert limits.parse_duration(text) == value
+    assert limittable.parse_duration(text) == value
 
 
 @pytest.mark.parametrize("text", ["0s", "soon", "10 days", "-1"])
 def test_parse_duration_rejects_bad_input(text: str) -> None:
     with pytest.raises(PolicyError, match="--cpu-time"):
-        limits.parse_duration(text, key="--cpu-time")
+        limittable.parse_duration(text, key="--cpu-time")
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "half", "inf", "nan"])
 def test_parse_cpus_and_counts_reject_bad_input(text: str) -> None:
     with pytest.raises(PolicyError, match="--cpus"):
-        limits.parse_cpus(text, key="--cpus")
+        limittable.parse_cpus(text, key="--cpus")
     with pytest.raises(PolicyError, match="--pids"):
-        limits.parse_count(text, key="--pids")
+        limittable.parse_count(text, key="--pids")
 
 
 @pytest.mark.parametrize(("field", "value"), [("memory", 0), ("pids", -1), ("cpus", 0.0),
