@@ -13,6 +13,8 @@ import struct
 import sys
 from typing import Any
 
+from nsbox import _paths
+
 _libc = ctypes.CDLL(None, use_errno=True)
 
 _MACHINE = os.uname().machine  # not the platform module: it costs the helper 1 ms to import
@@ -283,23 +285,22 @@ def _open_path_nofollow(path: str) -> int:
         if ctypes.get_errno() == 40:  # ELOOP
             raise symlink
         raise _fail("openat2", path)
-    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
-    try:
-        for name in [name for name in path.split("/") if name]:
-            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-            try:
-                next_fd = os.open(name, flags | os.O_DIRECTORY, dir_fd=fd)
-            except NotADirectoryError:
-                # A file (a component after it fails), or a symlink, refused below.
-                next_fd = os.open(name, flags, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-            if _is_symlink(fd):
-                raise symlink
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+
+    def open_next(fd: int, _index: int, name: str) -> int:
+        flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            next_fd = os.open(name, flags | os.O_DIRECTORY, dir_fd=fd)
+        except NotADirectoryError:
+            # A file (a component after it fails), or a symlink, refused below.
+            next_fd = os.open(name, flags, dir_fd=fd)
+        if _is_symlink(next_fd):
+            os.close(next_fd)
+            raise symlink
+        return next_fd
+
+    names = [name for name in path.split("/") if name]
+    return _paths.walk(os.open("/", os.O_PATH | os.O_CLOEXEC), names, open_next,
+                       close_start=True)
 
 
 open_path_nofollow = _open_path_nofollow  # an O_PATH descriptor of ``path``, as above
