@@ -44,17 +44,12 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
 # <sys/mount.h>
-MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
-MS_REMOUNT = 32
 MS_BIND = 4096
-MS_MOVE = 8192
 MS_REC = 16384
-MS_SILENT = 32768
 MS_PRIVATE = 1 << 18
-MS_STRICTATIME = 1 << 24
 MNT_DETACH = 2
 
 # <linux/mount.h>, mount_setattr(2)
@@ -81,7 +76,6 @@ PR_SET_NAME = 15
 PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
-PR_GET_NO_NEW_PRIVS = 39
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 
@@ -115,7 +109,6 @@ _sethostname = _proto("sethostname", _int, _str, ctypes.c_size_t)
 _prctl = _proto("prctl", _int, _int, _ulong, _ulong, _ulong, _ulong)
 _prctl_str = _proto("prctl", _int, _int, _str, _ulong, _ulong, _ulong)
 _unshare = _proto("unshare", _int, _int)
-_setns = _proto("setns", _int, _int, _int)
 # syscall(2) with the arguments of one system call each.
 _sys_path2 = _proto("syscall", _long, _long, _str, _str)  # pivot_root
 _sys_mount_setattr = _proto("syscall", _long, _long, _int, _str, _uint, _str, ctypes.c_size_t)
@@ -338,11 +331,6 @@ def set_process_title(title: str) -> None:
 def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
     if _sys_close_range(NR_CLOSE_RANGE, first, last, flags) != 0:
         raise _fail("close_range", first, last)
-
-
-def setns(fd: int, nstype: int) -> None:
-    if _setns(fd, nstype) != 0:
-        raise _fail("setns", fd, hex(nstype))
 
 
 def unshare(flags: int) -> None:

@@ -31,7 +31,6 @@ from nsbox.rules import SECRETS
 
 KiB = 1024
 MiB = 1024 * KiB
-GiB = 1024 * MiB
 
 
 # --- filesystem: mounts are data, applied in order -------------------------------------------

@@ -62,10 +62,6 @@ _memory: dict[str, Program] = {}
 _MEMORY_MAX = 64
 
 
-def clear_memory_cache() -> None:
-    _memory.clear()
-
-
 def load(seccomp: Seccomp, *, untrusted_dirs: Iterable[str] = ()) -> Program:
     """The compiled program for ``seccomp``, from the cache when possible.
 
@@ -140,11 +136,6 @@ def read_shipped(key: str) -> Program | None:
             return _parse_entry(f.read(4 * 1024 * 1024), key)
     except OSError:
         return None
-
-
-def program_for(seccomp: Seccomp) -> bytes:
-    """The BPF program (bytes of struct sock_filter) for ``seccomp``, cached."""
-    return load(seccomp).bpf
 
 
 # --- the key, without pyseccomp ----------------------------------------------------------------
