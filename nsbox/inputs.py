@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from nsbox.checks import flag, optional_path, optional_seconds, quote, size, text, type_name
-from nsbox.checks import path as path  # launcher.py checks the profile's path with it
+from nsbox.checks import path as path  # launcher.py: inputs.path, .optional_path, .quote
 from nsbox.errors import PolicyError
 from nsbox.policy import Policy
 
