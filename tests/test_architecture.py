@@ -155,3 +155,23 @@ def test_no_import_cycles() -> None:
     assert new == [], "import cycles among nsbox's modules:\n" + "\n".join(
         " <-> ".join(component) for component in new)
     assert sorted(found) == sorted(KNOWN_CYCLES)
+
+
+def test_the_sandbox_child_imports_nothing_after_its_clone() -> None:
+    """docs/architecture.md, "Layers": a sandbox child imports nothing after its clone. So no
+    module the Python child reaches imports inside a function (a first call would import)."""
+    graph, table = import_graph(), modules()
+    reached, todo = set(), ["nsbox.sandbox.child"]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo.extend(graph[name])
+    assert {"nsbox.sandbox.mounts", "nsbox._libc", "nsbox._wire"} <= reached
+    deferred = []
+    for name in sorted(reached):
+        for node in ast.walk(ast.parse(table[name].read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                deferred += [f"{name}:{inner.lineno}" for inner in ast.walk(node)
+                             if isinstance(inner, (ast.Import, ast.ImportFrom))]
+    assert deferred == []
