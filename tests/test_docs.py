@@ -273,3 +273,26 @@ def test_no_fallback_is_explained_by_a_kernel_older_than_nsbox_runs_on() -> None
             if (int(match[1]), int(match[2])) < oldest:
                 stale.append(f"{path.relative_to(REPO)}: {match[0]}")
     assert stale == []
+
+
+# Paths a comment names that are not in the tree, each in a file being rewritten elsewhere now;
+# the test below fails once one is fixed, so that it leaves this list too.
+KNOWN_STALE_PATHS = {
+    ("nsbox/mcp_server.py", "nsbox/_helper.py"),
+    ("nsbox/cli/commands.py", "nsbox/profiles.py"),
+    ("nsbox/cli/commands.py", "nsbox/doctor.py"),
+}
+
+
+def test_every_path_the_docs_and_comments_name_exists() -> None:
+    """A module that moved or split leaves no reference to its old path (nsbox/X.py) in the
+    docs, the code's comments, the tests or the tools."""
+    named = re.compile(r"\bnsbox/[\w/]+\.(?:py|c|h|toml|json)\b")
+    sources = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "tools").glob("*.py"),
+               *[p for p in (REPO / "tests").glob("*.py") if p.name != "test_docs.py"],
+               *[p for ext in ("py", "c", "h") for p in (REPO / "nsbox").rglob(f"*.{ext}")]]
+    stale = {(str(source.relative_to(REPO)), path) for source in sources
+             for path in named.findall(source.read_text())
+             if not (REPO / path).exists()
+             and not path.endswith(("/NAME.toml", "/_build_info.py"))}  # a placeholder; made
+    assert stale == KNOWN_STALE_PATHS                                   # by tools/build_pyz.py
