@@ -54,7 +54,11 @@ def _names(node: ast.AST) -> set[str]:
         if isinstance(child, ast.Name):
             found.add(child.id)
         elif isinstance(child, ast.Attribute):
-            found.add(child.attr)
+            # x.run(...) is a session's, a pool's or the fixture's, each a name of its own
+            # here, or a click command's (cli.run): only nsbox.run itself counts as "run".
+            if child.attr not in ("run", "arun") or (
+                    isinstance(child.value, ast.Name) and child.value.id == "nsbox"):
+                found.add(child.attr)
         elif isinstance(child, ast.arg):
             found.add(child.arg)  # a fixture asked for
         elif isinstance(child, ast.alias):
