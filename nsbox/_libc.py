@@ -13,6 +13,8 @@ import struct
 import sys
 from typing import Any
 
+from nsbox import _paths
+
 _libc = ctypes.CDLL(None, use_errno=True)
 
 _MACHINE = os.uname().machine  # not the platform module: it costs the helper 1 ms to import
@@ -42,17 +44,12 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
 # <sys/mount.h>
-MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
-MS_REMOUNT = 32
 MS_BIND = 4096
-MS_MOVE = 8192
 MS_REC = 16384
-MS_SILENT = 32768
 MS_PRIVATE = 1 << 18
-MS_STRICTATIME = 1 << 24
 MNT_DETACH = 2
 
 # <linux/mount.h>, mount_setattr(2)
@@ -79,7 +76,6 @@ PR_SET_NAME = 15
 PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
-PR_GET_NO_NEW_PRIVS = 39
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 
@@ -113,7 +109,6 @@ _sethostname = _proto("sethostname", _int, _str, ctypes.c_size_t)
 _prctl = _proto("prctl", _int, _int, _ulong, _ulong, _ulong, _ulong)
 _prctl_str = _proto("prctl", _int, _int, _str, _ulong, _ulong, _ulong)
 _unshare = _proto("unshare", _int, _int)
-_setns = _proto("setns", _int, _int, _int)
 # syscall(2) with the arguments of one system call each.
 _sys_path2 = _proto("syscall", _long, _long, _str, _str)  # pivot_root
 _sys_mount_setattr = _proto("syscall", _long, _long, _int, _str, _uint, _str, ctypes.c_size_t)
@@ -283,23 +278,22 @@ def _open_path_nofollow(path: str) -> int:
         if ctypes.get_errno() == 40:  # ELOOP
             raise symlink
         raise _fail("openat2", path)
-    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
-    try:
-        for name in [name for name in path.split("/") if name]:
-            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-            try:
-                next_fd = os.open(name, flags | os.O_DIRECTORY, dir_fd=fd)
-            except NotADirectoryError:
-                # A file (a component after it fails), or a symlink, refused below.
-                next_fd = os.open(name, flags, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-            if _is_symlink(fd):
-                raise symlink
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+
+    def open_next(fd: int, _index: int, name: str) -> int:
+        flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            next_fd = os.open(name, flags | os.O_DIRECTORY, dir_fd=fd)
+        except NotADirectoryError:
+            # A file (a component after it fails), or a symlink, refused below.
+            next_fd = os.open(name, flags, dir_fd=fd)
+        if _is_symlink(next_fd):
+            os.close(next_fd)
+            raise symlink
+        return next_fd
+
+    names = [name for name in path.split("/") if name]
+    return _paths.walk(os.open("/", os.O_PATH | os.O_CLOEXEC), names, open_next,
+                       close_start=True)
 
 
 open_path_nofollow = _open_path_nofollow  # an O_PATH descriptor of ``path``, as above
@@ -337,11 +331,6 @@ def set_process_title(title: str) -> None:
 def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
     if _sys_close_range(NR_CLOSE_RANGE, first, last, flags) != 0:
         raise _fail("close_range", first, last)
-
-
-def setns(fd: int, nstype: int) -> None:
-    if _setns(fd, nstype) != 0:
-        raise _fail("setns", fd, hex(nstype))
 
 
 def unshare(flags: int) -> None:

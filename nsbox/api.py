@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
-from nsbox import inputs, launcher
+from nsbox import checks, inputs, launcher
 from nsbox.errors import NsboxError
 from nsbox.policy import Policy
 from nsbox.result import Result, finish
@@ -89,14 +89,14 @@ def _run_cancellable(argv: Any, policy: Any = None, *, input: Any = None, stdin:
                             passthrough=passthrough)
     cmd = inputs.command(argv, stdin_=call.stdin, timeout=timeout, output_limit_=output_limit,
                          env_=env, cwd=cwd, passthrough=call.passthrough)
-    workspace = inputs.optional_path(workspace, "workspace")
+    workspace = checks.optional_path(workspace, "workspace")
     policy = launcher.choose_policy(policy, profile)
     if audit is None:
         result = launcher.run(cmd.argv, policy, stdin=cmd.stdin, timeout=cmd.timeout,
                               output_limit=cmd.output_limit, env=cmd.env, workspace=workspace,
                               cwd=cmd.cwd, passthrough=call.passthrough, cancel=cancel)
     else:
-        result = run_audited(cmd.argv, policy, audit=inputs.path(audit, "audit"),
+        result = run_audited(cmd.argv, policy, audit=checks.path(audit, "audit"),
                              stdin=cmd.stdin, timeout=cmd.timeout,
                              output_limit=cmd.output_limit, env=cmd.env, workspace=workspace,
                              cwd=cmd.cwd, passthrough=call.passthrough, cancel=cancel)

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nsbox.errors import NsboxError
-from nsbox.result import Result, Status
+
+if TYPE_CHECKING:  # nsbox/result.py imports this module when it raises one of its errors
+    from nsbox.result import Result
+
+# A Status is also its str value (nsbox/result.py): the time-limit status, without the import.
+_TIMED_OUT = "TO"
 
 
 class CommandFailed(NsboxError, subprocess.CalledProcessError):
@@ -41,7 +46,7 @@ class CommandFailed(NsboxError, subprocess.CalledProcessError):
             how = f"signal {result.signal}"
         else:
             how = result.error or "no exit status"
-        limit = result.extra.get("limit") or ("wall_time" if result.status is Status.TO else "")
+        limit = result.extra.get("limit") or ("wall_time" if result.status == _TIMED_OUT else "")
         limit = f", {limit} limit" if limit else ""
         return f"command {command}ended with status {result.status.value} ({how}{limit})"
 
@@ -59,6 +64,6 @@ class CommandTimedOut(CommandFailed, subprocess.TimeoutExpired):
 
 def failure(result: Result[Any], cmd: Sequence[str], timeout: float | None) -> CommandFailed:
     """The error for a Result that is not OK."""
-    if result.status is Status.TO:
+    if result.status == _TIMED_OUT:
         return CommandTimedOut(result, cmd, timeout)
     return CommandFailed(result, cmd)

@@ -160,8 +160,7 @@ def build(policy: Policy, argv: list[str], *, env: dict[str, str] | None = None,
           cwd: str | None = None, wall_time: float | None = None,
           check_sources: bool = True) -> planmod.Plan:
     """The plan of one Landlock launch (``plan.build``'s arguments)."""
-    if not argv or not argv[0]:
-        raise PolicyError("no command given", key="argv")
+    command = planmod.command_part(policy, argv, env=env, cwd=cwd, wall_time=wall_time)
     _check_policy(policy)
     host = pathrules.HostView.current() if check_sources else None
     read, write = _read_and_write(policy, host)
@@ -173,13 +172,12 @@ def build(policy: Policy, argv: list[str], *, env: dict[str, str] | None = None,
     program = (seccompmod.load(policy.seccomp, untrusted_dirs=untrusted)
                if policy.seccomp.enabled else None)
     limits = _limits(policy)
-    environment = dict(planmod._environment(policy, env))
+    environment = dict(command["env"])
     environment.setdefault("TMPDIR", "/tmp")
+    command["env"] = sorted(environment.items())
     plan = planmod.Plan(
-        argv=list(argv), env=sorted(environment.items()), cwd=cwd or planmod.WORKSPACE,
-        uid=policy.uid, gid=policy.gid, user=policy.user, hostname=policy.hostname, mounts=[],
-        wall_time=wall_time if wall_time is not None else policy.limits.wall_time,
-        net={"mode": "none"},
+        **command, uid=policy.uid, gid=policy.gid, user=policy.user, hostname=policy.hostname,
+        mounts=[], net={"mode": "none"},
         seccomp_bpf=program.bpf.hex() if program else None,
         seccomp_notify=program.notify if program and program.listener else None,
         setid_bpf=seccompmod.load_setid(untrusted_dirs=untrusted).bpf.hex(),

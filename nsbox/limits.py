@@ -25,17 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nsbox import cgroups
-from nsbox.errors import HostError, PolicyError
-from nsbox.limittable import (  # noqa: F401 (the parsers of option values, also from here)
-    COUNT,
-    FLAG,
-    LIMITS,
-    SIZE,
-    parse_count,
-    parse_cpus,
-    parse_duration,
-    parse_size,
-)
+from nsbox.errors import HostError
 
 if TYPE_CHECKING:  # the launch helper imports this module: keep its start small
     from nsbox.policy import Limits
@@ -65,25 +55,6 @@ def _rlimit(resource_id: int, value: int) -> list[int]:
     return [resource_id, value, value]
 
 
-def check_limits(limits: Limits) -> None:
-    """A zero, negative or mistyped limit is an error, never a sandbox that cannot run (memory 0)
-    or a silently missing limit."""
-    for spec in LIMITS:
-        if spec.kind == FLAG or spec.low <= 0:
-            continue
-        name, kind = spec.name, (int if spec.kind in (SIZE, COUNT) else float)
-        value = getattr(limits, name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                kind is int and not isinstance(value, int)):
-            raise PolicyError(f"{value!r} is not a {'whole ' if kind is int else ''}number",
-                              key=f"limits.{name}")
-        if not value > 0 or math.isinf(value):
-            raise PolicyError(f"{value!r} must be more than zero", key=f"limits.{name}",
-                              hint="use None for no limit")
-
-
 def _nproc_counts_per_user_namespace() -> bool:
     """Since Linux 5.14 the count behind RLIMIT_NPROC is kept per user namespace ("ucounts"), so
     in the sandbox's own user namespace it counts the sandbox's tasks alone."""
@@ -95,8 +66,8 @@ def _nproc_counts_per_user_namespace() -> bool:
 
 
 def plan_limits(limits: Limits) -> dict[str, Any]:
-    """The Plan's part for limits: ``rlimits`` ([resource, soft, hard] lists) and ``cgroup``."""
-    check_limits(limits)
+    """The Plan's part for limits: ``rlimits`` ([resource, soft, hard] lists) and ``cgroup``.
+    The values were checked when the Limits were made (nsbox/policy.py)."""
     rlimits = [
         [resource.RLIMIT_CORE, 0, 0],  # no core dumps: they would write the sandbox's memory out
         _rlimit(resource.RLIMIT_NOFILE, limits.open_files),

@@ -1,7 +1,7 @@
 """The table of limits: one entry per field of Limits, and the parsers of their option values.
 
 The profile schema (nsbox/profiles/schema.py), the command-line options (nsbox/cli/options.py),
-their parsers and the positive-value check of nsbox/limits.py are all derived from LIMITS:
+their parsers and the check of a Limits' values (nsbox/policy.py) are all derived from LIMITS:
 adding a limit touches this table, the Limits field (nsbox/policy.py, which holds its default)
 and the limit's enforcement (nsbox/limits.py: an rlimit in plan_limits, or a cgroup knob).
 

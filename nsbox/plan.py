@@ -253,6 +253,20 @@ def _environment(policy: Policy, extra_env: dict[str, str] | None) -> list[tuple
     return sorted(env.items())
 
 
+def command_part(policy: Policy, argv: list[str], *, env: dict[str, str] | None = None,
+                 cwd: str | None = None, wall_time: float | None = None) -> dict[str, Any]:
+    """The command's part of a plan (argv, env, cwd, wall_time): in every plan ``build``
+    makes, and all that a pool's sandbox, built ahead, still needs (nsbox/pool.py)."""
+    if not argv or not argv[0]:
+        raise PolicyError("no command given", key="argv")
+    return {
+        "argv": list(argv),
+        "env": _environment(policy, env),
+        "cwd": cwd or WORKSPACE,
+        "wall_time": wall_time if wall_time is not None else policy.limits.wall_time,
+    }
+
+
 def build(
     policy: Policy,
     argv: list[str],
@@ -265,8 +279,7 @@ def build(
     """The plan of one launch. ``check_sources=False`` is for a command of a session, whose
     sandbox (and its binds, checked when it started) exists already: what the sandbox has
     written into its workspace since (a socket of its own) is not the host's."""
-    if not argv or not argv[0]:
-        raise PolicyError("no command given", key="argv")
+    command = command_part(policy, argv, env=env, cwd=cwd, wall_time=wall_time)
     mounts: list[dict[str, Any]] = []
     host = pathrules.HostView.current() if check_sources else None
     allow = policy.allow_rules
@@ -319,15 +332,12 @@ def build(
         program = seccompmod.load(policy.seccomp, untrusted_dirs=writable)
     limits = plan_limits(policy.limits)  # rlimits for the child, the cgroup request (limits.py)
     return Plan(
-        argv=list(argv),
-        env=_environment(policy, env),
-        cwd=cwd or WORKSPACE,
+        **command,
         uid=policy.uid,
         gid=policy.gid,
         user=policy.user,
         hostname=policy.hostname,
         mounts=mounts,
-        wall_time=wall_time if wall_time is not None else policy.limits.wall_time,
         net=netmod.plan_net(policy.network),
         seccomp_bpf=program.bpf.hex() if program else None,
         seccomp_notify=program.notify if program and program.listener else None,

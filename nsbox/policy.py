@@ -8,15 +8,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from nsbox import identity, inputs
+from nsbox import identity, rules
+from nsbox.checks import (
+    flag,
+    memory,
+    number,
+    optional_path,
+    quote,
+    seconds,
+    size,
+    text,
+    type_name,
+    whole,
+)
+from nsbox.errors import PolicyError
+from nsbox.limittable import COUNT, DURATION, FLAG, LIMITS, SHARE, SIZE
 from nsbox.rules import SECRETS
 
 KiB = 1024
 MiB = 1024 * KiB
-GiB = 1024 * MiB
 
 
 # --- filesystem: mounts are data, applied in order -------------------------------------------
@@ -47,7 +61,7 @@ class Tmpfs:
     kind: Literal["tmpfs"] = "tmpfs"
 
     def __post_init__(self) -> None:
-        inputs.check_tmpfs(self)  # size 0 would be a tmpfs without a limit (tmpfs(5))
+        _check_tmpfs(self)  # size 0 would be a tmpfs without a limit (tmpfs(5))
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,7 @@ class Dir:
 
 Mount = Bind | Tmpfs | File | Symlink | Dir
 
-# The closed set of mount kinds, by their ``kind``: the policy's type check (inputs.py), the
+# The closed set of mount kinds, by their ``kind``: the policy's type check (_check_policy), the
 # profile's TOML form (profiles/schema.py reads, profiles/writers.py writes a kind from its
 # fields) and the plan's operation (plan.py, MOUNT_OPS) all come from here.
 MOUNT_KINDS: dict[str, type[Mount]] = {cls.kind: cls for cls in (Bind, Tmpfs, File, Symlink, Dir)}
@@ -122,7 +136,7 @@ class Limits:
     require_cgroup: bool = False  # fail instead of falling back to rlimits
 
     def __post_init__(self) -> None:
-        inputs.check_limits(self)  # types and ranges: NaN, 2^64 or "5" never weaken a limit
+        _check_limits(self)  # NaN, 2^64, 0 or "5" never weaken a limit, None only where allowed
 
 
 # --- network -----------------------------------------------------------------------------------
@@ -195,6 +209,99 @@ class Seccomp:
 DEFAULT_PROJECT_SECRETS = SECRETS
 
 
+# --- the types and ranges of the fields (Limits, Tmpfs, Policy check them in __post_init__) ---
+
+def _check_share(value: Any, key: str) -> None:
+    cpus = number(value, key, "a share of cores")
+    if not 0 < cpus <= 1 << 20:
+        raise PolicyError(f"{quote(cpus)} is out of range (more than 0)", key=key)
+
+
+# How a limit of each kind of the table is checked (its range is the kernel's; a profile's is
+# the table's own, nsbox/profiles/schema.py).
+_LIMIT_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    DURATION: seconds,
+    SIZE: size,
+    COUNT: lambda value, key: whole(value, key, 1, 2**31 - 1),
+    SHARE: _check_share,
+    FLAG: flag,
+}
+
+
+def _check_limits(limits: Any) -> None:
+    """Types and ranges of Limits, each by its kind in the table of limits (nsbox/limittable.py):
+    None only where the table allows no limit; zero only where its range starts at zero."""
+    for spec in LIMITS:
+        value, key = getattr(limits, spec.name), f"limits.{spec.name}"
+        if value is None and spec.nullable:
+            continue
+        if spec.name == "memory":
+            memory(value, key)  # a bare number under a page is a missing unit
+        elif spec.kind == SIZE and spec.low == 0:
+            size(value, key, low=0)
+        else:
+            _LIMIT_CHECKS[spec.kind](value, key)
+
+
+def _check_tmpfs(mount: Any) -> None:
+    key = f"tmpfs {quote(mount.target)} size"
+    if mount.size == 0 and not isinstance(mount.size, bool):
+        # tmpfs(5): size=0 means no limit at all; a sandbox's tmpfs always has one.
+        raise PolicyError("0 would be a tmpfs without a size limit", key=key,
+                          hint="give its size in bytes, e.g. 64 * 1024 * 1024")
+    size(mount.size, key)
+    whole(mount.mode, f"tmpfs {quote(mount.target)} mode", 0, 0o7777,
+          "a mode (an int, e.g. 0o755)")
+
+
+def _one_of(kinds: tuple[type, ...]) -> str:
+    """The mount classes a policy takes, as in "a Bind, Tmpfs or Dir"."""
+    names = [kind.__name__ for kind in kinds]
+    return "a " + (", ".join(names[:-1]) + " or " if len(names) > 1 else "") + names[-1]
+
+
+def _check_policy(value: Any) -> None:
+    """The types of a Policy's fields (the path rules are nsbox.rules')."""
+    if not isinstance(value.mounts, (tuple, list)):
+        raise PolicyError(f"expected a tuple of mounts, got {type_name(value.mounts)} "
+                          f"{quote(value.mounts)}", key="mounts")
+    kinds = tuple(MOUNT_KINDS.values())
+    for i, mount in enumerate(value.mounts):
+        if not isinstance(mount, kinds):
+            raise PolicyError(f"expected {_one_of(kinds)}, got {type_name(mount)} {quote(mount)}",
+                              key=f"mounts[{i}]")
+    if not isinstance(value.env, (tuple, list)):
+        raise PolicyError(f"expected (name, value) pairs, got {type_name(value.env)}", key="env")
+    for i, pair in enumerate(value.env):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise PolicyError(f"expected a (name, value) pair, got {quote(pair)}",
+                              key=f"env[{i}]")
+        # Types here; names and values (NUL, '=') are the rule book's "env-text".
+        text(pair[0], f"env[{i}] name", empty=False, nul=False)
+        text(pair[1], f"env[{quote(pair[0])}]", nul=False)
+    if isinstance(value.env_passthrough, str) or not isinstance(value.env_passthrough,
+                                                                 (tuple, list)):
+        raise PolicyError(f"expected a tuple of names, got {quote(value.env_passthrough)}",
+                          key="env_passthrough")
+    for name in value.env_passthrough:
+        text(name, "env_passthrough", empty=False)
+    for name in ("name", "description"):
+        text(getattr(value, name), name)
+    for name in ("path", "lang", "user", "hostname"):  # their content: the rule book's
+        text(getattr(value, name), name, nul=False)
+    for name in ("uid", "gid", "host_uid", "host_gid"):
+        whole(getattr(value, name), name, 0, 2**32 - 2)
+    optional_path(value.workspace, "workspace")
+    if value.isolation not in ISOLATION_MODES:
+        raise PolicyError(f"{quote(value.isolation)} is not one of "
+                          f"{', '.join(ISOLATION_MODES)}", key="isolation")
+    for name, kind in (("limits", Limits), ("network", Network), ("seccomp", Seccomp)):
+        if not isinstance(getattr(value, name), kind):
+            raise PolicyError(f"expected a nsbox.{kind.__name__}, got "
+                              f"{type_name(getattr(value, name))} {quote(getattr(value, name))}",
+                              key=name)
+
+
 # --- the whole policy --------------------------------------------------------------------------
 
 # How the sandbox is isolated (nsbox/host/isolation.py): namespaces where the host allows them,
@@ -233,9 +340,7 @@ class Policy:
     isolation: Literal["auto", "namespaces", "landlock"] = "auto"
 
     def __post_init__(self) -> None:
-        from nsbox import rules  # a cycle otherwise: rules needs the mount classes
-
-        inputs.check_policy(self)  # types and ranges first: the rules read the values
+        _check_policy(self)  # types and ranges first: the rules read the values
         identity.check_host_ids(self.host_uid, self.host_gid)  # never host root, at every door
         rules.check_policy(self)
 

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Literal, cast, overload
 
-from nsbox import _wire, inputs, launcher, limits
+from nsbox import _wire, checks, inputs, launcher, limits
 from nsbox import plan as planmod
 from nsbox._wire import PoolMessage, PoolSpec, WireCommand, WirePlan
 from nsbox.errors import LaunchError, PolicyError
@@ -42,8 +42,8 @@ class Pool:
 
     def __init__(self, policy: Policy | None = None, size: int = 2, *,
                  workspace: str | None = None) -> None:
-        inputs.whole(size, "size", 1, MAX_SIZE, "a number of sandboxes")
-        workspace = inputs.optional_path(workspace, "workspace")
+        checks.whole(size, "size", 1, MAX_SIZE, "a number of sandboxes")
+        workspace = checks.optional_path(workspace, "workspace")
         policy = inputs.policy(policy) or Policy()
         if workspace is not None:
             policy = policy.replace(workspace=workspace)
@@ -162,17 +162,11 @@ class Pool:
 
     def _command(self, argv: list[str], env: dict[str, str] | None, cwd: str | None,
                  timeout: float | None) -> WireCommand:
-        """The command's part of the plan, as planmod.build would make it (tests/test_perf.py
-        checks that they agree), without resolving the policy's mounts again."""
-        if not argv or not argv[0]:
-            raise PolicyError("no command given", key="argv")
-        return {
-            **self._template,
-            "argv": list(argv),
-            "env": planmod._environment(self.policy, env),
-            "cwd": cwd or planmod.WORKSPACE,
-            "wall_time": timeout if timeout is not None else self.policy.limits.wall_time,
-        }
+        """The command's part of the plan, as planmod.build makes it, without resolving the
+        policy's mounts again: the policy's part taken once (the template), and the command's
+        own (tests/test_perf.py checks that the two make what build would)."""
+        own = planmod.command_part(self.policy, argv, env=env, cwd=cwd, wall_time=timeout)
+        return cast(WireCommand, {**self._template, **own})
 
     def _submit(self, command: WireCommand, fds: list[int]) -> None:
         self._send({"command": command}, fds)

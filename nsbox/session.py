@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nsbox import _wire, launcher, limits
-from nsbox import inputs as doors
+from nsbox import _wire, checks, launcher, limits
+from nsbox import inputs as doors  # "inputs" is also a parameter of Session
 from nsbox._wire import InitEvent, InitRequest, WireCommand
 from nsbox.errors import LaunchError, NsboxError, SessionClosed
 from nsbox.host import audit as auditmod
@@ -85,12 +85,12 @@ class Session(SessionRun, ProjectReview):
     ) -> None:
         self._closed = True  # until started: nothing for close() or __del__ to end
         # The start steps, in order; a bad value fails before anything is opened.
-        workspace = doors.optional_path(workspace, "workspace")
-        audit = doors.optional_path(audit, "audit")
+        workspace = checks.optional_path(workspace, "workspace")
+        audit = checks.optional_path(audit, "audit")
         env = doors.env(env)
-        timeout = doors.optional_seconds(timeout, "timeout")
+        timeout = checks.optional_seconds(timeout, "timeout")
         output_limit = doors.output_limit(output_limit)
-        idle_timeout = doors.optional_seconds(idle_timeout, "idle_timeout")
+        idle_timeout = checks.optional_seconds(idle_timeout, "idle_timeout")
         check_copy_limits(copy_limits)
         check_inputs(inputs)
         policy = policy_for(launcher.choose_policy(policy, profile), workspace, project, inputs)

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import inputs as doors
+from nsbox import checks
 from nsbox import plan as planmod
 from nsbox._wire import FileEntry, FileOp, InitRequest
 from nsbox.errors import FileTransferError, PolicyError, SandboxFileNotFound
@@ -94,13 +94,13 @@ class FileTransfer:
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write ``data`` to ``path`` in the sandbox (relative paths are under /workspace),
         creating parent directories; never through a symlink or into a FIFO."""
-        path = doors.path(path, "path")
-        doors.whole(mode, "mode", 0, 0o7777, "a mode (an int, e.g. 0o644)")
+        path = checks.path(path, "path")
+        checks.whole(mode, "mode", 0, 0o7777, "a mode (an int, e.g. 0o644)")
         if isinstance(data, str):
             data = data.encode()
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise PolicyError(f"expected bytes or str, got {type(data).__name__} "
-                              f"{doors.quote(data)}", key="data")
+                              f"{checks.quote(data)}", key="data")
         data = bytes(data)
         self._file_op({"kind": "put", "path": path, "mode": mode}, data)
         if self._audit is not None:
@@ -114,9 +114,9 @@ class FileTransfer:
     def read_file(self, path: str, *, max_size: int | None = None) -> bytes:
         """The content of the regular file ``path`` in the sandbox. Refuses symlinks, FIFOs,
         devices, hard links and files over ``max_size`` (default: the per-file copy limit)."""
-        path = doors.path(path, "path")
+        path = checks.path(path, "path")
         if max_size is not None:
-            doors.size(max_size, "max_size", low=0)
+            checks.size(max_size, "max_size", low=0)
         limit = max_size if max_size is not None else self.copy_limits.max_file_size
         # Room for the sandbox's error report on stderr (a refusal is no partial file).
         data = self._file_op({"kind": "get", "path": path, "max_size": limit},

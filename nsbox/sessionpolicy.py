@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from nsbox import inputs as doors
-from nsbox import rules
+from nsbox import checks, rules
 from nsbox.errors import PolicyError
 from nsbox.host import project as projectmod
 from nsbox.policy import Bind, Policy
@@ -43,17 +42,17 @@ def input_mount(spec: str) -> Bind:
 
 def check_copy_limits(copy_limits: object) -> None:
     if copy_limits is not None and not isinstance(copy_limits, CopyLimits):
-        raise PolicyError(f"expected a nsbox.CopyLimits, got {doors.quote(copy_limits)}",
+        raise PolicyError(f"expected a nsbox.CopyLimits, got {checks.quote(copy_limits)}",
                           key="copy_limits")
 
 
 def check_inputs(inputs: object) -> None:
     if isinstance(inputs, str) or not isinstance(inputs, (list, tuple)):
-        raise PolicyError(f"expected a list of HOST_PATH[:NAME], got {doors.quote(inputs)}",
-                          key="inputs", hint=f"did you mean [{doors.quote(inputs)}]?"
+        raise PolicyError(f"expected a list of HOST_PATH[:NAME], got {checks.quote(inputs)}",
+                          key="inputs", hint=f"did you mean [{checks.quote(inputs)}]?"
                           if isinstance(inputs, str) else None)
     for spec in inputs:
-        doors.text(spec, "inputs")
+        checks.text(spec, "inputs")
 
 
 def policy_for(policy: Policy, workspace: str | None, project: str | None,
@@ -62,7 +61,7 @@ def policy_for(policy: Policy, workspace: str | None, project: str | None,
     if workspace is not None:
         policy = policy.replace(workspace=workspace)
     if project is not None:
-        policy = policy.replace(project=projectmod.source(doors.path(project, "project")))
+        policy = policy.replace(project=projectmod.source(checks.path(project, "project")))
     if inputs:
         policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
     if policy.seccomp.log_denied:
@@ -76,6 +75,6 @@ def check_ask(ask: object, policy: Policy) -> None:
     if ask is not None and (not callable(ask) or policy.network.effective_mode != "allow"):
         raise PolicyError(
             "ask needs a callable and network mode allow with at least one entry"
-            if callable(ask) else f"expected a callable, got {doors.quote(ask)}",
+            if callable(ask) else f"expected a callable, got {checks.quote(ask)}",
             key="ask", hint="e.g. Network(mode='allow', allow=('pypi.org',)): hosts not "
             "on the list are put to ask(host, port)")

@@ -13,7 +13,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from nsbox import inputs as doors
+from nsbox import checks
 from nsbox.errors import FileTransferError, NsboxError, PolicyError
 from nsbox.host import project as projectmod
 from nsbox.sessionfiles import FileTransfer
@@ -143,6 +143,6 @@ def _choose(changes: list[projectmod.Change],
     if isinstance(paths, str):
         raise PolicyError(f"expected a list of paths, got {paths!r}", key="paths",
                           hint=f"did you mean [{paths!r}]?")
-    wanted = [doors.text(p, "paths").strip("/") for p in paths]
+    wanted = [checks.text(p, "paths").strip("/") for p in paths]
     return [c for c in changes
             if any(c.path == w or c.path.startswith(w + "/") for w in wanted)]

@@ -20,7 +20,7 @@ def invoke(argv: list, kwargs: dict) -> nsbox.Result:
     if "stdin_b64" in kwargs:
         kwargs["stdin"] = base64.b64decode(kwargs.pop("stdin_b64"))
     policy = nsbox.Policy()
-    if "profile" in kwargs:  # a shipped profile or a file, with overrides (nsbox/profiles.py)
+    if "profile" in kwargs:  # a shipped profile or a file, with overrides (nsbox/profiles/)
         from nsbox.profiles import load_profile
 
         policy = load_profile(kwargs.pop("profile"), kwargs.pop("overrides", None))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import _driver
+import _tiers
 import pytest
 
 from nsbox import errors
@@ -27,6 +28,21 @@ REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI") == "true"
 UNPRIVILEGED_UID = 65534
 DRIVER = Path(__file__).with_name("_driver.py")
+
+
+# The tiers (tests/_tiers.py): `pytest -m "not sandbox"` runs only the tests that launch no
+# sandbox and no process, in seconds; a plain `pytest` runs them all.
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", _tiers.MARKER)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    _tiers.mark(items)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield from _tiers.guard(request)
 
 
 def require(condition: bool, reason: str) -> None:

@@ -42,10 +42,12 @@ with nsbox.Session(audit={str(log)!r}, env={{"API_TOKEN": {secret!r}}}, timeout=
     second = s.run(["sh", "-c", "echo token=$API_TOKEN; echo oops >&2; exit 3"])
     try:
         s.run(["no-such-program"])
+        missing = "ran"
     except nsbox.CommandNotFound:
-        pass
-    emit(session=s.id, digest=s.policy.digest())
+        missing = "CommandNotFound"
+    emit(session=s.id, digest=s.policy.digest(), missing=missing)
 """)
+    assert out["missing"] == "CommandNotFound"
     records = lines(log)
     assert len(records) == 3
     assert secret not in log.read_text()

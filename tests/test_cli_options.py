@@ -11,12 +11,13 @@ from typing import Any
 import click
 import pytest
 
-from nsbox import limits, limittable
+from nsbox import limittable
 from nsbox.cli import commands as cli
 from nsbox.cli import fast as _fastcli
 from nsbox.cli import options as _options
 from nsbox.cli import run as _cli_run
 from nsbox.cli import session as _cli_session
+from nsbox.errors import PolicyError
 from nsbox.policy import Limits
 from nsbox.profiles import schema as _schema
 
@@ -129,9 +130,18 @@ def test_a_limit_added_to_the_table_gets_its_profile_key(monkeypatch: pytest.Mon
 
 
 def test_the_limit_checks_come_from_the_table():
-    with pytest.raises(Exception, match="limits.shm_size"):
-        limits.check_limits(dataclasses.replace(Limits(), shm_size=0))
-    limits.check_limits(dataclasses.replace(Limits(), output=0))  # zero output is allowed
+    with pytest.raises(PolicyError, match="limits.shm_size"):
+        Limits(shm_size=0)
+    assert Limits(output=0).output == 0  # the table's range of output starts at zero
+    # None ("no limit") only where the table allows it: a tmpfs always has a size.
+    assert Limits(memory=None, pids=None, workspace_size=None).memory is None
+    for name in ("output", "tmp_size", "shm_size", "open_files"):
+        with pytest.raises(PolicyError, match=f"limits.{name}"):
+            Limits(**{name: None})
+    for name, value in (("wall_time", float("nan")), ("memory", 2**64), ("pids", "5"),
+                        ("cpus", 0), ("require_cgroup", 1)):
+        with pytest.raises(PolicyError, match=f"limits.{name}"):
+            Limits(**{name: value})
 
 
 # --- the fast path parses as click does --------------------------------------------------------

@@ -375,7 +375,7 @@ _OPTIONS = {
 }
 _COMMANDS = [["--", "true"], ["--", "echo", "hi"], ["--", "sh", "-c", "exit 3"],
              ["--", "/nonexistent"], []]
-# The exit codes of nsbox run (nsbox/cli.py): the command's own, 2 for a usage error, 123-127.
+# The exit codes of nsbox run (nsbox/cli/run.py): the command's own, 2 for a usage error, 123-127.
 _CODES = {0, 1, 2, 3, 123, 124, 125, 126, 127}
 
 

@@ -30,10 +30,11 @@ from conftest import (
 )
 
 import nsbox
-from nsbox import cgroups, launcher, limits
+from nsbox import cgroups, launcher, limits, limittable
 from nsbox.cgroups import _names
 from nsbox.cgroups._null import NullBackend
 from nsbox.errors import CommandNotFound, HostError, PolicyError
+from nsbox.helper import spawner
 from nsbox.policy import Limits, Policy
 from nsbox.result import Result, Status
 
@@ -46,7 +47,7 @@ M = 1 << 20
      ("1.5G", 3 << 29), ("2g", 2 << 30)],
 )
 def test_parse_size(text: str, value: int) -> None:
-    assert limits.parse_size(text) == value
+    assert limittable.parse_size(text) == value
 
 
 @pytest.mark.parametrize(("text", "problem"), [("0", "more than zero"), ("lots", "not a size"),
@@ -54,7 +55,7 @@ def test_parse_size(text: str, value: int) -> None:
                                                ("", "not a size")])
 def test_parse_size_rejects_bad_input_naming_the_option(text: str, problem: str) -> None:
     with pytest.raises(PolicyError) as info:
-        limits.parse_size(text, key="--memory")
+        limittable.parse_size(text, key="--memory")
     assert info.value.key == "--memory" and problem in str(info.value)
     assert "e.g." in str(info.value) or "leave the option out" in str(info.value)
 
@@ -62,21 +63,21 @@ def test_parse_size_rejects_bad_input_naming_the_option(text: str, problem: str)
 @pytest.mark.parametrize(("text", "value"), [("10", 10.0), ("10s", 10.0), ("500ms", 0.5),
                                              ("2m", 120.0), ("1h", 3600.0), ("0.25s", 0.25)])
 def test_parse_duration(text: str, value: float) -> None:
-    assert limits.parse_duration(text) == value
+    assert limittable.parse_duration(text) == value
 
 
 @pytest.mark.parametrize("text", ["0s", "soon", "10 days", "-1"])
 def test_parse_duration_rejects_bad_input(text: str) -> None:
     with pytest.raises(PolicyError, match="--cpu-time"):
-        limits.parse_duration(text, key="--cpu-time")
+        limittable.parse_duration(text, key="--cpu-time")
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "half", "inf", "nan"])
 def test_parse_cpus_and_counts_reject_bad_input(text: str) -> None:
     with pytest.raises(PolicyError, match="--cpus"):
-        limits.parse_cpus(text, key="--cpus")
+        limittable.parse_cpus(text, key="--cpus")
     with pytest.raises(PolicyError, match="--pids"):
-        limits.parse_count(text, key="--pids")
+        limittable.parse_count(text, key="--pids")
 
 
 @pytest.mark.parametrize(("field", "value"), [("memory", 0), ("pids", -1), ("cpus", 0.0),
@@ -174,6 +175,22 @@ def _our_run_cgroups() -> list[str]:
                 continue
             found.append(path)
     return found
+
+
+def _spawners_ready() -> bool:
+    """Each hierarchy holds the helper's spares (nsbox/helper/spawner.py, READY of them), each
+    with its spawner moved in: what a spawner does just before it tells the helper "ready"."""
+    for base in _bases():
+        ready = 0
+        for name in os.listdir(base):
+            parsed = _names.parse(name)
+            if not parsed or not parsed[3].startswith("s") or parent_of(parsed[1]) != os.getpid():
+                continue
+            procs = cgroups._fs.procs(os.path.join(base, name))
+            ready += len(procs) == 1 and _names.is_spawner(procs[0])
+        if ready < spawner.READY:
+            return False
+    return True
 
 
 def _cgroup_dirs(name: str) -> list[str]:
@@ -288,7 +305,8 @@ def test_a_sandbox_is_born_in_its_cgroup_alone_with_its_exact_limits(
     the child is cloned into it, on v1 a spawner made ahead clones it there and then leaves."""
     backend = _cgroup_backend(cgroups.PIDS)
     nsbox.run(["true"])  # the helper is up; its spawners (v1) get ready meanwhile
-    time.sleep(0.5)
+    if backend.kind == "v1":
+        assert _wait(_spawners_ready), "the helper's spawners did not get ready"
     monkeypatch.setenv("NSBOX_TRACE", "1")
     outcome: dict[str, Result] = {}
     runner = threading.Thread(target=lambda: outcome.update(result=nsbox.run(

@@ -224,6 +224,38 @@ def test_bind_source_with_a_symlink_component_is_refused(resolver: bool, tmp_pat
         assert "a component became a symlink since the path was resolved" in str(exc.strerror)
 
 
+def test_every_walk_closes_the_descriptors_on_its_way(resolver: bool, tmp_path: Path):
+    """The one loop of the no-symlink walks (nsbox/_paths.py) leaves no descriptor open but the
+    one it returns, whether it gets there or fails on the way."""
+    from nsbox import _libc, _paths
+    from nsbox.sandbox import mounts
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "link").symlink_to(tmp_path / "a" / "b")
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    root_fd = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    for attempt in (
+        lambda: _paths.open_dir_beneath(str(tmp_path), ["a", "b", "new"], create=True),
+        lambda: _paths.open_dir_beneath(str(tmp_path), ["a", "link", "x"]),
+        lambda: _paths.open_dir_beneath(str(tmp_path), []),
+        lambda: mounts.open_dir(root_fd, "/a/b/made"),
+        lambda: mounts.open_dir(root_fd, "/a/link/x"),
+        lambda: _libc.open_path_nofollow(str(tmp_path / "a" / "b")),
+        lambda: _libc.open_path_nofollow(str(tmp_path / "a" / "link" / "x")),
+    ):
+        try:
+            os.close(attempt())
+        except OSError as exc:
+            assert exc.errno in (20, 40), exc  # the symlink, refused
+    os.close(root_fd)
+    assert open_fds() == before
+    assert (tmp_path / "a" / "b" / "new").is_dir() and (tmp_path / "a" / "b" / "made").is_dir()
+
+
 def test_file_rewrites_only_a_plain_file_of_its_own(tmp_path: Path):
     from nsbox.sandbox import mounts
 

@@ -80,7 +80,7 @@ def test_files_of_unmapped_owners_belong_to_nobody(sandbox: Runner):
 # --- arguments: options stop at the command ----------------------------------------------------
 
 
-# The fast path (python3 -m nsbox: nsbox/cli/fast.py) and click (nsbox/cli.py) directly.
+# The fast path (python3 -m nsbox: nsbox/cli/fast.py) and click (nsbox/cli/commands.py) directly.
 DOORS = {
     "fast": ["-m", "nsbox"],
     "click": ["-c",

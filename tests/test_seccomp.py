@@ -51,6 +51,16 @@ class Outcome:
                 f"stdout={self.stdout[-2000:]!r} stderr={self.stderr[-2000:]!r}>")
 
 
+def clear_memory_cache() -> None:
+    """Forget the programs this process compiled, so the next load reads the disk cache."""
+    sc._memory.clear()
+
+
+def program_for(seccomp: Seccomp) -> bytes:
+    """The BPF program (bytes of struct sock_filter) for ``seccomp``, from the caches."""
+    return sc.load(seccomp).bpf
+
+
 def launch(runner: Runner, argv: list[str], *, seccomp: Seccomp | None = None,
            binds: tuple[tuple[str, str], ...] = ()) -> Outcome:
     """nsbox.run as the caller or as an unprivileged uid (the conftest's Runner)."""
@@ -409,20 +419,20 @@ ROOT_DISK = pytest.mark.skipif(
 @pytest.fixture
 def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    sc.clear_memory_cache()
+    clear_memory_cache()
     yield tmp_path / "nsbox" / "seccomp"
-    sc.clear_memory_cache()
+    clear_memory_cache()
 
 
 @ROOT_DISK
 def test_second_load_does_not_compile(cache_home: Path) -> None:
     before = sc.stats.compiled
-    first = sc.program_for(CUSTOM)
+    first = program_for(CUSTOM)
     assert sc.stats.compiled == before + 1
-    assert sc.program_for(CUSTOM) == first  # memory
-    sc.clear_memory_cache()
+    assert program_for(CUSTOM) == first  # memory
+    clear_memory_cache()
     hits = sc.stats.disk_hits
-    assert sc.program_for(CUSTOM) == first  # disk
+    assert program_for(CUSTOM) == first  # disk
     assert sc.stats.disk_hits == hits + 1
     assert sc.stats.compiled == before + 1
     assert oct(cache_home.stat().st_mode & 0o777) == oct(0o700)
@@ -445,8 +455,8 @@ def test_second_launch_with_the_same_policy_does_not_compile(cache_home: Path) -
 @ROOT_DISK
 def test_changed_policy_gets_a_new_program(cache_home: Path) -> None:
     before = sc.stats.compiled
-    plain = sc.program_for(CUSTOM)
-    changed = sc.program_for(Seccomp(rules=(SeccompRule("getppid", "errno:EPERM"),)))
+    plain = program_for(CUSTOM)
+    changed = program_for(Seccomp(rules=(SeccompRule("getppid", "errno:EPERM"),)))
     assert sc.stats.compiled == before + 2
     assert plain != changed
     assert len(list(cache_home.iterdir())) == 2
@@ -455,7 +465,7 @@ def test_changed_policy_gets_a_new_program(cache_home: Path) -> None:
 @ROOT_DISK
 def test_a_cache_hit_does_not_import_pyseccomp(cache_home: Path) -> None:
     """A whole launch in a new process with a warm disk cache: no compile, no pyseccomp."""
-    sc.program_for(CUSTOM)
+    program_for(CUSTOM)
     code = (
         "import sys, nsbox; from nsbox.host import seccomp; "
         "from nsbox.policy import Policy, Seccomp, SeccompRule; "
@@ -472,19 +482,19 @@ def test_a_cache_hit_does_not_import_pyseccomp(cache_home: Path) -> None:
 
 @ROOT_DISK
 def test_a_corrupt_entry_is_rebuilt(cache_home: Path) -> None:
-    good = sc.program_for(CUSTOM)
+    good = program_for(CUSTOM)
     entry = cache_home / (sc.cache_key(CUSTOM) + ".json")
     data = json.loads(entry.read_text())
     data["bpf"] = data["bpf"][:-16] + "06000000000000ff"  # a changed last instruction
     entry.write_text(json.dumps(data))
-    sc.clear_memory_cache()
+    clear_memory_cache()
     before, errors = sc.stats.compiled, sc.stats.disk_errors
-    assert sc.program_for(CUSTOM) == good
+    assert program_for(CUSTOM) == good
     assert (sc.stats.compiled, sc.stats.disk_errors) == (before + 1, errors + 1)
     assert json.loads(entry.read_text())["bpf"] == good.hex()  # rewritten whole
     entry.write_bytes(b"\x00garbage")
-    sc.clear_memory_cache()
-    assert sc.program_for(CUSTOM) == good
+    clear_memory_cache()
+    assert program_for(CUSTOM) == good
     assert sc.stats.compiled == before + 2
 
 
@@ -493,9 +503,9 @@ def test_an_unwritable_cache_is_only_a_miss(cache_home: Path) -> None:
     cache_home.parent.mkdir(parents=True)
     cache_home.write_text("a file where the directory should be")
     before = sc.stats.compiled
-    assert sc.program_for(CUSTOM)
-    sc.clear_memory_cache()
-    assert sc.program_for(CUSTOM)
+    assert program_for(CUSTOM)
+    clear_memory_cache()
+    assert program_for(CUSTOM)
     assert sc.stats.compiled == before + 2
 
 
@@ -515,18 +525,18 @@ def test_a_workspace_that_holds_the_cache_keeps_it_unused(cache_home: Path) -> N
     result = nsbox.run(["/bin/true"], policy)
     assert result.ok, result
     assert not cache_home.exists()
-    sc.clear_memory_cache()
+    clear_memory_cache()
     assert nsbox.run(["/bin/true"], Policy(seccomp=CUSTOM)).ok  # no writable bind over it
     assert sorted(p.name for p in cache_home.iterdir()) == [sc.cache_key(CUSTOM) + ".json"]
 
 
 @ROOT_DISK
 def test_an_entry_from_another_directory_owner_is_not_trusted(cache_home: Path) -> None:
-    sc.program_for(CUSTOM)
+    program_for(CUSTOM)
     cache_home.chmod(0o777)  # writable by others: entries could have been swapped
-    sc.clear_memory_cache()
+    clear_memory_cache()
     before = sc.stats.compiled
-    sc.program_for(CUSTOM)
+    program_for(CUSTOM)
     assert sc.stats.compiled == before + 1
 
 

@@ -154,9 +154,9 @@ def shipped_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(SHIPPED, copy)
     monkeypatch.setattr(sc, "SHIPPED_DIR", str(copy))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    sc.clear_memory_cache()
+    sc._memory.clear()  # the programs of this process: read again
     yield copy
-    sc.clear_memory_cache()
+    sc._memory.clear()
 
 
 def test_without_shipped_programs_the_same_filter_is_compiled(shipped_copy: Path) -> None:

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import nsbox
-from nsbox import launcher
+from nsbox import _mountinfo, launcher
 from nsbox.cgroups import _fs, _names
 from nsbox.helper.spawner import READY
 
@@ -22,11 +22,9 @@ def _cgroup_dirs() -> list[str]:
     """This process's own cgroup directory in every mounted hierarchy."""
     mounts: list[tuple[str, str, set[str]]] = []
     with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fstype, _source, options = (right.split() + ["", ""])[:3]
-            if fstype in ("cgroup", "cgroup2"):
-                mounts.append((fstype, left.split()[4], set(options.split(","))))
+        for mount in _mountinfo.parse(f.read()):
+            if mount.fstype in ("cgroup", "cgroup2"):
+                mounts.append((mount.fstype, mount.point, set(mount.options)))
     dirs = []
     with open("/proc/self/cgroup") as f:
         for line in f:

@@ -12,6 +12,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from nsbox import _mountinfo
+
 # The v1 controllers nsbox uses. cpu and cpuacct are often co-mounted ("cpu,cpuacct").
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
 # The v2 controllers a run cgroup needs enabled in its parent's cgroup.subtree_control.
@@ -86,13 +88,6 @@ class Layout:
         return "v2" if self.unified else "none"
 
 
-def _unescape(text: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal (proc(5)).
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        text = text.replace(code, char)
-    return text
-
-
 def _own_paths(proc_cgroup: str) -> tuple[str | None, dict[str, str]]:
     """Parse /proc/self/cgroup: (v2 path, {v1 controller: path})."""
     v2: str | None = None
@@ -133,18 +128,14 @@ def read_layout(
     try:
         v2_path, v1_paths = _own_paths(proc_cgroup)
         with open(mountinfo) as f:
-            lines = f.read().splitlines()
+            mounts = _mountinfo.parse(f.read())
     except OSError:
         return Layout()
     unified: Hierarchy | None = None
     v1: dict[str, Hierarchy] = {}
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields, rfields = left.split(), right.split()
-        if len(fields) < 5 or len(rfields) < 3:
-            continue
-        fstype, options = rfields[0], rfields[2].split(",")
-        root, mount_point = _unescape(fields[3]), view.path(_unescape(fields[4]))
+    for mount in mounts:
+        fstype, options, root = mount.fstype, mount.options, mount.root
+        mount_point = view.path(mount.point)
         if fstype == "cgroup2" and v2_path is not None and unified is None:
             rel = _relative(v2_path, root)
             if rel is not None:

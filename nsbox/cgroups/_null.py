@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nsbox.cgroups import Backend, Request, RunCgroup, Usage
+from nsbox.cgroups._base import Backend, Request, RunCgroup, Usage
 
 
 class NullRun(RunCgroup):

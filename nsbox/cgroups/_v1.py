@@ -18,7 +18,8 @@ import os
 import sys
 from typing import Any
 
-from nsbox.cgroups import (
+from nsbox.cgroups import _fs, _names
+from nsbox.cgroups._base import (
     CPU_ACCOUNTING,
     CPUS,
     KILL,
@@ -28,8 +29,6 @@ from nsbox.cgroups import (
     Request,
     RunCgroup,
     Usage,
-    _fs,
-    _names,
 )
 from nsbox.cgroups._host import THIS_HOST, Hierarchy, HostView
 

@@ -29,7 +29,8 @@ import errno
 import os
 from typing import Any
 
-from nsbox.cgroups import (
+from nsbox.cgroups import _fs, _names
+from nsbox.cgroups._base import (
     CPU_ACCOUNTING,
     CPUS,
     KILL,
@@ -39,8 +40,6 @@ from nsbox.cgroups import (
     Request,
     RunCgroup,
     Usage,
-    _fs,
-    _names,
 )
 from nsbox.cgroups._host import THIS_HOST, V2_CONTROLLERS, Hierarchy, HostView
 

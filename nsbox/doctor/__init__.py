@@ -200,8 +200,8 @@ def check_container(facts: HostFacts, policy: Policy) -> list[Check]:
         if word in cgroup:
             evidence.append(f"/proc/1/cgroup names {word}")
             break
-    covered = [m.mount_point for m in facts.mounts()
-               if m.mount_point.startswith("/proc/") and m.mount_point not in
+    covered = [m.point for m in facts.mounts()
+               if m.point.startswith("/proc/") and m.point not in
                _HARMLESS_PROC_MOUNTS]
     checks = []
     if not evidence:

@@ -14,23 +14,14 @@ import os
 import platform
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from nsbox import _mountinfo
+from nsbox._mountinfo import MountEntry
 from nsbox.cgroups import HostView
 from nsbox.identity import Holdings
 
 PROBE_TIMEOUT = 10.0  # seconds; the probe itself takes about 50 ms
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    """One line of /proc/self/mountinfo (proc(5))."""
-
-    root: str
-    mount_point: str
-    fstype: str
-    super_options: tuple[str, ...]
 
 
 class HostFacts:
@@ -76,15 +67,7 @@ class HostFacts:
         return None
 
     def mounts(self) -> list[MountEntry]:
-        entries = []
-        for line in (self.read("/proc/self/mountinfo") or "").splitlines():
-            left, sep, right = line.partition(" - ")
-            fields, tail = left.split(), right.split()
-            if not sep or len(fields) < 5 or len(tail) < 3:
-                continue
-            entries.append(MountEntry(_unescape(fields[3]), _unescape(fields[4]), tail[0],
-                                      tuple(tail[2].split(","))))
-        return entries
+        return _mountinfo.parse(self.read("/proc/self/mountinfo") or "")
 
     def cgroup_view(self) -> HostView:
         """This host for the cgroup detection of nsbox.cgroups: the real one judged by access(2),
@@ -143,8 +126,3 @@ def kernel_release(facts: HostFacts) -> str:
     return "" if facts.simulated else platform.release()
 
 
-def _unescape(text: str) -> str:
-    # mountinfo writes space, tab, newline and backslash as octal escapes.
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        text = text.replace(code, char)
-    return text

@@ -125,7 +125,7 @@ def _compile(key: str) -> compiler.Program:
 def _key() -> str:
     """The rules' digest, with the architecture and nsbox's version as every program's key
     has them (nsbox/host/seccomp.py): the filter built with the package is found by it."""
-    return seccompmod._key({"landlock": sha256_hex(repr(rules()).encode())})
+    return seccompmod.program_key({"landlock": sha256_hex(repr(rules()).encode())})
 
 
 _keys: list[str] = []  # worked out once: nothing in it changes in a process
@@ -135,4 +135,4 @@ def load(untrusted_dirs: Iterable[str] = ()) -> compiler.Program:
     """The compiled filter, cached like the others (nsbox/host/seccomp.py)."""
     if not _keys:
         _keys.append(_key())
-    return seccompmod._cached(_keys[0], untrusted_dirs, lambda: _compile(_keys[0]))
+    return seccompmod.cached(_keys[0], untrusted_dirs, lambda: _compile(_keys[0]))

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 import select
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nsbox import _mountinfo
+from nsbox._mountinfo import MountEntry
 from nsbox.host import codepaths
 from nsbox.host.homes import SECRET_PARENTS, home_dirs, home_secrets
 from nsbox.host.socketscan import find_host_socket, find_watched
@@ -34,24 +35,6 @@ from nsbox.rules import (
     refuse,
     resolve,
 )
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    """One line of /proc/self/mountinfo (proc(5)): ``root`` is the directory of the filesystem
-    that appears at ``point``."""
-
-    dev: str  # "major:minor"
-    root: str
-    point: str
-    fstype: str
-
-
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def _unescape(field: str) -> str:
-    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
 def read_mountinfo() -> str:
@@ -117,17 +100,6 @@ class _MountTable:
 _mount_table = _MountTable()
 
 
-def parse_mounts(text: str) -> list[MountEntry]:
-    """The mount table, in mount order (a later entry covers an earlier one)."""
-    entries = []
-    for line in text.splitlines():
-        fields = line.split()
-        sep = fields.index("-")
-        entries.append(MountEntry(fields[2], _unescape(fields[3]), _unescape(fields[4]),
-                                  fields[sep + 1]))
-    return entries
-
-
 @dataclass(frozen=True)
 class Where:
     """What a resolved path is: a directory ``fspath`` of the filesystem ``dev``."""
@@ -179,7 +151,7 @@ class HostView:
 
     def __init__(self, text: str | None = None, homes_stamp: tuple[int, ...] = ()) -> None:
         self.text = read_mountinfo() if text is None else text
-        self.mounts = parse_mounts(self.text)
+        self.mounts = _mountinfo.parse(self.text)
         self.homes_stamp = homes_stamp
         self._areas: dict[str, list[Where]] = {}
         self._homes: list[str] | None = None

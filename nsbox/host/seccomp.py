@@ -62,10 +62,6 @@ _memory: dict[str, Program] = {}
 _MEMORY_MAX = 64
 
 
-def clear_memory_cache() -> None:
-    _memory.clear()
-
-
 def load(seccomp: Seccomp, *, untrusted_dirs: Iterable[str] = ()) -> Program:
     """The compiled program for ``seccomp``, from the cache when possible.
 
@@ -79,7 +75,7 @@ def load(seccomp: Seccomp, *, untrusted_dirs: Iterable[str] = ()) -> Program:
         stats.compiled += 1
         return compile_program(seccomp, key)
 
-    return _cached(key, untrusted_dirs, compile_)
+    return cached(key, untrusted_dirs, compile_)
 
 
 def load_setid(*, untrusted_dirs: Iterable[str] = ()) -> Program:
@@ -90,10 +86,10 @@ def load_setid(*, untrusted_dirs: Iterable[str] = ()) -> Program:
         stats.setid_compiled += 1
         return compile_setid(key)
 
-    return _cached(key, untrusted_dirs, compile_)
+    return cached(key, untrusted_dirs, compile_)
 
 
-def _cached(key: str, untrusted_dirs: Iterable[str], compile_: Callable[[], Program]) -> Program:
+def cached(key: str, untrusted_dirs: Iterable[str], compile_: Callable[[], Program]) -> Program:
     """The program of ``key``: from memory, else from the package, else from the disk cache
     (unless it lies in a directory the sandbox can write), else compiled and written to it."""
     program = _memory.get(key)
@@ -142,11 +138,6 @@ def read_shipped(key: str) -> Program | None:
         return None
 
 
-def program_for(seccomp: Seccomp) -> bytes:
-    """The BPF program (bytes of struct sock_filter) for ``seccomp``, cached."""
-    return load(seccomp).bpf
-
-
 # --- the key, without pyseccomp ----------------------------------------------------------------
 
 
@@ -181,10 +172,12 @@ def architecture() -> str:
 
 
 def cache_key(seccomp: Seccomp) -> str:
-    return _key({"seccomp": _plain(seccomp), "builtin": BUILTIN_DIGEST})
+    return program_key({"seccomp": _plain(seccomp), "builtin": BUILTIN_DIGEST})
 
 
-def _key(inputs: dict[str, Any]) -> str:
+def program_key(inputs: dict[str, Any]) -> str:
+    """The cache key of a program made from ``inputs`` (also the Landlock mode's filter,
+    nsbox/host/landlock_filter.py): with the entries' format, the architecture and the version."""
     from nsbox.version import VERSION
 
     blob = json.dumps(
@@ -229,7 +222,7 @@ def _setid_key() -> str:
     if not _setid_key_memo:
         # "compiler" changes with compile_setid's options (a program of the same rules, built
         # anew)
-        _setid_key_memo = _key({"setid": SETID_DIGEST, "compiler": 2})
+        _setid_key_memo = program_key({"setid": SETID_DIGEST, "compiler": 2})
     return _setid_key_memo
 
 

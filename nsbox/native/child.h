@@ -1,12 +1,13 @@
 /* What the steps of the sandbox child share: the plan, the step being run, the failure report.
  *
- * After the clone only system calls and this process's own memory are used, with three
+ * After the clone only system calls and this process's own memory are used, with two
  * exceptions that are safe only because every process that clones (the launch helper, a
  * spawner, a pooled sandbox) has a single thread, so that no lock of glibc can be held by
  * another thread at the moment of the clone: a pooled sandbox parses its command after its
- * clone (plan_parse_command, which calls calloc), and the messages of failures call strerror
- * (which may load the locale's messages). No stdio. The clone is a raw system call, which leaves glibc's cached thread id stale:
- * raise, abort and the pthread functions must never be called after it.
+ * clone (plan_parse_command, which calls calloc and free), and the messages of failures call
+ * strerror (which may load the locale's messages). No stdio. The clone is a raw system call,
+ * which leaves glibc's cached thread id stale: raise, abort and the pthread functions must
+ * never be called after it. (tests/test_docs.py holds this list to the C files.)
  */
 #ifndef NSBOX_NATIVE_CHILD_H
 #define NSBOX_NATIVE_CHILD_H

@@ -229,22 +229,30 @@ def wait_for_command(command_pid: int) -> int:
     they did when the command was pid 1 itself.
     """
     while True:
-        signo = _signal.sigwaitinfo(_INIT_WAITS).si_signo
-        if signo != _SIGCHLD:
-            try:
-                os.kill(command_pid, signo)
-            except ProcessLookupError:
-                pass  # it has just ended: its SIGCHLD is queued
-            continue
-        while True:  # SIGCHLD does not queue: one may stand for many exits
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            if pid == command_pid:
-                return status
+        status = forward_or_reap(_signal.sigwaitinfo(_INIT_WAITS).si_signo, command_pid)
+        if status is not None:
+            return status
+
+
+def forward_or_reap(signo: int, command_pid: int) -> int | None:
+    """One signal an init waited for (this one, and the Landlock mode's in landlocked.py): a
+    forwarded signal goes on to the command; SIGCHLD reaps every child that has ended. The
+    command's wait status once it has ended, else None."""
+    if signo != _SIGCHLD:
+        try:
+            os.kill(command_pid, signo)
+        except ProcessLookupError:
+            pass  # it has just ended: its SIGCHLD is queued
+        return None
+    while True:  # SIGCHLD does not queue: one may stand for many exits
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if pid == 0:
+            return None
+        if pid == command_pid:
+            return status
 
 
 def read_report(data: bytes) -> tuple[list[Any], SetupErrorInfo | None, int | None]:

@@ -268,22 +268,10 @@ def wait_for_command(command_pid: int, scoped: bool) -> int:
         signo = _signal.sigwaitinfo(_INIT_WAITS).si_signo
         if signo == TREE_SIGNAL:
             return end_tree(scoped, command_pid)
-        if signo != _SIGCHLD:
-            try:
-                os.kill(command_pid, signo)
-            except ProcessLookupError:
-                pass
-            continue
-        while True:  # SIGCHLD does not queue: one may stand for many exits
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            if pid == command_pid:
-                end_tree(scoped, None)
-                return status
+        status = _child.forward_or_reap(signo, command_pid)
+        if status is not None:
+            end_tree(scoped, None)
+            return status
 
 
 def end_tree(scoped: bool, command_pid: int | None) -> int:

@@ -13,7 +13,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import _libc
+from nsbox import _libc, _paths
 from nsbox.sandbox import projectfs
 
 # The staging tmpfs is mounted over /tmp (privately, in the new mount namespace) and becomes the
@@ -112,25 +112,18 @@ def open_dir(root: int, path: str, mode: int = 0o777, target: str = "") -> int:
         fd = _libc.try_openat2(root, path[1:], _DIR, _RESOLVE)
         if fd >= 0:
             return fd
-    fd = root
-    try:
-        for index, name in enumerate(parts):
+
+    def open_next(fd: int, index: int, name: str) -> int:
+        try:
+            return _open_dir(fd, name, shown)
+        except FileNotFoundError:
             try:
-                next_fd = _open_dir(fd, name, shown)
-            except FileNotFoundError:
-                try:
-                    os.mkdir(name, mode if index == len(parts) - 1 else 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass  # made meanwhile: opened below like any other
-                next_fd = _open_dir(fd, name, shown)
-            if fd != root:
-                os.close(fd)
-            fd = next_fd
-    except BaseException:
-        if fd != root:
-            os.close(fd)
-        raise
-    return fd
+                os.mkdir(name, mode if index == len(parts) - 1 else 0o777, dir_fd=fd)
+            except FileExistsError:
+                pass  # made meanwhile: opened below like any other
+            return _open_dir(fd, name, shown)
+
+    return _paths.walk(root, parts, open_next)
 
 
 def open_parent(root: int, path: str) -> tuple[int, str]:
