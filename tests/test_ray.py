@@ -27,6 +27,9 @@ from conftest import processes_with, require
 import nsbox
 from nsbox.policy import DEFAULT_MOUNTS, Bind, MiB
 
+# Every test here starts or uses a Ray cluster: processes that the fast tier must not leave.
+pytestmark = pytest.mark.sandbox
+
 # Every Ray process of the test cluster binds and dials 127.0.0.1 only: with this switch off,
 # Ray takes the loopback address as the node's address (ray._private.services) instead of the
 # machine's interface address. Read when Ray is imported, and inherited by its processes.
