@@ -22,7 +22,7 @@ from nsbox import _wire, cgroups, errors, inputs, landlockplan, limits
 from nsbox import plan as planmod
 from nsbox._wire import SetupErrorInfo
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
-from nsbox.host import isolation
+from nsbox.host import engine, isolation
 from nsbox.host.network import RunNetwork
 from nsbox.host.output import (  # noqa: F401 (_Stream, _send_kill: sessions use them from here)
     HOST_GRACE,
@@ -158,8 +158,6 @@ def use_forked_helper() -> None:
     command line: a clone of a big process costs every launch more."""
     _helper.fork = True
     _helper.reap_at_exit()
-
-
 
 
 def _stdin_fd(stdin: bytes | int | None) -> tuple[int, bool]:
@@ -303,7 +301,8 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     """One launch through ``submit(wire, fds)``: the helper (run) or a pool (Pool.run)."""
     started = time.monotonic()
     net = net or RunNetwork(Network())
-    submit = submit or _helper.submit
+    by_engine = None if submit else engine.submission(wire)  # nsbox/host/engine.py: which
+    submit = submit or by_engine or _helper.submit
     if os.environ.get("NSBOX_NATIVE") == "0":
         wire["native"] = False  # the helper's environment is not the caller's
     if trace is not None:
@@ -323,10 +322,13 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
             cancel.attach(ours)
         try:
             report, pid = _supervise(ours, streams, cap, net, wall_time=wire.get("wall_time"))
+            report = by_engine.report(report) if by_engine else report
         finally:
             if cancel is not None:
                 cancel.detach()
             net.close()  # the proxy ends with the run, whatever happened
+            if by_engine is not None:
+                by_engine.close()
     if trace is not None:
         trace.append(("host: report received, build result", time.monotonic_ns()))
     try:
