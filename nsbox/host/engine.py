@@ -58,7 +58,7 @@ def wanted() -> bool:
 
 def why_not(plan: dict[str, Any]) -> str | None:
     """Why the engine cannot run ``plan`` (the Python helper takes it then), or None."""
-    if not os.path.exists(PATH):
+    if not os.access(PATH, os.X_OK):
         return "the launch engine is not built (no C compiler at install time)"
     if plan.get("isolation") == "landlock":
         return "the Landlock mode is the Python helper's"
