@@ -209,13 +209,11 @@ class _RunCgroup:
         self.bases: dict[str, str] = dict(getattr(backend, "bases", {}))
         self.unified: str | None = getattr(backend, "unified_base", None)
         self.request = cgroups.Request.from_dict(spec)
+        self.name = ""  # named for its owner, the engine (name_for)
 
-    def put(self, w: _Writer, owner: int) -> None:
-        """The request's cgroup items (nsbox/native/engine.h, in its order)."""
-        name = f"{_names._owner_tag(owner)}-r{next(_runs)}" if self.made else ""
-        dirs = {c: os.path.join(b, name) for c, b in self.bases.items()} if name else {}
-        unified = os.path.join(self.unified, name) if name and self.unified else None
-        every = sorted(set(dirs.values()) | ({unified} if unified else set()))
+    def put_cpu(self, w: _Writer) -> None:
+        """The CPU-time limit and the file polled for it (nsbox/native/engine.h)."""
+        dirs, unified = self.dirs()
         cpu_path, cpu_key, cpu_scale = "", "", 1
         if self.cpu_time is not None and self.has_accounting:
             if "cpuacct" in dirs:
@@ -226,7 +224,23 @@ class _RunCgroup:
         w.put_path(cpu_path)
         w.put_str(cpu_key)
         w.put_int(cpu_scale)
-        self.ids_slot = len(w.parts)  # the id maps go here (Submission.put_ids)
+
+    def dirs(self) -> tuple[dict[str, str], str | None]:
+        """The run's directory in each v1 hierarchy, and in the unified one."""
+        if not self.name:
+            return {}, None
+        dirs = {c: os.path.join(b, self.name) for c, b in self.bases.items()}
+        return dirs, os.path.join(self.unified, self.name) if self.unified else None
+
+    def name_for(self, owner: int) -> None:
+        """A new run name owned by the process ``owner`` (nsbox/cgroups/_names.py): a later
+        process reclaims what it left once it is gone."""
+        self.name = f"{_names._owner_tag(owner)}-r{next(_runs)}" if self.made else ""
+
+    def put_files(self, w: _Writer) -> None:
+        """The directories, the limits' writes, the kill and the usage files."""
+        dirs, unified = self.dirs()
+        every = sorted(set(dirs.values()) | ({unified} if unified else set()))
         w.put_strings(every)
         writes = self.writes(dirs)
         w.put_int(len(writes))
@@ -353,25 +367,9 @@ class Submission:
             self.launch.cleanup.callback(os.close, fd)
         if sorted(source_fds) != self.bound:
             raise StepFailed("bind", 0, "the bind sources opened are not the plan's")
-        wall = plan.get("wall_time")
-        w = _Writer()
-        w.put_int(FORMAT)
-        w.put_int(-1 if wall is None else max(0, round(float(wall) * 1e6)))
-        self.cgroup.put(w, owner)
-        cut = self.cgroup.ids_slot
-        head, tail = w.parts[:cut], w.parts[cut:]
-        w.parts = head
-        w.put_int(0 if ids.mapper else 1)  # unprivileged: setgroups denied first
-        w.put_str(f"{plan['uid']} {ids.uid} 1\n")
-        w.put_str(f"{plan['gid']} {ids.gid} 1\n")
-        w.parts += tail
-        w.put_int(len(source_fds))
-        flat, _placeholders = _native.flatten(
-            {**plan, "rlimits": self.cgroup.rlimits}, [0, 1, 2], 3, 4,
-            {i: 5 + k for k, i in enumerate(self.bound)}, -1, None, _libc.last_cap(), "",
-            IGNORED_SIGNALS)
-        w.put_bytes(flat, c_string=False)
-        return b"".join(w.parts), [*fds, *(source_fds[i] for i in self.bound)]
+        blob = encode(plan, self.cgroup, ids, owner, self.bound)
+        return blob, [*fds, *(source_fds[i] for i in self.bound)]
+
 
     def report(self, raw: dict[str, Any]) -> dict[str, Any]:
         """The helper's report (nsbox/helper/report.py, exit_report) from the engine's."""
@@ -404,6 +402,29 @@ class Submission:
     def close(self) -> None:
         """After the run: the writable binds' directories get their modes back."""
         self.launch.cleanup.close()
+
+
+def encode(plan: WirePlan, cgroup: _RunCgroup, ids: identity.SandboxIds, owner: int,
+           bound: list[int]) -> bytes:
+    """The engine's request (nsbox/native/engine.h has the layout): ``owner`` the pid the
+    run's cgroup is named for, ``bound`` the mounts whose sources travel as descriptors."""
+    wall = plan.get("wall_time")
+    w = _Writer()
+    w.put_int(FORMAT)
+    w.put_int(-1 if wall is None else max(0, round(float(wall) * 1e6)))
+    cgroup.name_for(owner)
+    cgroup.put_cpu(w)
+    w.put_int(0 if ids.mapper else 1)  # an unprivileged writer denies setgroups first
+    w.put_str(f"{plan['uid']} {ids.uid} 1\n")
+    w.put_str(f"{plan['gid']} {ids.gid} 1\n")
+    cgroup.put_files(w)
+    w.put_int(len(bound))
+    flat, _placeholders = _native.flatten(
+        {**plan, "rlimits": cgroup.rlimits}, [0, 1, 2], 3, 4,
+        {i: 5 + k for k, i in enumerate(bound)}, -1, None, _libc.last_cap(), "",
+        IGNORED_SIGNALS)
+    w.put_bytes(flat, c_string=False)
+    return b"".join(w.parts)
 
 
 def _read_report(data: bytes) -> tuple[list[Any], Any, int | None]:
