@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import functools
 import itertools
 import json
 import os
@@ -87,6 +88,8 @@ def submission(plan: dict[str, Any]) -> Submission | None:
         return Submission(plan)
     except (ValueError, OverflowError):
         return None  # a name or number the native core cannot carry: the Python child's
+    except HostError:
+        return None  # required limits that cannot be had: the helper refuses it the same way
 
 
 class _Client:
@@ -334,13 +337,12 @@ class Submission:
     def __init__(self, plan: dict[str, Any]) -> None:
         self.plan: WirePlan = plan  # type: ignore[assignment]
         self.launch = Launch(None)  # the bind sources' pins, released by close()
-        self.cgroup: _RunCgroup | None = None
+        self.cgroup = _RunCgroup(plan["cgroup"], plan["rlimits"])
         held, _sources = client.holdings()
         # Which mounts get a descriptor: every bind, when this process opens them (Sources).
         self.bound = [i for i, op in enumerate(plan["mounts"])
                       if op["op"] == "bind" and held.detached_binds]
-        self.check = _native.flatten({**plan, "rlimits": []}, [0, 1, 2], 3, 4,
-                                     {i: 5 + k for k, i in enumerate(self.bound)}, -1, None, 0)
+        self.flat = flat_plan(self.plan, self.cgroup, self.bound)  # ValueError: the helper's
 
     def __call__(self, plan: WirePlan, fds: list[int]) -> None:
         """Send the request with ``fds`` [launch socket, stdin, stdout, stderr]. A failure
@@ -361,13 +363,12 @@ class Submission:
         plan = self.plan
         held, sources = client.holdings()
         ids = identity.decide(held, plan["host_uid"], plan["host_gid"])  # HostError: refused
-        self.cgroup = _RunCgroup(plan["cgroup"], plan["rlimits"])
         source_fds = sources.open(self.launch, plan)  # StepFailed("bind TARGET")
         for fd in source_fds.values():
             self.launch.cleanup.callback(os.close, fd)
         if sorted(source_fds) != self.bound:
             raise StepFailed("bind", 0, "the bind sources opened are not the plan's")
-        blob = encode(plan, self.cgroup, ids, owner, self.bound)
+        blob = encode(plan, self.cgroup, ids, owner, self.bound, self.flat)
         return blob, [*fds, *(source_fds[i] for i in self.bound)]
 
 
@@ -377,9 +378,7 @@ class Submission:
             return raw  # a refusal: the helper's shape already
         data = base64.b64decode(raw.get("child") or "")
         child_trace, setup_error, reported = _read_report(data)
-        cgroup = self.cgroup
-        limits = cgroup.outcome(raw.get("usage") or {}, bool(raw.get("cpu_time_exceeded"))
-                                ) if cgroup is not None else {}
+        limits = self.cgroup.outcome(raw.get("usage") or {}, bool(raw.get("cpu_time_exceeded")))
         report: ExitReport = {
             "event": "exit",
             "wait_status": _child.command_status(int(raw["init_status"]), reported),
@@ -404,8 +403,23 @@ class Submission:
         self.launch.cleanup.close()
 
 
+def flat_plan(plan: WirePlan, cgroup: _RunCgroup, bound: list[int]) -> bytes:
+    """The native core's flat plan, with the rlimits the cgroup falls back on; its
+    descriptors by index: the streams, the pipes the engine makes, the ``bound`` sources."""
+    flat, _placeholders = _native.flatten(
+        {**plan, "rlimits": cgroup.rlimits}, [0, 1, 2], 3, 4,
+        {i: 5 + k for k, i in enumerate(bound)}, -1, None, _cap_last(), "",
+        IGNORED_SIGNALS)
+    return flat
+
+
+@functools.cache
+def _cap_last() -> int:
+    return _libc.last_cap()  # the child drops every capability up to it
+
+
 def encode(plan: WirePlan, cgroup: _RunCgroup, ids: identity.SandboxIds, owner: int,
-           bound: list[int]) -> bytes:
+           bound: list[int], flat: bytes | None = None) -> bytes:
     """The engine's request (nsbox/native/engine.h has the layout): ``owner`` the pid the
     run's cgroup is named for, ``bound`` the mounts whose sources travel as descriptors."""
     wall = plan.get("wall_time")
@@ -419,11 +433,7 @@ def encode(plan: WirePlan, cgroup: _RunCgroup, ids: identity.SandboxIds, owner: 
     w.put_str(f"{plan['gid']} {ids.gid} 1\n")
     cgroup.put_files(w)
     w.put_int(len(bound))
-    flat, _placeholders = _native.flatten(
-        {**plan, "rlimits": cgroup.rlimits}, [0, 1, 2], 3, 4,
-        {i: 5 + k for k, i in enumerate(bound)}, -1, None, _libc.last_cap(), "",
-        IGNORED_SIGNALS)
-    w.put_bytes(flat, c_string=False)
+    w.put_bytes(flat if flat is not None else flat_plan(plan, cgroup, bound), c_string=False)
     return b"".join(w.parts)
 
 
