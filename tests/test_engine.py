@@ -26,7 +26,7 @@ from conftest import REPO, Runner, parent_of, processes_with, require
 import nsbox
 from nsbox import Policy, cgroups, launcher
 from nsbox.cgroups import _names
-from nsbox.errors import CommandNotFound
+from nsbox.errors import CommandNotFound, NsboxError
 from nsbox.host import engine
 from nsbox.policy import Network
 from nsbox.result import Status
@@ -282,3 +282,69 @@ def test_launches_the_engine_does_not_take_go_to_the_python_helper(
     monkeypatch.setenv("NSBOX_ENGINE", "1")
     assert nsbox.run(["/bin/true"]).extra["core"] == "python"
     assert engine.sent == before
+
+
+# --- parity: the engine's report is the Python helper's ------------------------------------
+
+SAME = ("status", "exit_code", "signal", "stdout", "stderr", "stdout_truncated",
+        "stderr_truncated", "timed_out", "oom_killed", "disk_full", "degraded", "accounting",
+        "isolation", "isolation_weaker")
+PLANS: list[tuple[str, list[str], dict[str, object]]] = [
+    ("ok", ["sh", "-c", "echo out; echo err >&2; ls / | head -3; id"], {}),
+    ("exit code", ["sh", "-c", "exit 42"], {}),
+    ("signal", ["sh", "-c", "kill -SEGV $$"], {}),
+    ("stdin", ["cat"], {"stdin": b"abc" * 1000}),
+    ("environment", ["sh", "-c", "env | sort"], {"env": {"A": "1", "B": "x y"}}),
+    ("cwd", ["pwd"], {"cwd": "/tmp"}),
+    ("timeout", ["sleep", "30"], {"timeout": 0.3}),
+    ("output cap", ["yes"], {"output_limit": 5000}),
+    ("full tmp", ["sh", "-c", "dd if=/dev/zero of=/tmp/f bs=64K count=4000 status=none"], {}),
+    ("memory", [PYTHON, "-c", "b = bytearray(256 << 20)"],
+     {"policy": Policy().with_limits(memory=48 * M)}),
+    ("pids", ["sh", "-c", "for i in 1 2 3 4 5 6; do sleep 0.3 & done; wait; echo done"],
+     {"policy": Policy().with_limits(pids=3)}),
+    ("no limits", ["true"], {"policy": Policy().with_limits(memory=None, pids=None,
+                                                             cpu_time=None)}),
+    ("loopback", ["sh", "-c", "cat /proc/net/dev | wc -l"],
+     {"policy": Policy(network=Network(mode="loopback"))}),
+    ("rlimits", ["sh", "-c", "ulimit -n; ulimit -f"], {"policy": Policy().with_limits(
+        open_files=77, file_size=1 << 20)}),
+]
+
+
+def _outcome(engine_on: str, argv: list[str], kwargs: dict[str, object],
+             monkeypatch: pytest.MonkeyPatch) -> object:
+    monkeypatch.setenv("NSBOX_ENGINE", engine_on)
+    kwargs = dict(kwargs)
+    policy = kwargs.pop("policy", None)
+    before = engine.sent
+    try:
+        result = nsbox.run(argv, policy, **kwargs)  # type: ignore[arg-type]
+    except NsboxError as exc:
+        outcome: object = (type(exc).__name__, getattr(exc, "step", None),
+                           getattr(exc, "errno", None), str(exc))
+    else:
+        outcome = {name: getattr(result, name) for name in SAME}
+        outcome["peak_pids"] = result.peak_pids is not None
+        outcome["peak_memory"] = result.peak_memory > 0
+        outcome["core"] = result.extra["core"]
+        outcome["limit"] = result.extra.get("limit")
+    assert engine.sent == before + (engine_on == "1")
+    return outcome
+
+
+@pytest.mark.parametrize("name, argv, kwargs", PLANS, ids=[p[0] for p in PLANS])
+def test_the_engine_reports_what_the_python_helper_reports(
+        name: str, argv: list[str], kwargs: dict[str, object],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    helper = _outcome("0", argv, kwargs, monkeypatch)
+    assert _outcome("1", argv, kwargs, monkeypatch) == helper
+
+
+@pytest.mark.parametrize("argv, cwd", [(["no-such-command"], None), (["true"], "/nowhere"),
+                                       (["/etc/passwd"], None)])
+def test_setup_errors_are_the_python_helpers(argv: list[str], cwd: str | None,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    helper = _outcome("0", argv, {"cwd": cwd}, monkeypatch)
+    assert isinstance(helper, tuple)  # an error, named by its step
+    assert _outcome("1", argv, {"cwd": cwd}, monkeypatch) == helper
