@@ -1,7 +1,7 @@
 """The launch engine (nsbox/native/engine.c, nsbox/host/engine.py): real sandboxes through it.
 
 Each test asks for the engine (NSBOX_ENGINE=1) and checks that the launch went through it
-(``engine.sent``, or the sandbox's pid 1, a copy of the engine, named ``nsbox-engine``), then
+(``engine.client.sent``, or the sandbox's pid 1, a copy of the engine, named ``nsbox-engine``), then
 the outcome the Python helper gives for the same launch: statuses, signals, the kills of the
 deadline and of the limits with nothing left alive (pids, cgroups), the output cap, a full
 /tmp, many launches at once, and that a broken request or a dead caller costs one launch only.
@@ -79,9 +79,9 @@ def marker() -> Iterator[str]:
 
 
 def run(argv: list[str], policy: Policy | None = None, **kwargs: object) -> nsbox.Result:
-    before = engine.sent
+    before = engine.client.sent
     result = nsbox.run(argv, policy, **kwargs)  # type: ignore[arg-type]
-    assert engine.sent == before + 1, "the launch did not go through the engine"
+    assert engine.client.sent == before + 1, "the launch did not go through the engine"
     return result
 
 
@@ -180,13 +180,13 @@ def test_many_launches_at_once_from_threads() -> None:
     def launch(n: int) -> None:
         results[n] = nsbox.run(["sh", "-c", f"sleep 0.2; echo {n}"], timeout=60)
 
-    before = engine.sent
+    before = engine.client.sent
     threads = [threading.Thread(target=launch, args=(n,)) for n in range(12)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert engine.sent == before + 12
+    assert engine.client.sent == before + 12
     assert {n: (r.status, r.stdout) for n, r in results.items()} == {
         n: (Status.OK, f"{n}\n".encode()) for n in range(12)}
     assert _wait(lambda: _engine_cgroups() == [], timeout=5), _engine_cgroups()
@@ -269,7 +269,7 @@ def test_the_run_cgroup_is_removed_and_named_for_the_engine(marker: str) -> None
 
 def test_launches_the_engine_does_not_take_go_to_the_python_helper(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    before = engine.sent
+    before = engine.client.sent
     allow = Policy(network=Network(mode="allow", allow=("127.0.0.1",)))
     assert engine.why_not(launcher.build_plan(allow, ["true"]).to_wire()) == (
         "the allow-list proxy is the Python helper's")
@@ -281,7 +281,7 @@ def test_launches_the_engine_does_not_take_go_to_the_python_helper(
     monkeypatch.setenv("NSBOX_NATIVE", "0")
     monkeypatch.setenv("NSBOX_ENGINE", "1")
     assert nsbox.run(["/bin/true"]).extra["core"] == "python"
-    assert engine.sent == before
+    assert engine.client.sent == before
 
 
 # --- parity: the engine's report is the Python helper's ------------------------------------
@@ -317,7 +317,7 @@ def _outcome(engine_on: str, argv: list[str], kwargs: dict[str, object],
     monkeypatch.setenv("NSBOX_ENGINE", engine_on)
     kwargs = dict(kwargs)
     policy = kwargs.pop("policy", None)
-    before = engine.sent
+    before = engine.client.sent
     try:
         result = nsbox.run(argv, policy, **kwargs)  # type: ignore[arg-type]
     except NsboxError as exc:
@@ -329,7 +329,7 @@ def _outcome(engine_on: str, argv: list[str], kwargs: dict[str, object],
         outcome["peak_memory"] = result.peak_memory > 0
         outcome["core"] = result.extra["core"]
         outcome["limit"] = result.extra.get("limit")
-    assert engine.sent == before + (engine_on == "1")
+    assert engine.client.sent == before + (engine_on == "1")
     return outcome
 
 

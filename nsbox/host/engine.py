@@ -49,7 +49,6 @@ IGNORED_SIGNALS = sum(1 << (sig - 1) for sig in (
     int(signal.SIGINT), int(signal.SIGPIPE), int(signal.SIGXFSZ), 32, 33))
 _CFS_PERIOD_US = 100_000  # nsbox/cgroups/_v1.py, CFS_PERIOD_US
 _runs = itertools.count(1)
-sent = 0  # launches handed to the engine by this process (the tests' evidence)
 
 
 def wanted() -> bool:
@@ -102,6 +101,7 @@ class _Client:
         self.held: identity.Holdings | None = None
         self.sources: Sources | None = None
         self._exit_registered = False
+        self.sent = 0  # launches handed to the engine by this process (the tests' evidence)
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
@@ -150,6 +150,7 @@ class _Client:
             blob, fds = build(self.pid)
             try:
                 _wire.send_bytes(self._sock, blob, fds)
+                self.sent += 1
             except OSError as exc:
                 self._sock.close()
                 self._sock = None
@@ -347,7 +348,6 @@ class Submission:
     def __call__(self, plan: WirePlan, fds: list[int]) -> None:
         """Send the request with ``fds`` [launch socket, stdin, stdout, stderr]. A failure
         before the engine has it is told on the launch socket, as the helper tells it."""
-        global sent
         try:
             client.send(lambda owner: self.request(owner, fds))
         except (StepFailed, HostError, OSError) as exc:
@@ -357,7 +357,6 @@ class Submission:
         except BaseException:
             self.close()
             raise
-        sent += 1
 
     def request(self, owner: int, fds: list[int]) -> tuple[bytes, list[int]]:
         plan = self.plan
