@@ -301,13 +301,13 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     """One launch through ``submit(wire, fds)``: the helper (run) or a pool (Pool.run)."""
     started = time.monotonic()
     net = net or RunNetwork(Network())
-    by_engine = None if submit else engine.submission(wire)  # nsbox/host/engine.py: which
-    submit = submit or by_engine or _helper.submit
     if os.environ.get("NSBOX_NATIVE") == "0":
         wire["native"] = False  # the helper's environment is not the caller's
     if trace is not None:
         wire["trace"] = True
         trace.append(("host: send to helper", time.monotonic_ns()))
+    by_engine = None if submit else engine.submission(wire)  # nsbox/host/engine.py: which
+    submit = submit or by_engine or _helper.submit
     try:
         out_r, err_r, ours = _submit_with_streams(submit, wire, stdin)
     except BaseException:

@@ -63,8 +63,11 @@ def _engine_cgroups() -> list[str]:
     for base in _bases():
         for name in os.listdir(base):
             parsed = _names.parse(name)
-            if parsed and parent_of(parsed[1]) == os.getpid():
-                found.append(os.path.join(base, name))
+            path = os.path.join(base, name)
+            # Not the Python helper's spares (made ahead, holding nothing but their spawner).
+            if (parsed and parent_of(parsed[1]) == os.getpid()
+                    and not _names.is_idle_spare(name, cgroups._fs.procs(path))):
+                found.append(path)
     return found
 
 

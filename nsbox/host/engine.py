@@ -19,7 +19,6 @@ every launch it can take (``why_not`` says which it cannot).
 from __future__ import annotations
 
 import atexit
-import base64
 import functools
 import itertools
 import json
@@ -81,14 +80,18 @@ def why_not(plan: dict[str, Any]) -> str | None:
 def submission(plan: dict[str, Any]) -> Submission | None:
     """The engine's launch of ``plan``, or None: the Python helper's (not asked for, or one it
     cannot take)."""
-    if not wanted() or why_not(plan) is not None:
+    if not wanted():
         return None
     try:
+        if why_not(plan) is not None:
+            return None
         return Submission(plan)
     except (ValueError, OverflowError):
         return None  # a name or number the native core cannot carry: the Python child's
     except HostError:
         return None  # required limits that cannot be had: the helper refuses it the same way
+    except (KeyError, TypeError, AttributeError):
+        return None  # a plan that is not whole: the helper reports what is wrong with it
 
 
 class _Client:
@@ -375,7 +378,7 @@ class Submission:
         """The helper's report (nsbox/helper/report.py, exit_report) from the engine's."""
         if not raw.get("engine"):
             return raw  # a refusal: the helper's shape already
-        data = base64.b64decode(raw.get("child") or "")
+        data = str(raw.get("child") or "").encode()
         child_trace, setup_error, reported = _read_report(data)
         limits = self.cgroup.outcome(raw.get("usage") or {}, bool(raw.get("cpu_time_exceeded")))
         report: ExitReport = {
@@ -441,14 +444,15 @@ def _read_report(data: bytes) -> tuple[list[Any], Any, int | None]:
     sends the error pipe's last bytes: a cut first line is left out)."""
     try:
         return _child.read_report(data)
-    except ValueError:
+    except (ValueError, TypeError):
         lines = []
         for line in data.split(b"\n"):
             try:
-                json.loads(line)
+                whole = isinstance(json.loads(line), dict)
             except ValueError:
                 continue
-            lines.append(line)
+            if whole:
+                lines.append(line)
         return _child.read_report(b"\n".join(lines))
 
 

@@ -47,7 +47,9 @@
                     | CLONE_NEWUTS | CLONE_NEWCGROUP)
 
 #define MAX_LAUNCHES 1024
-#define ERR_KEEP 30000          /* the error pipe's last bytes a report carries (base64) */
+#define ERR_KEEP 50000          /* the error pipe's last bytes kept (the report is at most
+                                 * REPORT_MAX, child.h, and the status line comes after it) */
+#define REPORT_LIMIT 65536      /* the datagram the host reads (nsbox/host/output.py) */
 #define CPU_POLL_NS 50000000LL  /* as nsbox/limits.py, RunLimits.poll_interval */
 #define REMOVE_FOR_NS 10000000000LL  /* a cgroup still busy after this is left to reclaim */
 #define CONTROL_TAG 0xffffffffffffffffULL
@@ -65,7 +67,7 @@ struct launch {
     char fail_step[32];
     int fail_errno;
     char fail_message[512];
-    char err_data[2 * ERR_KEEP];
+    char err_data[ERR_KEEP];
     size_t err_len;
     struct engine_cgroup cg;
 };
@@ -526,23 +528,59 @@ static void on_request(struct launch *l)
     kill_launch(l, word);
 }
 
-static void put_base64(struct json_out *o, const unsigned char *p, size_t n)
+/* The length of the UTF-8 character at ``p`` (at most ``n`` bytes), 0 when it is not one
+ * (RFC 3629, section 4: no overlong forms, no surrogates, nothing past U+10FFFF). */
+static size_t utf8_char(const unsigned char *p, size_t n)
 {
-    static const char abc[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    char four[5] = {0};
-    for (size_t i = 0; i < n; i += 3) {
-        unsigned v = (unsigned)p[i] << 16;
-        if (i + 1 < n)
-            v |= (unsigned)p[i + 1] << 8;
-        if (i + 2 < n)
-            v |= p[i + 2];
-        four[0] = abc[(v >> 18) & 63];
-        four[1] = abc[(v >> 12) & 63];
-        four[2] = i + 1 < n ? abc[(v >> 6) & 63] : '=';
-        four[3] = i + 2 < n ? abc[v & 63] : '=';
-        json_put_raw(o, four);
+    size_t len = p[0] >= 0xF0 ? 4 : p[0] >= 0xE0 ? 3 : p[0] >= 0xC2 ? 2 : 0;
+    if (p[0] > 0xF4 || len == 0 || len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
     }
+    if ((p[0] == 0xE0 && p[1] < 0xA0) || (p[0] == 0xED && p[1] > 0x9F)
+        || (p[0] == 0xF0 && p[1] < 0x90) || (p[0] == 0xF4 && p[1] > 0x8F))
+        return 0;
+    return len;
+}
+
+/* The error pipe's bytes as the contents of a JSON string (RFC 8259, section 7), into
+ * ``out`` (``room`` bytes): its length, or 0 when it does not fit. A byte that is not part of
+ * a UTF-8 character is written as \u00XX (the host reads it back as that code point). */
+static size_t escape_child(char *out, size_t room, const unsigned char *p, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t at = 0;
+    for (size_t i = 0; i < n;) {
+        char piece[8];
+        size_t len = 0, take = 1;
+        unsigned char c = p[i];
+        if (c == '"' || c == '\\') {
+            piece[len++] = '\\';
+            piece[len++] = (char)c;
+        } else if (c == '\n') {
+            piece[len++] = '\\';
+            piece[len++] = 'n';
+        } else if (c < 0x20 || c == 0x7f || (c >= 0x80 && utf8_char(p + i, n - i) == 0)) {
+            memcpy(piece, "\\u00", 4);
+            piece[4] = hex[c >> 4];
+            piece[5] = hex[c & 15];
+            len = 6;
+        } else if (c >= 0x80) {
+            take = utf8_char(p + i, n - i);
+            memcpy(piece, p + i, take);
+            len = take;
+        } else {
+            piece[len++] = (char)c;
+        }
+        if (at + len > room)
+            return 0;
+        memcpy(out + at, piece, len);
+        at += len;
+        i += take;
+    }
+    return at;
 }
 
 static void put_usage(struct json_out *o, const struct launch *l)
@@ -592,16 +630,23 @@ static void report(struct launch *l, int status, const struct rusage *ru, long l
         json_put_raw(&o, "null");
     put_usage(&o, l);
     json_put_raw(&o, ", \"child\": \"");
-    size_t keep = l->err_len > ERR_KEEP ? ERR_KEEP : l->err_len;
-    const char *from = l->err_data + l->err_len - keep;
-    if (keep < l->err_len) {  /* cut: from the first whole line on */
-        const char *nl = memchr(from, '\n', keep);
-        keep = nl == NULL ? 0 : keep - (size_t)(nl + 1 - from);
-        from = nl == NULL ? from : nl + 1;
+    /* The error pipe's bytes, as many of its last lines as fit in one datagram the host
+     * reads whole (REPORT_MAX of a child's report, escaped again, always does). */
+    static char child[REPORT_LIMIT];
+    const char *from = l->err_data;
+    size_t left = l->err_len, n = 0;
+    while (left > 0 && (n = escape_child(child, sizeof(child) - o.n - 2,
+                                         (const unsigned char *)from, left)) == 0) {
+        const char *nl = memchr(from, '\n', left);
+        size_t skip = nl == NULL ? left : (size_t)(nl + 1 - from);
+        from += skip;
+        left -= skip;
     }
-    put_base64(&o, (const unsigned char *)from, keep);
-    json_put_raw(&o, "\"}");
-    send_all(l->sock, o.s, o.n, -1);
+    struct iovec parts[3] = {{o.s, o.n}, {child, n}, {(void *)"\"}", 2}};
+    struct msghdr msg = {0};
+    msg.msg_iov = parts;
+    msg.msg_iovlen = 3;
+    sendmsg(l->sock, &msg, MSG_NOSIGNAL);  /* a caller that is gone: the launch ends anyway */
 }
 
 static void release_slot(int slot)
