@@ -287,6 +287,19 @@ def test_launches_the_engine_does_not_take_go_to_the_python_helper(
     assert engine.client.sent == before
 
 
+def test_the_apparmor_profile_lets_the_engine_create_namespaces() -> None:
+    from nsbox.doctor.isolation import apparmor_profile
+
+    text = apparmor_profile()
+    assert f"profile nsbox_engine {os.path.realpath(engine.PATH)} flags=" in text
+    assert "allow pix /** -> &nsbox_engine//&unpriv_nsbox," in text
+    assert text.count("  allow userns,\n") == 3  # the helper's, the engine's, unpriv_nsbox's
+    if subprocess.run(["which", "apparmor_parser"], capture_output=True).returncode == 0:
+        parsed = subprocess.run(["apparmor_parser", "-Q", "-K", "/dev/stdin"], input=text,
+                                capture_output=True, text=True, check=False)
+        assert parsed.returncode == 0, parsed.stderr
+
+
 # --- parity: the engine's report is the Python helper's ------------------------------------
 
 SAME = ("status", "exit_code", "signal", "stdout", "stderr", "stdout_truncated",
