@@ -30,8 +30,8 @@ NATIVE = Extension(
 # (rule nsbox-code).
 ENGINE = "nsbox-engine"
 ENGINE_SOURCES = [f"nsbox/native/{name}.c" for name in (
-    "engine", "engine_msg", "engine_cgroup", "plan", "child", "mounts", "report", "pooled",
-    "devproc")]
+    "engine", "engine_msg", "engine_cgroup", "engine_spare", "spawner", "plan", "child",
+    "mounts", "report", "pooled", "devproc")]
 
 
 class BuildWithPrograms(build_ext):

@@ -251,6 +251,10 @@ def test_a_dead_caller_takes_its_sandbox_and_engine_with_it(marker: str) -> None
     # exits (the marker fixture checks the processes and cgroups).
     assert _wait(lambda: not os.path.exists(f"/proc/{engines[0]}/stat")
                  or open(f"/proc/{engines[0]}/stat").read().rsplit(")", 1)[1].split()[0] == "Z")
+    # Its spares too (v1: cgroups made ahead, named for it).
+    left = [os.path.join(b, n) for b in _bases() for n in os.listdir(b)
+            if (_names.parse(n) or (0, 0))[1] == engines[0]]
+    assert left == []
 
 
 def test_the_run_cgroup_is_removed_and_named_for_the_engine(marker: str) -> None:
@@ -268,6 +272,38 @@ def test_the_run_cgroup_is_removed_and_named_for_the_engine(marker: str) -> None
     watcher.join()
     assert seen and all(_names.parse(os.path.basename(p)) for p in seen)
     assert _wait(lambda: _engine_cgroups() == [], timeout=5), _engine_cgroups()
+
+
+def test_on_cgroup_v1_the_sandbox_is_born_in_a_spare_with_its_limits(marker: str) -> None:
+    backend = cgroups.detect()
+    require(backend.kind == "v1" and cgroups.PIDS in backend.supports(),
+            f"spares are for cgroup v1 with a pids controller: {backend.reason or backend.kind}")
+    run(["true"])  # the engine is up; its spares get their spawners meanwhile
+    assert _wait(lambda: len([p for p in processes_with("")
+                              if _names.is_spawner(p)
+                              and parent_of(p) == engine.client.pid]) == 2)
+    outcome: dict[str, nsbox.Result] = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=run(
+        ["sleep", f"0.{marker}"], Policy().with_limits(pids=5), timeout=30)))
+    runner.start()
+    try:
+        assert _wait(lambda: any(open(f"/proc/{p}/cmdline", "rb").read().startswith(b"sleep\0")
+                                 for p in processes_with(marker)), timeout=30)
+        sleeper = next(p for p in processes_with(marker)
+                       if open(f"/proc/{p}/cmdline", "rb").read().startswith(b"sleep\0"))
+        name = next(os.path.basename(line.split(":", 2)[2])
+                    for line in open(f"/proc/{sleeper}/cgroup").read().splitlines()
+                    if line.split(":", 2)[1] == "pids")
+        parsed = _names.parse(name)
+        assert parsed is not None and parsed[1] == engine.client.pid
+        assert parsed[3].startswith("s"), name  # a spare's, made ahead
+        pids_dir = os.path.join(backend.describe()["cgroups"]["pids"], name)
+        assert open(os.path.join(pids_dir, "pids.max")).read().strip() == "5"
+        # The spawner has left: the sandbox's init and its command alone.
+        assert len(cgroups._fs.procs(pids_dir)) == 2
+    finally:
+        runner.join()
+    assert outcome["result"].status is Status.OK
 
 
 def test_launches_the_engine_does_not_take_go_to_the_python_helper(

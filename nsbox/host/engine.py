@@ -264,6 +264,17 @@ class _RunCgroup:
         for item in usage:
             for text in item:
                 w.put_str(text)
+        # Spares (v1): cgroups made ahead by the engine, named for it, each with a spawner
+        # (nsbox/native/engine_spare.c); once it has left, the peak memory is the run's alone
+        # (cgroup-v1 memory.rst 5.4: writing 0 resets max_usage_in_bytes).
+        w.put_str(self.name.rsplit("-", 1)[0] + "-s" if self.name and self.bases else "")
+        w.put_str(_names.SPAWNER_NAME)
+        resets = [(os.path.join(dirs["memory"], "memory.max_usage_in_bytes"), "0")
+                  ] if "memory" in dirs else []
+        w.put_int(len(resets))
+        for path, value in resets:
+            w.put_path(path)
+            w.put_str(value)
 
     def writes(self, dirs: dict[str, str]) -> list[tuple[str, str]]:
         """nsbox/cgroups/_v1.py, V1Run.set_limits, as file writes."""

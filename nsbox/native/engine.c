@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -55,7 +56,6 @@
 #define CONTROL_TAG 0xffffffffffffffffULL
 
 struct launch {
-    int used;
     unsigned gen;
     int sock, pidfd, err_fd, mnt_ns;
     int sync_fd;  /* held while the engine lives: its hang-up tells the child (child.c) */
@@ -196,7 +196,8 @@ static int write_text(const char *path, const char *text)
 /* The id maps of the child ``pid`` (user_namespaces(7): an unprivileged writer denies
  * setgroups first), then its pid into the v1 cgroups' cgroup.procs: before the release, so
  * nothing of the sandbox runs outside its cgroup. 0, or -1 with ``step`` set. */
-static int settle_child(const struct engine_request *req, pid_t pid, const char **step)
+static int settle_child(const struct engine_request *req, pid_t pid, int born,
+                        const char **step)
 {
     char path[64], value[32];
     *step = "write id maps";
@@ -213,7 +214,7 @@ static int settle_child(const struct engine_request *req, pid_t pid, const char 
         return -1;
     *step = "attach to cgroup";
     snprintf(value, sizeof(value), "%d", (int)pid);
-    for (int i = 0; i < req->nprocs; i++) {
+    for (int i = 0; i < req->nprocs && !born; i++) {
         if (write_text(req->procs[i], value) != 0)
             return -1;
     }
@@ -271,19 +272,79 @@ static int free_slot(void)
 }
 
 /* Clone the child of ``s`` with its pipes; the launch is watched from here on. */
+/* The spawner of ``sp`` clones the sandbox of ``plan`` (its flat bytes) with the descriptors
+ * ``table`` (spawner.c: "pid N" or "error E MESSAGE" back), and exits: the child's pid, or
+ * -1 with errno and ``message`` set. */
+static long spawn_in_spare(struct taken_spare *sp, const char *plan, size_t len,
+                           const int *table, int ntable, char *message, size_t size)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * (5 + ENGINE_MAX_SOURCES))];
+        struct cmsghdr align;
+    } control;
+    struct iovec iov = {(void *)plan, len};
+    struct msghdr msg = {0};
+    char reply[512];
+    long pid = -1;
+    memset(&control, 0, sizeof(control));
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)ntable);
+    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)ntable);
+    memcpy(CMSG_DATA(cmsg), table, sizeof(int) * (size_t)ntable);
+    snprintf(message, size, "the spawner went away");
+    errno = ECHILD;
+    struct pollfd pfd = {sp->sock, POLLIN, 0};
+    if (sendmsg(sp->sock, &msg, MSG_NOSIGNAL) >= 0 && poll(&pfd, 1, 10000) == 1) {
+        ssize_t n = recv(sp->sock, reply, sizeof(reply) - 1, 0);
+        reply[n > 0 ? n : 0] = '\0';
+        char *end = NULL;
+        if (strncmp(reply, "pid ", 4) == 0) {
+            pid = strtol(reply + 4, &end, 10);
+            if (end == reply + 4 || *end != '\0' || pid <= 0)
+                pid = -1;
+        } else if (strncmp(reply, "error ", 6) == 0) {
+            long err = strtol(reply + 6, &end, 10);
+            errno = err > 0 && err < 4096 ? (int)err : EIO;
+            snprintf(message, size, "%s", *end == ' ' ? end + 1 : reply);
+        }
+    }
+    int err = errno;
+    if (pid < 0)
+        kill(sp->pid, SIGKILL);
+    waitpid(sp->pid, NULL, 0);  /* it exits once it has cloned */
+    close(sp->sock);
+    sp->sock = -1;
+    errno = err;
+    return pid;
+}
+
 static void start_child(struct launch *l, int slot, const struct start *s, struct plan *plan,
-                        int sync_w, int cgroup_fd)
+                        int sync_w, int cgroup_fd, struct taken_spare *sp, const int *table,
+                        int ntable)
 {
     static int close_list[5 * MAX_LAUNCHES + 8];
     const int own[] = {sync_w, l->err_fd, s->sock};
     int nclose = engine_fds(close_list, (int)(sizeof(close_list) / sizeof(close_list[0])),
                             own, 3);
+    char message[512];
     l->started_ns = now_ns();
-    long pid = clone_sandbox(cgroup_fd);
-    if (pid == 0)
-        child_main(plan, close_list, nclose);
+    long pid;
+    if (sp != NULL) {
+        pid = spawn_in_spare(sp, s->req->plan, s->req->plan_len, table, ntable, message,
+                             sizeof(message));
+    } else {
+        pid = clone_sandbox(cgroup_fd);
+        if (pid == 0)
+            child_main(plan, close_list, nclose);
+        snprintf(message, sizeof(message), "%s", strerror(errno));
+    }
     if (pid < 0) {
-        refuse(s->sock, "create namespaces", errno, strerror(errno));
+        refuse(s->sock, "create namespaces", errno, message);
         return;
     }
     l->pid = (pid_t)pid;
@@ -311,8 +372,13 @@ static void start_child(struct launch *l, int slot, const struct start *s, struc
     watch(l->err_fd, l, slot, 1);
     watch(l->sock, l, slot, 2);
     const char *step = NULL;
-    if (!l->failed && settle_child(s->req, l->pid, &step) != 0) {
+    if (!l->failed && settle_child(s->req, l->pid, sp != NULL, &step) != 0) {
         fail_launch(l, step, errno, strerror(errno));
+    }
+    /* The spawner has left the run's cgroup: what it was charged is not the run's. */
+    for (int i = 0; sp != NULL && i < s->req->nresets && !l->failed; i++) {
+        if (write_text(s->req->resets[i].path, s->req->resets[i].value) != 0)
+            fail_launch(l, "attach to cgroup", errno, strerror(errno));
     }
     if (!l->failed) {
         if (write(sync_w, "1", 1) != 1)
@@ -327,36 +393,34 @@ static void start_child(struct launch *l, int slot, const struct start *s, struc
     }
 }
 
-static void start_launch(const struct start *s)
+/* The run's cgroup: a spare's (its directories exist, its spawner waits in them) with the
+ * limits written, or new directories. 0, or -1 refused. */
+static int make_cgroup(struct launch *l, const struct start *s, int spared)
 {
-    const struct engine_request *req = s->req;
     char what[ENGINE_PATH_MAX + 128];
-    int slot = free_slot();
-    if (slot < 0) {
-        refuse(s->sock, "engine", EAGAIN, "the launch engine runs its most launches at once");
-        return;
-    }
-    if (s->nfds != 3 + req->nsources) {
-        refuse(s->sock, "engine", 0, "the launch request's descriptors do not match its plan");
-        return;
-    }
-    struct launch *l = calloc(1, sizeof(*l));
-    if (l == NULL || cgroup_keep(&l->cg, req) != 0) {
-        free(l);
+    struct engine_request limits = *s->req;
+    if (spared)
+        limits.ndirs = 0;  /* made already */
+    if (cgroup_keep(&l->cg, s->req) != 0) {
         refuse(s->sock, "engine", ENOMEM, strerror(ENOMEM));
-        return;
+        return -1;
     }
-    l->used = 1;
-    l->gen = next_gen++;
-    l->sock = l->pidfd = l->err_fd = l->mnt_ns = l->sync_fd = -1;
-    l->cpu_limit_ns = req->cpu_ns;
-    if (cgroup_create(req, what, sizeof(what)) != 0) {
+    if (cgroup_create(&limits, what, sizeof(what)) != 0) {
         int err = errno;
         char message[sizeof(what) + 64];
         snprintf(message, sizeof(message), "%s: %s", what, strerror(err));
         refuse(s->sock, "create cgroup", err, message);
-        goto drop;
+        if (spared)
+            cgroup_remove(&l->cg);  /* its spawner is gone: empty */
+        return -1;
     }
+    return 0;
+}
+
+static void run_request(struct launch *l, int slot, const struct start *s,
+                        struct taken_spare *sp)
+{
+    const struct engine_request *req = s->req;
     int sync[2] = {-1, -1}, errp[2] = {-1, -1}, cgroup_fd = -1;
     if (pipe2(sync, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0) {
         refuse(s->sock, "create pipes", errno, strerror(errno));
@@ -387,26 +451,71 @@ static void start_launch(const struct start *s)
     errp[0] = -1;
     l->sync_fd = sync[1];
     sync[1] = -1;
-    start_child(l, slot, s, &plan, l->sync_fd, cgroup_fd);
+    start_child(l, slot, s, &plan, l->sync_fd, cgroup_fd, sp, table, 5 + req->nsources);
+    sp = NULL;  /* its spawner is reaped */
     plan_free(&plan);
-    close_fd(&sync[0]);
-    close_fd(&errp[1]);
-    close_fd(&cgroup_fd);
     if (launches[slot] == l)
-        return;  /* started (or failed after the clone: reported at the reap) */
+        goto done;  /* started (or failed after the clone: reported at the reap) */
+undo:
     close_fd(&l->err_fd);
     close_fd(&l->sync_fd);
-undo:
+    if (sp != NULL) {
+        kill(sp->pid, SIGKILL);
+        waitpid(sp->pid, NULL, 0);
+        close(sp->sock);
+    }
+    cgroup_kill_all(&l->cg);
+    cgroup_remove(&l->cg);
+    cgroup_free(&l->cg);
+    free(l);
+done:
     close_fd(&sync[0]);
     close_fd(&sync[1]);
     close_fd(&errp[0]);
     close_fd(&errp[1]);
     close_fd(&cgroup_fd);
-    cgroup_kill_all(&l->cg);
-    cgroup_remove(&l->cg);
-drop:
-    cgroup_free(&l->cg);
-    free(l);
+}
+
+static void start_launch(const struct start *s)
+{
+    const struct engine_request *req = s->req;
+    int slot = free_slot();
+    if (slot < 0) {
+        refuse(s->sock, "engine", EAGAIN, "the launch engine runs its most launches at once");
+        return;
+    }
+    if (s->nfds != 3 + req->nsources) {
+        refuse(s->sock, "engine", 0, "the launch request's descriptors do not match its plan");
+        return;
+    }
+    struct launch *l = calloc(1, sizeof(*l));
+    if (l == NULL) {
+        refuse(s->sock, "engine", ENOMEM, strerror(ENOMEM));
+        return;
+    }
+    l->gen = next_gen++;
+    l->sock = l->pidfd = l->err_fd = l->mnt_ns = l->sync_fd = -1;
+    l->cpu_limit_ns = req->cpu_ns;
+    /* On v1, a spare's cgroups and spawner when one is ready: the child is born there. */
+    static struct engine_request moved;
+    struct taken_spare spare;
+    struct start use = *s;
+    int spared = spare_take(req, &spare) == 0;
+    if (spared && spare_paths(req, spare.name, &moved) != 0) {
+        spare_abandon(&spare);
+        spared = 0;
+    }
+    if (spared)
+        use.req = &moved;
+    if (make_cgroup(l, &use, spared) != 0) {
+        if (spared)
+            spare_abandon(&spare);
+        cgroup_free(&l->cg);
+        free(l);
+        return;
+    }
+    run_request(l, slot, &use, spared ? &spare : NULL);
+    spares_refill(req);  /* the next launch's, while this one runs */
 }
 
 /* --- the control socket ------------------------------------------------------------------ */
@@ -742,6 +851,7 @@ static int next_timeout_ms(long long now)
 static void end_everything(void)
 {
     /* The host is gone: every sandbox is killed, reaped and its cgroup removed. */
+    spares_drop_all();
     for (int i = 0; i < MAX_LAUNCHES; i++) {
         struct launch *l = launches[i];
         if (l == NULL)

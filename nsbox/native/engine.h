@@ -20,6 +20,9 @@
  *   s a cgroup.kill file, or ""; s a v1 freezer directory, or ""
  *   s a cgroup.events file ("populated"), or "": then the directories' cgroup.procs say
  *   i N, N x (s name, s path, s key): the usage to read after the run, each an integer
+ *   s the name prefix of spare cgroups (v1: each waits with a spawner, so that a child is
+ *     born in its cgroup), or "": none; s the spawners' process name; i N, N x (s path,
+ *     s value): written once a spawner has left the run's cgroup (its peak memory reset)
  *   i the number of bind sources among the descriptors
  *   s the flat plan; its descriptors by index: 0-2 the standard streams, 3 and 4 the sync and
  *     error pipes (made here), 5... the bind sources
@@ -34,6 +37,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define ENGINE_FORMAT 1
 
@@ -69,6 +73,9 @@ struct engine_request {
     const char *clone_dir, *kill_file, *freezer, *events;
     int nusage;
     struct engine_usage usage[ENGINE_MAX_USAGE];
+    const char *spare_prefix, *spawner_name;
+    int nresets;
+    struct engine_write resets[ENGINE_MAX_DIRS];
     int nsources;
     const char *plan;
     size_t plan_len;
@@ -110,3 +117,26 @@ int cgroup_remove(struct engine_cgroup *cg);
 /* The integer in ``path`` (``key`` "") or on its line "KEY N": 0, or -1 (missing, "max", not a
  * number). */
 int read_number(const char *path, const char *key, long long *out);
+
+/* --- spares: cgroups made ahead, each with a spawner waiting in it (engine_spare.c) ------- */
+
+/* A spare taken for a launch: its spawner (a fork of the engine running spawner.c) clones the
+ * sandbox in the spare's cgroups with CLONE_PARENT, so that the engine is its parent. */
+struct taken_spare {
+    pid_t pid;
+    int sock;
+    char name[ENGINE_VALUE_MAX + 24];
+};
+
+/* Make spares for the hierarchies of ``req`` (up to two, v1 only: cgroup.procs files and no
+ * clone3 directory, and a spare prefix); spares of other hierarchies are dropped. */
+void spares_refill(const struct engine_request *req);
+/* A ready spare for ``req``'s hierarchies, taken out of the pool: 0, or -1 (none ready). */
+int spare_take(const struct engine_request *req, struct taken_spare *out);
+/* ``req`` with every path below one of its directories moved to the spare ``name``'s (the
+ * strings in a static arena, valid until the next call): 0, or -1 when they do not fit. */
+int spare_paths(const struct engine_request *req, const char *name, struct engine_request *out);
+/* A spare taken and then not used: its spawner killed and reaped, its directories removed. */
+void spare_abandon(struct taken_spare *sp);
+/* Kill and reap every spawner, remove the spares (the engine ends). */
+void spares_drop_all(void);

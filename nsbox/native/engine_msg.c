@@ -121,6 +121,17 @@ int engine_parse(struct engine_request *req, const char *msg, size_t len, const 
                 c.bad = 1;  /* written into the report's JSON as it is */
         }
     }
+    req->spare_prefix = take_str(&c, ENGINE_VALUE_MAX);
+    req->spawner_name = take_str(&c, 15);  /* a process name: TASK_COMM_LEN - 1 */
+    req->nresets = (int)take_in(&c, 0, ENGINE_MAX_DIRS);
+    for (int i = 0; i < req->nresets && !c.bad; i++) {
+        req->resets[i].path = take_path(&c);
+        req->resets[i].value = take_str(&c, ENGINE_VALUE_MAX);
+    }
+    for (const char *p = req->spare_prefix; *p; p++) {
+        if (*p == '/')
+            c.bad = 1;  /* a name in each hierarchy, never a path */
+    }
     req->nsources = (int)take_in(&c, 0, ENGINE_MAX_SOURCES);
     req->plan = take_bytes(&c, len, &req->plan_len);
     if (c.bad || c.p != c.end)
