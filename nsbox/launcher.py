@@ -137,6 +137,7 @@ class _HelperClient:
     def stop(self) -> None:
         """End the helper and reap it (the command line, before it exits): every sandbox it
         still runs is killed first (end-of-file on its control socket)."""
+        engine.client.stop()  # the launch engine's sandboxes too (nsbox/host/engine.py)
         with self._lock:
             sock, pid = self._sock, self._pid
             self._sock, self._pid = None, 0

@@ -12,8 +12,9 @@ had fall back on (nsbox/limits.py). The engine only carries them out, in order, 
 its raw figures, which ``Submission.report`` turns into the Python helper's report, field for
 field, so that nsbox/launcher.py builds the Result the same way for both.
 
-``NSBOX_ENGINE=0``: the Python helper for every launch; ``NSBOX_ENGINE=1``: the engine for
-every launch it can take (``why_not`` says which it cannot).
+The engine takes every launch it can (``why_not`` says which it cannot); ``NSBOX_ENGINE=0`` in
+the caller's environment: the Python helper for every launch (CI runs the security, limits and
+compatibility tests so too).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ _runs = itertools.count(1)
 
 
 def wanted() -> bool:
-    """Whether the caller asks for the engine (``NSBOX_ENGINE=1``); off by default."""
-    return os.environ.get("NSBOX_ENGINE") == "1"
+    """Whether launches may take the engine: unless the caller says ``NSBOX_ENGINE=0``."""
+    return os.environ.get("NSBOX_ENGINE") != "0"
 
 
 def why_not(plan: dict[str, Any]) -> str | None:
