@@ -16,6 +16,7 @@ import nsbox
 from nsbox import launcher
 from nsbox.cgroups import _fs, _names
 from nsbox.helper.spawner import READY
+from nsbox.host import engine
 
 
 def _cgroup_dirs() -> list[str]:
@@ -117,7 +118,7 @@ def _launch_processes_kib() -> int:
 
 
 def snapshot() -> dict[str, int]:
-    helper = launcher._helper._pid
+    helper = launcher._helper._pid or engine.client.pid  # or the launch engine
     with open("/proc/self/mountinfo") as f:
         mounts = sum(1 for _ in f)
     zombies, live, spawners = _children({os.getpid(), helper})
