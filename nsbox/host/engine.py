@@ -359,16 +359,20 @@ class Submission:
         self.bound = [i for i, op in enumerate(plan["mounts"])
                       if op["op"] == "bind" and held.detached_binds]
         self.flat = flat_plan(self.plan, self.cgroup, self.bound)  # ValueError: the helper's
+        wall = plan.get("wall_time")
+        self.wall_us = -1 if wall is None else max(0, round(float(wall) * 1e6))  # TypeError too
 
     def __call__(self, plan: WirePlan, fds: list[int]) -> None:
         """Send the request with ``fds`` [launch socket, stdin, stdout, stderr]. A failure
         before the engine has it is told on the launch socket, as the helper tells it."""
         try:
             client.send(lambda owner: self.request(owner, fds))
-        except (StepFailed, HostError, OSError) as exc:
+        except LaunchError:
+            self.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - as the helper: this launch fails, told so
             self.close()
             _tell(fds[0], failure_report(exc))
-            return
         except BaseException:
             self.close()
             raise

@@ -215,6 +215,13 @@ int spare_take(const struct engine_request *req, struct taken_spare *out)
             else if (!(n < 0 && (errno == EAGAIN || errno == EINTR)))
                 drop(sp);  /* it failed to move in, or died: made again later */
         }
+        for (int d = 0; sp->used && sp->ready && d < nbases; d++) {
+            char dir[ENGINE_PATH_MAX + ENGINE_VALUE_MAX + 32];
+            struct stat st;
+            spare_dir(d, sp->name, dir, sizeof(dir));
+            if (stat(dir, &st) != 0)
+                drop(sp);  /* removed from outside: it must not cost a run its cgroup */
+        }
         if (sp->used && sp->ready) {
             out->pid = sp->pid;
             out->sock = sp->sock;
