@@ -25,6 +25,15 @@ NATIVE = Extension(
 )
 
 
+# The launch engine (nsbox/native/engine.c): a standalone executable, no Python in it, linked
+# with the native core's child. Installed in the package directory, which no sandbox may write
+# (rule nsbox-code).
+ENGINE = "nsbox-engine"
+ENGINE_SOURCES = [f"nsbox/native/{name}.c" for name in (
+    "engine", "engine_msg", "engine_cgroup", "engine_spare", "spawner", "plan", "child",
+    "mounts", "report", "pooled", "devproc")]
+
+
 class BuildWithPrograms(build_ext):
     """build_ext, then what the shipped profiles need at run time (their seccomp programs, their
     parsed values), in the tree the extension goes to (the source tree for an editable install
@@ -34,6 +43,7 @@ class BuildWithPrograms(build_ext):
         super().run()
         self._programs = []
         root = HERE if self.inplace else self.build_lib
+        self._build_engine(os.path.join(root, "nsbox"))
         directory = os.path.join(root, "nsbox", "host", "seccomp_programs")
         parsed = os.path.join(root, "nsbox", "profiles", "parsed.json")
         sys.path.insert(0, HERE)  # the nsbox being built, not one installed elsewhere
@@ -53,6 +63,27 @@ class BuildWithPrograms(build_ext):
                   "parsed at run time", file=sys.stderr)
         finally:
             sys.path.remove(HERE)
+
+    def _build_engine(self, package: str) -> None:
+        """The engine, or a note why not: launches then take the Python helper."""
+        try:
+            if self.compiler is None or isinstance(self.compiler, str):
+                from setuptools._distutils.ccompiler import new_compiler
+                from setuptools._distutils.sysconfig import customize_compiler
+
+                compiler = new_compiler()
+                customize_compiler(compiler)
+            else:
+                compiler = self.compiler
+            objects = compiler.compile(
+                [os.path.join(HERE, s) for s in ENGINE_SOURCES],
+                output_dir=os.path.join(self.build_temp, "engine"),
+                extra_postargs=["-std=gnu11", "-Wall", "-Wextra", "-O2"])
+            compiler.link_executable(objects, ENGINE, output_dir=package)
+            self._programs.append(os.path.join(package, ENGINE))
+        except Exception as exc:  # noqa: BLE001 - any failure: the Python helper instead
+            print(f"nsbox: the launch engine is not built ({type(exc).__name__}: {exc}); "
+                  "launches take the Python helper", file=sys.stderr)
 
     def get_outputs(self) -> list:
         return [*super().get_outputs(), *getattr(self, "_programs", [])]

@@ -22,7 +22,7 @@ from nsbox import _wire, cgroups, errors, inputs, landlockplan, limits
 from nsbox import plan as planmod
 from nsbox._wire import SetupErrorInfo
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
-from nsbox.host import isolation
+from nsbox.host import engine, isolation
 from nsbox.host.network import RunNetwork
 from nsbox.host.output import (  # noqa: F401 (_Stream, _send_kill: sessions use them from here)
     HOST_GRACE,
@@ -137,6 +137,7 @@ class _HelperClient:
     def stop(self) -> None:
         """End the helper and reap it (the command line, before it exits): every sandbox it
         still runs is killed first (end-of-file on its control socket)."""
+        engine.client.stop()  # the launch engine's sandboxes too (nsbox/host/engine.py)
         with self._lock:
             sock, pid = self._sock, self._pid
             self._sock, self._pid = None, 0
@@ -158,8 +159,6 @@ def use_forked_helper() -> None:
     command line: a clone of a big process costs every launch more."""
     _helper.fork = True
     _helper.reap_at_exit()
-
-
 
 
 def _stdin_fd(stdin: bytes | int | None) -> tuple[int, bool]:
@@ -306,12 +305,13 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     """One launch through ``submit(wire, fds)``: the helper (run) or a pool (Pool.run)."""
     started = time.monotonic()
     net = net or RunNetwork(Network())
-    submit = submit or _helper.submit
     if os.environ.get("NSBOX_NATIVE") == "0":
         wire["native"] = False  # the helper's environment is not the caller's
     if trace is not None:
         wire["trace"] = True
         trace.append(("host: send to helper", time.monotonic_ns()))
+    by_engine = None if submit else engine.submission(wire)  # nsbox/host/engine.py: which
+    submit = submit or by_engine or _helper.submit
     try:
         out_r, err_r, ours = _submit_with_streams(submit, wire, stdin)
     except BaseException:
@@ -326,10 +326,13 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
             cancel.attach(ours)
         try:
             report, pid = _supervise(ours, streams, cap, net, wall_time=wire.get("wall_time"))
+            report = by_engine.report(report) if by_engine else report
         finally:
             if cancel is not None:
                 cancel.detach()
             net.close()  # the proxy ends with the run, whatever happened
+            if by_engine is not None:
+                by_engine.close()
     if trace is not None:
         trace.append(("host: report received, build result", time.monotonic_ns()))
     try:

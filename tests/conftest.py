@@ -76,7 +76,7 @@ def public_tree() -> Iterator[Path]:
         shutil.copytree(source, root / source.name,
                         ignore=shutil.ignore_patterns("__pycache__"))
     for path in root.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
+        path.chmod(0o755 if path.is_dir() or path.name == "nsbox-engine" else 0o644)
     yield root
     shutil.rmtree(root)
 
@@ -112,6 +112,7 @@ def run_as(uid: int, tree: Path | None, argv: list[str], **kwargs: Any) -> Resul
         env={"PATH": "/usr/bin:/bin", "NSBOX_TEST_CANARY": os.environ.get("NSBOX_TEST_CANARY", ""),
              # The launch core under test (tests/test_native.py; CI runs with both).
              "NSBOX_NATIVE": os.environ.get("NSBOX_NATIVE", ""),
+             "NSBOX_ENGINE": os.environ.get("NSBOX_ENGINE", ""),  # the launch engine's runs
              "NSBOX_TRACE": os.environ.get("NSBOX_TRACE", "")},
     )
     if proc.returncode != 0:

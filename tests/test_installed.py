@@ -89,3 +89,16 @@ def test_the_one_file_cli_lists_and_runs_the_bench(tmp_path: Path) -> None:
                             text=True, timeout=60)
     assert helped.returncode == 0, helped.stderr
     assert "--quick" in helped.stdout
+
+
+def test_the_installed_copy_carries_the_launch_engine(installed: Path) -> None:
+    # Built with the package, executable, inside the package directory (rule nsbox-code keeps
+    # every sandbox from writing it), and a one-shot run goes through it.
+    binary = installed / "nsbox" / "nsbox-engine"
+    assert binary.is_file() and os.access(binary, os.X_OK)
+    code = ("import nsbox; from nsbox.host import engine; r = nsbox.run(['true']); "
+            "print(r.status.value, engine.client.sent, engine.PATH)")
+    proc = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd="/", env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(installed)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["OK", "1", str(binary)]

@@ -304,6 +304,7 @@ def test_a_sandbox_is_born_in_its_cgroup_alone_with_its_exact_limits(
     """No migration into the cgroup after the clone (it waits for an RCU grace period): on v2
     the child is cloned into it, on v1 a spawner made ahead clones it there and then leaves."""
     backend = _cgroup_backend(cgroups.PIDS)
+    monkeypatch.setenv("NSBOX_ENGINE", "0")  # the Python helper's; the engine attaches on v1
     nsbox.run(["true"])  # the helper is up; its spawners (v1) get ready meanwhile
     if backend.kind == "v1":
         assert _wait(_spawners_ready), "the helper's spawners did not get ready"
@@ -334,8 +335,9 @@ def test_a_sandbox_is_born_in_its_cgroup_alone_with_its_exact_limits(
 
 
 def test_spawners_killed_while_waiting_are_cleaned_up_and_runs_keep_their_cgroup(
-        marker: str) -> None:
+        marker: str, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = _cgroup_backend(cgroups.MEMORY)
+    monkeypatch.setenv("NSBOX_ENGINE", "0")  # the Python helper's spawners
     require(backend.kind == "v1", "spawners exist on v1 hosts only (v2 clones into the cgroup)")
     nsbox.run(["true"])
     helper = launcher._helper._pid

@@ -220,6 +220,19 @@ def nsbox_methods(pool_size: int) -> list[Method]:
         # limits happen inside this call.
         _ok(nsbox.run(argv, nsbox.Policy()))
 
+    def by_helper(argv: list[str]) -> None:
+        # The same launch through the Python launch helper instead of the launch engine
+        # (NSBOX_ENGINE=0, read per launch): the two side by side in one run.
+        before = os.environ.get("NSBOX_ENGINE")
+        os.environ["NSBOX_ENGINE"] = "0"
+        try:
+            _ok(nsbox.run(argv, nsbox.Policy()))
+        finally:
+            if before is None:
+                os.environ.pop("NSBOX_ENGINE", None)
+            else:
+                os.environ["NSBOX_ENGINE"] = before
+
     # Limits switched off: no cgroup at all (memory, pids and the CPU-time accounting are what
     # make one), the same isolation work as bwrap+seccomp.
     unlimited = nsbox.Policy().with_limits(memory=None, pids=None, cpu_time=None)
@@ -248,6 +261,9 @@ def nsbox_methods(pool_size: int) -> list[Method]:
         Method("nsbox API cold", "nsbox.run(argv, nsbox.Policy())  # helper warm, nothing "
                "prepared", cold, "all namespaces, tmpfs root, /proc, /dev, seccomp, the policy's "
                "limits, no capabilities"),
+        Method("nsbox API cold, Python helper", "NSBOX_ENGINE=0: nsbox.run(argv, "
+               "nsbox.Policy())  # the Python launch helper instead of the engine", by_helper,
+               "as nsbox API cold"),
         Method("nsbox API no limits", "nsbox.run(argv, nsbox.Policy().with_limits(memory=None, "
                "pids=None, cpu_time=None))  # helper warm", no_limits,
                "as nsbox API cold, without a cgroup (no memory, pids or CPU-time limit)"),

@@ -16,6 +16,7 @@ import nsbox
 from nsbox import _mountinfo, launcher
 from nsbox.cgroups import _fs, _names
 from nsbox.helper.spawner import READY
+from nsbox.host import engine
 
 
 def _cgroup_dirs() -> list[str]:
@@ -115,21 +116,23 @@ def _launch_processes_kib() -> int:
 
 
 def snapshot() -> dict[str, int]:
-    helper = launcher._helper._pid
+    # The launch processes this process keeps: the launch helper and the launch engine, either
+    # or both (sessions and pools take the helper, one-shot runs the engine).
+    keepers = {pid for pid in (launcher._helper._pid, engine.client.pid) if pid}
     with open("/proc/self/mountinfo") as f:
         mounts = sum(1 for _ in f)
-    zombies, live, spawners = _children({os.getpid(), helper})
+    zombies, live, spawners = _children({os.getpid(), *keepers})
     return {
         "host_mounts": mounts,
-        "cgroups_below_ours": _count_cgroups_below({helper, os.getpid()}),
-        "spare_cgroups": _count_cgroups_below({helper}, spares=True),
+        "cgroups_below_ours": _count_cgroups_below({*keepers, os.getpid()}),
+        "spare_cgroups": _count_cgroups_below(keepers, spares=True),
         "spawners": spawners,
         "fds_launcher": _fds(os.getpid()),
-        "fds_helper": _fds(helper),
+        "fds_helper": sum(_fds(pid) for pid in keepers),
         "zombies": zombies,
-        "children_left": live - 1,  # the helper itself is our child
+        "children_left": live - len(keepers),  # the launch processes themselves are ours
         "rss_kib_launcher": _rss_kib(os.getpid()),
-        "rss_kib_helper": _rss_kib(helper),
+        "rss_kib_helper": sum(max(0, _rss_kib(pid)) for pid in keepers),
         "rss_kib_launch_processes": _launch_processes_kib(),
     }
 

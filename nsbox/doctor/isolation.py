@@ -42,20 +42,35 @@ def apparmor_profile(executable: str | None = None) -> str:
     common = ("  allow file rwlkm /{**,},\n  allow network,\n  allow unix,\n  allow ptrace,\n"
               "  allow signal,\n  allow mqueue,\n  allow io_uring,\n  allow userns,\n"
               "  allow mount,\n  allow umount,\n  allow pivot_root,\n  allow dbus,\n")
-    return (
+    return (_launcher_profiles(executable, common) + "profile unpriv_nsbox "
+            "flags=(attach_disconnected,mediate_deleted) {\n" + common
+            + "  allow pix /** -> &unpriv_nsbox,\n\n  audit deny capability,\n\n"
+            "  include if exists <local/unpriv_nsbox>\n}\n")
+
+
+def _launcher_profiles(executable: str, common: str) -> str:
+    """The launchers' profiles: the Python helper's interpreter, and the launch engine
+    (nsbox/host/engine.py) where it is built, which creates the namespaces of one-shot runs."""
+    from nsbox.host import engine
+
+    text = _launcher_profile("nsbox", executable, common, (
         "# nsbox's launch helper may create user namespaces and hold capabilities in them; what\n"
         "# it executes (the sandboxed commands) is stacked with unpriv_nsbox, which holds no\n"
         f"# capability. {executable} is the Python interpreter nsbox runs in: every\n"
         "# program it runs gets the same permission. Install as root:\n"
         f"#   nsbox doctor --apparmor-profile > {_FILE} && apparmor_parser -r {_FILE}\n"
-        "abi <abi/4.0>,\n\ninclude <tunables/global>\n\n"
-        f"profile nsbox {executable} flags=(attach_disconnected,mediate_deleted) {{\n"
-        "  allow capability,\n" + common
-        + "  allow pix /** -> &nsbox//&unpriv_nsbox,\n\n"
-        "  include if exists <local/nsbox>\n}\n\n"
-        "profile unpriv_nsbox flags=(attach_disconnected,mediate_deleted) {\n" + common
-        + "  allow pix /** -> &unpriv_nsbox,\n\n  audit deny capability,\n\n"
-        "  include if exists <local/unpriv_nsbox>\n}\n")
+        "abi <abi/4.0>,\n\ninclude <tunables/global>\n\n"))
+    if os.access(engine.PATH, os.X_OK):
+        text += _launcher_profile("nsbox_engine", os.path.realpath(engine.PATH), common, (
+            "# The launch engine, nsbox's C launcher of one-shot runs, the same way.\n"))
+    return text
+
+
+def _launcher_profile(name: str, executable: str, common: str, head: str) -> str:
+    return (head + f"profile {name} {executable} flags=(attach_disconnected,mediate_deleted) {{\n"
+            "  allow capability,\n" + common
+            + f"  allow pix /** -> &{name}//&unpriv_nsbox,\n\n"
+            f"  include if exists <local/{name}>\n}}\n\n")
 
 
 def _refusal(checks: list[Check], facts: HostFacts) -> str | None:

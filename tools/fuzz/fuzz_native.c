@@ -18,6 +18,7 @@
  */
 #define _GNU_SOURCE
 #include "child.h"
+#include "engine.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -616,6 +617,50 @@ static void check_writer(const unsigned char *data, size_t len, int with_fork)
 
 /* --- the plan parser ------------------------------------------------------------------------ */
 
+/* The launch engine's request (nsbox/native/engine_msg.c): parsed, every string lies inside
+ * the message and ends at its NUL, every count within its array, every path absolute or "";
+ * the plan it carries parses as any plan does. */
+static void check_engine_request(const char *blob, size_t len, const int *fds, size_t nfds)
+{
+    struct engine_request req;
+    const char *why = NULL;
+    if (engine_parse(&req, blob, len, &why) != 0) {
+        if (why == NULL)
+            finding("an engine request refused without its reason");
+        return;
+    }
+    if (req.ndirs > ENGINE_MAX_DIRS || req.nwrites > ENGINE_MAX_WRITES
+        || req.nprocs > ENGINE_MAX_DIRS || req.nusage > ENGINE_MAX_USAGE
+        || req.nsources > ENGINE_MAX_SOURCES || req.cpu_scale < 1 || req.wall_us < -1)
+        finding("an engine request's count out of range");
+    const char *paths[] = {req.cpu_path, req.clone_dir, req.kill_file, req.freezer, req.events};
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+        check_string(paths[i], blob, len, "engine path");
+        if (paths[i][0] != '\0' && paths[i][0] != '/')
+            finding("an engine path is not absolute");
+    }
+    check_string(req.uid_map, blob, len, "uid_map");
+    check_string(req.gid_map, blob, len, "gid_map");
+    for (int i = 0; i < req.ndirs; i++)
+        check_string(req.dirs[i], blob, len, "dir");
+    for (int i = 0; i < req.nwrites; i++) {
+        check_string(req.writes[i].path, blob, len, "write path");
+        check_string(req.writes[i].value, blob, len, "write value");
+    }
+    for (int i = 0; i < req.nusage; i++) {
+        check_string(req.usage[i].name, blob, len, "usage name");
+        check_string(req.usage[i].path, blob, len, "usage path");
+        check_string(req.usage[i].key, blob, len, "usage key");
+    }
+    if (req.plan < blob || req.plan + req.plan_len >= blob + len || req.plan[req.plan_len])
+        finding("the engine request's plan lies outside it");
+    struct plan plan;
+    if (plan_parse(&plan, req.plan, req.plan_len, fds, nfds, &why) == 0) {
+        check_plan(&plan, blob, len, fds, nfds);
+        plan_free(&plan);
+    }
+}
+
 static void run_case(unsigned char *buf, size_t cap, int with_writer, int with_fork)
 {
     static const int fds[] = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
@@ -628,7 +673,9 @@ static void run_case(unsigned char *buf, size_t cap, int with_writer, int with_f
         finding("out of memory");
     memcpy(blob, buf, len);
     size_t nfds = below(sizeof(fds) / sizeof(fds[0]) + 1);
-    if (s->kind == 'P') {
+    if (s->kind == 'E') {
+        check_engine_request(blob, len, fds, nfds);
+    } else if (s->kind == 'P') {
         struct plan plan;
         const char *why = NULL;
         if (plan_parse(&plan, blob, len, fds, nfds, &why) == 0) {
@@ -866,8 +913,9 @@ static void load_seed(const char *path)
     s->data = malloc(INPUT_MAX);
     s->len = fread(s->data, 1, INPUT_MAX, f);
     fclose(f);
-    if (s->kind != 'P' && s->kind != 'C')
-        finding("a seed's name starts with P (a plan) or C (a command): %s", name);
+    if (s->kind != 'P' && s->kind != 'C' && s->kind != 'E')
+        finding("a seed's name starts with P (a plan), C (a command) or E (an engine "
+                "request): %s", name);
     if (s->kind == 'P' && base_blob == NULL) {
         const char *why;
         static const int fds[] = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};

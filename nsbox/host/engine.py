@@ -1,0 +1,479 @@
+"""The launch engine's host side: which launches it takes, its request, its report.
+
+The engine (nsbox/native/engine.c, the executable ``nsbox-engine`` in the package directory)
+is a small C program that runs the per-launch loop of the Python helper (nsbox/helper/loop.py)
+for one-shot launches: posix_spawned once per host process, so it is never a copy of a Python
+address space, and single-threaded, so that it may clone. Every decision stays here, in
+Python: the plan and the rule book (nsbox/plan.py), the identity and the id maps
+(nsbox/identity.py), the bind sources (nsbox/helper/sources.py, opened in this process, which
+holds what the engine holds), the run's cgroup as the directories to make, the files to write
+and the files to read (the backend's view, nsbox/cgroups), and what the limits that cannot be
+had fall back on (nsbox/limits.py). The engine only carries them out, in order, and sends back
+its raw figures, which ``Submission.report`` turns into the Python helper's report, field for
+field, so that nsbox/launcher.py builds the Result the same way for both.
+
+The engine takes every launch it can (``why_not`` says which it cannot); ``NSBOX_ENGINE=0`` in
+the caller's environment: the Python helper for every launch (CI runs the security, limits and
+compatibility tests so too).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import itertools
+import json
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from nsbox import _libc, _wire, cgroups, identity
+from nsbox._wire import ExitReport, WirePlan
+from nsbox.cgroups import _names
+from nsbox.errors import HostError, LaunchError
+from nsbox.helper.launch import Launch, StepFailed, failure_report
+from nsbox.helper.sources import Sources
+from nsbox.sandbox import child as _child
+from nsbox.sandbox import diskfull
+from nsbox.sandbox import native as _native
+
+FORMAT = 1  # nsbox/native/engine.h, ENGINE_FORMAT
+PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nsbox-engine")
+# Reset in every sandbox: what the engine ignores itself (SIGINT, SIGPIPE), SIGXFSZ as the
+# Python helper does, and glibc's internal 32 and 33 (nsbox/native/child.c, reset_signals);
+# the engine starts with every other signal at its default (posix_spawn's setsigdef).
+IGNORED_SIGNALS = sum(1 << (sig - 1) for sig in (
+    int(signal.SIGINT), int(signal.SIGPIPE), int(signal.SIGXFSZ), 32, 33))
+_CFS_PERIOD_US = 100_000  # nsbox/cgroups/_v1.py, CFS_PERIOD_US
+_runs = itertools.count(1)
+
+
+def wanted() -> bool:
+    """Whether launches may take the engine: unless the caller says ``NSBOX_ENGINE=0``."""
+    return os.environ.get("NSBOX_ENGINE") != "0"
+
+
+def why_not(plan: dict[str, Any]) -> str | None:
+    """Why the engine cannot run ``plan`` (the Python helper takes it then), or None."""
+    if not os.access(PATH, os.X_OK):
+        return "the launch engine is not built (no C compiler at install time)"
+    if plan.get("isolation") == "landlock":
+        return "the Landlock mode is the Python helper's"
+    if plan.get("session") or plan.get("pooled"):
+        return "sessions and pools are the Python helper's"
+    if plan.get("seccomp_notify"):
+        return "learning mode (a seccomp listener) is the Python helper's"
+    if plan["net"].get("mode") == "allow":
+        return "the allow-list proxy is the Python helper's"
+    if plan.get("native") is False or _native.disabled_by_caller():
+        return "NSBOX_NATIVE=0"
+    reason = _native.unsupported(plan)  # overlays (project mode) among them
+    if reason is not None:
+        return reason
+    if cgroups.get_backend().kind not in ("v1", "none"):
+        return "cgroup v2 runs take the Python helper for now"
+    return None
+
+
+def submission(plan: dict[str, Any]) -> Submission | None:
+    """The engine's launch of ``plan``, or None: the Python helper's (not asked for, or one it
+    cannot take)."""
+    if not wanted():
+        return None
+    try:
+        if why_not(plan) is not None:
+            return None
+        return Submission(plan)
+    except (ValueError, OverflowError):
+        return None  # a name or number the native core cannot carry: the Python child's
+    except HostError:
+        return None  # required limits that cannot be had: the helper refuses it the same way
+    except (KeyError, TypeError, AttributeError):
+        return None  # a plan that is not whole: the helper reports what is wrong with it
+
+
+class _Client:
+    """One engine per host process, started on first use, restarted if it died."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.pid = 0
+        self.held: identity.Holdings | None = None
+        self.sources: Sources | None = None
+        self._exit_registered = False
+        self.sent = 0  # launches handed to the engine by this process (the tests' evidence)
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock, self.pid = None, 0
+        self._lock = threading.Lock()
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        defaults = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+        try:
+            # argv[0] is a bare name: a sandbox's pid 1 is a copy of the engine, and no host
+            # path may be read in its /proc/1/cmdline.
+            self.pid = os.posix_spawn(
+                PATH, ["nsbox-engine", "3"], {"PATH": "/usr/bin:/bin"},
+                file_actions=[(os.POSIX_SPAWN_DUP2, theirs.fileno(), 3)],
+                setsid=True, setsigdef=defaults, setsigmask=())
+        except OSError as exc:
+            ours.close()
+            raise LaunchError(f"cannot start the launch engine {PATH}: {exc}") from None
+        finally:
+            theirs.close()
+        return ours
+
+    def _alive(self) -> bool:
+        if not self.pid:
+            return False
+        try:
+            pid, _status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return pid == 0
+
+    def send(self, build: Callable[[int], tuple[bytes, list[int]]]) -> None:
+        """Send the request ``build(engine_pid)`` makes (its cgroup names the engine as its
+        owner, nsbox/cgroups/_names.py)."""
+        with self._lock:
+            if self._sock is None or not self._alive():
+                if self._sock is not None:
+                    self._sock.close()
+                self._sock = self._start()
+                if not self._exit_registered:  # the host's exit ends and reaps it
+                    self._exit_registered = True
+                    atexit.register(self.stop)
+            blob, fds = build(self.pid)
+            try:
+                _wire.send_bytes(self._sock, blob, fds)
+                self.sent += 1
+            except OSError as exc:
+                self._sock.close()
+                self._sock = None
+                raise LaunchError(f"cannot send the launch request to the engine: {exc}"
+                                  ) from None
+
+    def holdings(self) -> tuple[identity.Holdings, Sources]:
+        if self.held is None or self.sources is None:
+            self.held = identity.Holdings.read()
+            self.sources = Sources(self.held)
+        return self.held, self.sources
+
+    def stop(self) -> None:
+        """End the engine and reap it: every sandbox it still runs is killed first."""
+        with self._lock:
+            sock, pid = self._sock, self.pid
+            self._sock, self.pid = None, 0
+        if sock is not None:
+            sock.close()
+        if pid:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+client = _Client()
+
+
+class _Writer(_native._Writer):
+    def put_path(self, path: str | None) -> None:
+        self.put_str(path or "")
+
+
+class _RunCgroup:
+    """The run's cgroup as the engine gets it, from this host's backend (nsbox/cgroups/_v1.py
+    does the same in Python), and the rlimits and degraded notes of what it cannot limit
+    (nsbox/limits.py, RunLimits)."""
+
+    def __init__(self, spec: dict[str, Any], rlimits: list[list[int]]) -> None:
+        backend = cgroups.get_backend()
+        wanted = _wanted(spec)
+        supported = backend.supports()
+        self.cpu_time: float | None = spec.get("cpu_time")
+        self.made = bool(wanted & supported)
+        missing = wanted - supported
+        if missing and spec.get("require"):
+            raise HostError(
+                f"cgroup limits are required, but {', '.join(sorted(missing))} cannot be "
+                f"limited here: {backend.reason}", feature="cgroup",
+                hint="run `nsbox doctor`; or drop require_cgroup to accept rlimits instead")
+        from nsbox import limits as _limits
+
+        why = backend.reason or "this host's cgroups lack the controller"
+        self.degraded = [f"{_limits._DEGRADED[f]} [{why}]" for f in sorted(missing)]
+        self.rlimits = [list(r) for r in rlimits]
+        for feature in sorted(missing):
+            self.rlimits.extend(spec.get("fallback_rlimits", {}).get(feature, []))
+        self.has_accounting = self.made and cgroups.CPU_ACCOUNTING in supported
+        self.bases: dict[str, str] = dict(getattr(backend, "bases", {}))
+        self.unified: str | None = getattr(backend, "unified_base", None)
+        self.request = cgroups.Request.from_dict(spec)
+        self.name = ""  # named for its owner, the engine (name_for)
+
+    def put_cpu(self, w: _Writer) -> None:
+        """The CPU-time limit and the file polled for it (nsbox/native/engine.h)."""
+        dirs, unified = self.dirs()
+        cpu_path, cpu_key, cpu_scale = "", "", 1
+        if self.cpu_time is not None and self.has_accounting:
+            if "cpuacct" in dirs:
+                cpu_path = os.path.join(dirs["cpuacct"], "cpuacct.usage")
+            elif unified:
+                cpu_path, cpu_key, cpu_scale = os.path.join(unified, "cpu.stat"), "usage_usec", 1000
+        w.put_int(-1 if cpu_path == "" or self.cpu_time is None else round(self.cpu_time * 1e9))
+        w.put_path(cpu_path)
+        w.put_str(cpu_key)
+        w.put_int(cpu_scale)
+
+    def dirs(self) -> tuple[dict[str, str], str | None]:
+        """The run's directory in each v1 hierarchy, and in the unified one."""
+        if not self.name:
+            return {}, None
+        dirs = {c: os.path.join(b, self.name) for c, b in self.bases.items()}
+        return dirs, os.path.join(self.unified, self.name) if self.unified else None
+
+    def name_for(self, owner: int) -> None:
+        """A new run name owned by the process ``owner`` (nsbox/cgroups/_names.py): a later
+        process reclaims what it left once it is gone."""
+        self.name = f"{_names._owner_tag(owner)}-r{next(_runs)}" if self.made else ""
+
+    def put_files(self, w: _Writer) -> None:
+        """The directories, the limits' writes, the kill and the usage files."""
+        dirs, unified = self.dirs()
+        every = sorted(set(dirs.values()) | ({unified} if unified else set()))
+        w.put_strings(every)
+        writes = self.writes(dirs)
+        w.put_int(len(writes))
+        for path, value in writes:
+            w.put_path(path)
+            w.put_str(value)
+        w.put_strings([os.path.join(d, "cgroup.procs") for d in every])
+        w.put_path("")  # cgroup v2 (clone3 into it): not yet
+        w.put_path(os.path.join(unified, "cgroup.kill") if unified else "")
+        w.put_path(dirs.get("freezer"))
+        w.put_path("")
+        usage = self.usage_files(dirs, unified)
+        w.put_int(len(usage))
+        for item in usage:
+            for text in item:
+                w.put_str(text)
+        # Spares (v1): cgroups made ahead by the engine, named for it, each with a spawner
+        # (nsbox/native/engine_spare.c); once it has left, the peak memory is the run's alone
+        # (cgroup-v1 memory.rst 5.4: writing 0 resets max_usage_in_bytes).
+        w.put_str(self.name.rsplit("-", 1)[0] + "-s" if self.name and self.bases else "")
+        w.put_str(_names.SPAWNER_NAME)
+        resets = [(os.path.join(dirs["memory"], "memory.max_usage_in_bytes"), "0")
+                  ] if "memory" in dirs else []
+        w.put_int(len(resets))
+        for path, value in resets:
+            w.put_path(path)
+            w.put_str(value)
+
+    def writes(self, dirs: dict[str, str]) -> list[tuple[str, str]]:
+        """nsbox/cgroups/_v1.py, V1Run.set_limits, as file writes."""
+        request, out = self.request, []
+        if request.memory is not None and "memory" in dirs:
+            out.append((os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(request.memory)))
+            # memsw caps memory plus swap (cgroup-v1 memory.rst, 2.4): only with swap accounting.
+            if os.path.exists(os.path.join(self.bases["memory"], "memory.memsw.limit_in_bytes")):
+                out.append((os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes"),
+                            str(request.memory)))
+        if request.pids is not None and "pids" in dirs:
+            out.append((os.path.join(dirs["pids"], "pids.max"), str(request.pids)))
+        if request.cpus is not None and "cpu" in dirs:
+            quota = max(1000, round(request.cpus * _CFS_PERIOD_US))
+            out.append((os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(_CFS_PERIOD_US)))
+            out.append((os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota)))
+        return out
+
+    @staticmethod
+    def usage_files(dirs: dict[str, str], unified: str | None) -> list[tuple[str, str, str]]:
+        """nsbox/cgroups/_v1.py, V1Run.usage, as (name, file, key) to read."""
+        out = []
+        if "memory" in dirs:
+            out.append(("peak_memory", os.path.join(dirs["memory"], "memory.max_usage_in_bytes"),
+                        ""))
+            out.append(("oom_kills", os.path.join(dirs["memory"], "memory.oom_control"),
+                        "oom_kill"))
+        if "cpuacct" in dirs:
+            out.append(("cpu_user_ns", os.path.join(dirs["cpuacct"], "cpuacct.usage_user"), ""))
+            out.append(("cpu_system_ns", os.path.join(dirs["cpuacct"], "cpuacct.usage_sys"), ""))
+        elif unified:
+            stat = os.path.join(unified, "cpu.stat")
+            out += [("cpu_user_us", stat, "user_usec"), ("cpu_system_us", stat, "system_usec")]
+        if "pids" in dirs:
+            out.append(("peak_pids", os.path.join(dirs["pids"], "pids.peak"), ""))
+        return out
+
+    def outcome(self, usage: dict[str, int | None], exceeded: bool) -> dict[str, Any]:
+        """nsbox/limits.py, RunLimits.finish, from the engine's figures."""
+        outcome: dict[str, Any] = {"degraded": self.degraded, "cpu_time": self.cpu_time,
+                                   "cpu_time_exceeded": exceeded, "accounting": "rusage"}
+        if not self.made:
+            return outcome
+        cpu_user = _seconds(usage, "cpu_user")
+        cpu_system = _seconds(usage, "cpu_system")
+        if self.has_accounting and cpu_user is not None:
+            outcome["accounting"] = "cgroup"
+        outcome.update(peak_memory=usage.get("peak_memory"), cpu_user=cpu_user,
+                       cpu_system=cpu_system, peak_pids=usage.get("peak_pids"),
+                       oom_kills=usage.get("oom_kills") or 0)
+        if self.cpu_time is not None and cpu_user is not None:
+            total = cpu_user + (cpu_system or 0.0)
+            outcome["cpu_time_exceeded"] = exceeded or total >= self.cpu_time
+        return outcome
+
+
+def _seconds(usage: dict[str, int | None], name: str) -> float | None:
+    if usage.get(f"{name}_ns") is not None:
+        return int(usage[f"{name}_ns"] or 0) / 1e9
+    if usage.get(f"{name}_us") is not None:
+        return int(usage[f"{name}_us"] or 0) / 1e6
+    return None
+
+
+def _wanted(spec: dict[str, Any]) -> set[str]:
+    from nsbox import limits as _limits
+
+    return _limits._wanted(spec)
+
+
+class Submission:
+    """One launch through the engine: ``__call__`` is the launcher's submit, ``report`` turns
+    the engine's figures into the helper's report, ``close`` releases what it held."""
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        self.plan: WirePlan = plan  # type: ignore[assignment]
+        self.launch = Launch(None)  # the bind sources' pins, released by close()
+        self.cgroup = _RunCgroup(plan["cgroup"], plan["rlimits"])
+        held, _sources = client.holdings()
+        # Which mounts get a descriptor: every bind, when this process opens them (Sources).
+        self.bound = [i for i, op in enumerate(plan["mounts"])
+                      if op["op"] == "bind" and held.detached_binds]
+        self.flat = flat_plan(self.plan, self.cgroup, self.bound)  # ValueError: the helper's
+        wall = plan.get("wall_time")
+        self.wall_us = -1 if wall is None else max(0, round(float(wall) * 1e6))  # TypeError too
+
+    def __call__(self, plan: WirePlan, fds: list[int]) -> None:
+        """Send the request with ``fds`` [launch socket, stdin, stdout, stderr]. A failure
+        before the engine has it is told on the launch socket, as the helper tells it."""
+        try:
+            client.send(lambda owner: self.request(owner, fds))
+        except LaunchError:
+            self.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - as the helper: this launch fails, told so
+            self.close()
+            _tell(fds[0], failure_report(exc))
+        except BaseException:
+            self.close()
+            raise
+
+    def request(self, owner: int, fds: list[int]) -> tuple[bytes, list[int]]:
+        plan = self.plan
+        held, sources = client.holdings()
+        ids = identity.decide(held, plan["host_uid"], plan["host_gid"])  # HostError: refused
+        source_fds = sources.open(self.launch, plan)  # StepFailed("bind TARGET")
+        for fd in source_fds.values():
+            self.launch.cleanup.callback(os.close, fd)
+        if sorted(source_fds) != self.bound:
+            raise StepFailed("bind", 0, "the bind sources opened are not the plan's")
+        blob = encode(plan, self.cgroup, ids, owner, self.bound, self.flat)
+        return blob, [*fds, *(source_fds[i] for i in self.bound)]
+
+
+    def report(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The helper's report (nsbox/helper/report.py, exit_report) from the engine's."""
+        if not raw.get("engine"):
+            return raw  # a refusal: the helper's shape already
+        data = str(raw.get("child") or "").encode()
+        child_trace, setup_error, reported = _read_report(data)
+        limits = self.cgroup.outcome(raw.get("usage") or {}, bool(raw.get("cpu_time_exceeded")))
+        report: ExitReport = {
+            "event": "exit",
+            "wait_status": _child.command_status(int(raw["init_status"]), reported),
+            "wall_time": int(raw["wall_ns"]) / 1e9,
+            "cpu_user": int(raw["utime_us"]) / 1e6,
+            "cpu_system": int(raw["stime_us"]) / 1e6,
+            "maxrss_kib": int(raw["maxrss_kib"]),
+            "timed_out": bool(raw["timed_out"]),
+            "kill_reason": raw.get("kill_reason"),
+            "setup_error": raw.get("internal_error") or setup_error,
+            "seccomp_denied": None,
+            "limits": limits,
+            "core": "native",  # the child is the native core's, as in the helper's launches
+            "disk_full": diskfull.disk_full(data),
+        }
+        if self.plan.get("trace"):
+            report["trace"] = child_trace
+        return dict(report)
+
+    def close(self) -> None:
+        """After the run: the writable binds' directories get their modes back."""
+        self.launch.cleanup.close()
+
+
+def flat_plan(plan: WirePlan, cgroup: _RunCgroup, bound: list[int]) -> bytes:
+    """The native core's flat plan, with the rlimits the cgroup falls back on; its
+    descriptors by index: the streams, the pipes the engine makes, the ``bound`` sources."""
+    flat, _placeholders = _native.flatten(
+        {**plan, "rlimits": cgroup.rlimits}, [0, 1, 2], 3, 4,
+        {i: 5 + k for k, i in enumerate(bound)}, -1, None, _cap_last(), "",
+        IGNORED_SIGNALS)
+    return flat
+
+
+@functools.cache
+def _cap_last() -> int:
+    return _libc.last_cap()  # the child drops every capability up to it
+
+
+def encode(plan: WirePlan, cgroup: _RunCgroup, ids: identity.SandboxIds, owner: int,
+           bound: list[int], flat: bytes | None = None) -> bytes:
+    """The engine's request (nsbox/native/engine.h has the layout): ``owner`` the pid the
+    run's cgroup is named for, ``bound`` the mounts whose sources travel as descriptors."""
+    wall = plan.get("wall_time")
+    w = _Writer()
+    w.put_int(FORMAT)
+    w.put_int(-1 if wall is None else max(0, round(float(wall) * 1e6)))
+    cgroup.name_for(owner)
+    cgroup.put_cpu(w)
+    w.put_int(0 if ids.mapper else 1)  # an unprivileged writer denies setgroups first
+    w.put_str(f"{plan['uid']} {ids.uid} 1\n")
+    w.put_str(f"{plan['gid']} {ids.gid} 1\n")
+    cgroup.put_files(w)
+    w.put_int(len(bound))
+    w.put_bytes(flat if flat is not None else flat_plan(plan, cgroup, bound), c_string=False)
+    return b"".join(w.parts)
+
+
+def _read_report(data: bytes) -> tuple[list[Any], Any, int | None]:
+    """nsbox/sandbox/child.py, read_report, over the lines that are whole JSON (the engine
+    sends the error pipe's last bytes: a cut first line is left out)."""
+    try:
+        return _child.read_report(data)
+    except (ValueError, TypeError):
+        lines = []
+        for line in data.split(b"\n"):
+            try:
+                whole = isinstance(json.loads(line), dict)
+            except ValueError:
+                continue
+            if whole:
+                lines.append(line)
+        return _child.read_report(b"\n".join(lines))
+
+
+def _tell(fd: int, report: ExitReport) -> None:
+    try:
+        os.write(fd, json.dumps(report).encode())
+    except OSError:
+        pass
