@@ -37,12 +37,16 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from nsbox import _wire
 from nsbox.sandbox.terminal import TAG
 
 TIOCGPTN = 0x80045430  # _IOR('T', 0x30, unsigned int): only a pty master answers it
 DEFAULT_SIZE = (24, 80)  # a terminal that does not know its size (TIOCGWINSZ says 0 x 0)
 _DRAIN = 2.0  # seconds for the last output of a run that has ended to arrive
 _CHUNK = 65536
+# Typed input held for a sandbox that does not read its pty: past this, the caller's terminal
+# is not read (its own queue fills) rather than this process's memory.
+_PENDING = 65536
 
 
 def is_terminal(fd: int) -> bool:
@@ -88,6 +92,7 @@ class Relay:
         self.cap, self.on_cap, self.cut, self.shown = cap, on_cap, False, 0
         self.size = window_size(fd_in)
         self.master = -1
+        self._pending, self._stdin_done = b"", False  # typed, not yet taken by the pty
         self._saved: list[Any] | None = None
         self._previous_winch: Any = None
         self._channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -123,6 +128,11 @@ class Relay:
     def _restore(self) -> None:
         if self._saved is not None:
             try:
+                # What reached the terminal's input since the relay stopped reading is no
+                # keystroke for the caller's shell: it may be the terminal's own answer to a
+                # query the sandbox wrote last (a title report, ESC [ 21 t; DECRQSS), which
+                # the shell would read as a typed command line (tcflush(3)).
+                termios.tcflush(self.fd_in, termios.TCIFLUSH)
                 # TCSADRAIN: what was written reaches the terminal in the modes it was for.
                 termios.tcsetattr(self.fd_in, termios.TCSADRAIN, self._saved)
             except termios.error:
@@ -170,9 +180,12 @@ class Relay:
             ready = {key.fd for key, _mask in selector.select()}
         if self._channel.fileno() not in ready:
             return False
-        message, fds, _flags, _addr = socket.recv_fds(self._channel, 64, 4)
-        for fd in fds[1:]:
-            os.close(fd)
+        # Close-on-exec (not socket.recv_fds, which drops its flags): no process this one
+        # starts meanwhile inherits the master. One message, one descriptor, or nothing kept.
+        try:
+            message, fds = _wire.receive_fds(self._channel, 64, 1)
+        except (ValueError, OSError):
+            return False
         if message != TAG or not fds or not _is_pty_master(fds[0]):
             if fds:
                 os.close(fds[0])
@@ -182,17 +195,18 @@ class Relay:
         return True
 
     def _copy(self) -> None:
-        """Caller -> master and master -> caller until the pty has no writer left (EIO)."""
-        pending = b""
+        """Caller -> master and master -> caller until the pty has no writer left (EIO), or
+        the drain time after the run's end has passed."""
         with selectors.DefaultSelector() as selector:
             selector.register(self.fd_in, selectors.EVENT_READ)
             selector.register(self.master, selectors.EVENT_READ)
             selector.register(self._wake_r, selectors.EVENT_READ)
-            woken: float | None = None
+            ends: float | None = None  # once the run is over: the end of its drain time
             while True:
-                timeout = None if woken is None else max(0.0, woken + _DRAIN - time.monotonic())
+                timeout = None if ends is None else max(0.0, ends - time.monotonic())
                 events = selector.select(timeout)
-                if not events and woken is not None:
+                # Past the drain time the relay ends, however much is still being written.
+                if ends is not None and (not events or timeout == 0.0):
                     return
                 for key, mask in events:
                     if key.fd == self._wake_r:
@@ -200,22 +214,39 @@ class Relay:
                         selector.unregister(self._wake_r)
                         if self.fd_in in selector.get_map():
                             selector.unregister(self.fd_in)
-                        pending, woken = b"", time.monotonic()
+                        self._pending, self._stdin_done = b"", True
+                        ends = time.monotonic() + _DRAIN
                         break
-                    elif key.fd == self.fd_in:
-                        data = _read(self.fd_in)
-                        if not data:  # the caller's stdin ended: the sandbox keeps its pty
-                            selector.unregister(self.fd_in)
-                        pending += data or b""
-                    elif mask & selectors.EVENT_READ:
-                        data = _read(self.master)
-                        if data is None:
-                            return  # EIO: every process of the sandbox closed the pty
-                        self._show(data)
-                    if pending and key.fd == self.master and mask & selectors.EVENT_WRITE:
-                        pending = pending[_write_some(self.master, pending):]
-                wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0)
+                    if key.fd == self.fd_in:
+                        self._take_input(selector)
+                    elif mask & selectors.EVENT_READ and not self._take_output():
+                        return  # EIO: every process of the sandbox closed the pty
+                    if key.fd == self.master and mask & selectors.EVENT_WRITE:
+                        self._give_input(selector)
+                wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._pending else 0)
                 selector.modify(self.master, wanted)
+
+    def _take_input(self, selector: selectors.BaseSelector) -> None:
+        data = _read(self.fd_in)
+        if not data:  # the caller's stdin ended: the sandbox keeps its pty
+            self._stdin_done = True
+        self._pending += data or b""
+        if not data or len(self._pending) >= _PENDING:
+            selector.unregister(self.fd_in)  # full: read on once the sandbox took some
+
+    def _give_input(self, selector: selectors.BaseSelector) -> None:
+        self._pending = self._pending[_write_some(self.master, self._pending):]
+        if (len(self._pending) < _PENDING and not self._stdin_done
+                and self.fd_in not in selector.get_map()):
+            selector.register(self.fd_in, selectors.EVENT_READ)
+
+    def _take_output(self) -> bool:
+        """Show what the master has; False once it has no writer left (EIO)."""
+        data = _read(self.master)
+        if data is None:
+            return False
+        self._show(data)
+        return True
 
     def _show(self, data: bytes) -> None:
         if self.cap is not None and self.shown + len(data) > self.cap:
