@@ -14,6 +14,7 @@ import fcntl
 import os
 import pty
 import select
+import signal
 import socket
 import subprocess
 import termios
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON
-from sessiontools import UserRunner, user_runner
+from sessiontools import UserRunner, sleepers, user_runner, wait_until
 from test_tty import PROMPT, SHELL, Terminal, cli
 
 from nsbox import launcher
@@ -286,6 +287,34 @@ def test_tiocsti_with_high_bits_in_the_request_is_refused(terminals: list[Termin
         b"0x5412 -1 EPERM", b"0x100005412 -1 EPERM", b"0xffffffff00005412 -1 EPERM",
         b"0x10000541c -1 EPERM", b""]
     assert term.modes() == term.before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT])
+@pytest.mark.parametrize("where", ["run", "session"])
+def test_a_signal_that_ends_nsbox_puts_the_terminal_back(terminals: list[Terminal],
+                                                        public_tree: Path, signum: int,
+                                                        where: str):
+    # Before, SIGHUP and SIGQUIT (and SIGTERM of `session exec`) ended nsbox by their default
+    # action, without unwinding: the caller's terminal stayed raw. nsbox still ends by the
+    # signal, and the sandbox with it.
+    user = UserRunner("caller", public_tree)
+    marker = f"{4200 + signum}.{os.getpid()}"
+    session_id = _session(user) if where == "session" else ""
+    try:
+        args = ["session", "exec", "--tty", session_id] if session_id else ["run", "--tty"]
+        term = cli(terminals, user, *args, "--", "sh", "-c",
+                   f"echo READY; sleep {marker}; echo not-reached")
+        term.expect(b"READY")
+        assert wait_until(lambda: sleepers(marker) != [])
+        assert term.modes() != term.before
+        term.proc.send_signal(signum)
+        code = term.finish()
+        assert code in (-signum, 128 + signum)  # `nsbox run` reports SIGTERM itself
+        assert term.modes() == term.before
+        assert wait_until(lambda: sleepers(marker) == [])
+    finally:
+        if session_id:
+            _stop(user, session_id)
 
 
 # --- sessions ---------------------------------------------------------------------------------

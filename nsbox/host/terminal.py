@@ -42,6 +42,10 @@ from nsbox.sandbox.terminal import TAG
 
 TIOCGPTN = 0x80045430  # _IOR('T', 0x30, unsigned int): only a pty master answers it
 DEFAULT_SIZE = (24, 80)  # a terminal that does not know its size (TIOCGWINSZ says 0 x 0)
+# Signals whose default action ends this process without unwinding it (signal(7)): while the
+# terminal is raw, a handler puts it back first and then lets the signal do what it would
+# have done. One that already has a handler (SIGTERM in `nsbox run`) is left to it.
+_ENDING = (signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT)
 _DRAIN = 2.0  # seconds for the last output of a run that has ended to arrive
 _CHUNK = 65536
 # Typed input held for a sandbox that does not read its pty: past this, the caller's terminal
@@ -95,6 +99,7 @@ class Relay:
         self._pending, self._stdin_done = b"", False  # typed, not yet taken by the pty
         self._saved: list[Any] | None = None
         self._previous_winch: Any = None
+        self._previous_ending: dict[int, Any] = {}
         self._channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sandbox_end = theirs.detach()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
@@ -106,6 +111,9 @@ class Relay:
             self._saved = termios.tcgetattr(self.fd_in)
             if threading.current_thread() is threading.main_thread():
                 self._previous_winch = signal.signal(signal.SIGWINCH, self._on_winch)
+                for signum in _ENDING:
+                    if signal.getsignal(signum) == signal.SIG_DFL:
+                        self._previous_ending[signum] = signal.signal(signum, self._on_ending)
             tty.setraw(self.fd_in, termios.TCSANOW)
             self._thread.start()
         except BaseException:
@@ -126,21 +134,15 @@ class Relay:
             self._restore()
 
     def _restore(self) -> None:
-        if self._saved is not None:
-            try:
-                # What reached the terminal's input since the relay stopped reading is no
-                # keystroke for the caller's shell: it may be the terminal's own answer to a
-                # query the sandbox wrote last (a title report, ESC [ 21 t; DECRQSS), which
-                # the shell would read as a typed command line (tcflush(3)).
-                termios.tcflush(self.fd_in, termios.TCIFLUSH)
-                # TCSADRAIN: what was written reaches the terminal in the modes it was for.
-                termios.tcsetattr(self.fd_in, termios.TCSADRAIN, self._saved)
-            except termios.error:
-                pass  # the terminal is gone (hung up): nothing to restore
-            self._saved = None
+        # TCSADRAIN: what was written reaches the terminal in the modes it was for.
+        self._put_back_modes(termios.TCSADRAIN)
+        self._saved = None
         if self._previous_winch is not None:
             signal.signal(signal.SIGWINCH, self._previous_winch)
             self._previous_winch = None
+        for signum, previous in self._previous_ending.items():
+            signal.signal(signum, previous)
+        self._previous_ending = {}
         for fd in (self.sandbox_end, self._wake_r, self._wake_w):
             _close(fd)
         self.sandbox_end = self._wake_r = self._wake_w = -1
@@ -148,6 +150,25 @@ class Relay:
         if not self._thread.is_alive() and self.master >= 0:
             _close(self.master)
             self.master = -1
+
+    def _put_back_modes(self, when: int) -> None:
+        if self._saved is None:
+            return
+        try:
+            # What reached the terminal's input since the relay stopped reading is no
+            # keystroke for the caller's shell: it may be the terminal's own answer to a
+            # query the sandbox wrote last (a title report, ESC [ 21 t; DECRQSS), which the
+            # shell would read as a typed command line (tcflush(3)).
+            termios.tcflush(self.fd_in, termios.TCIFLUSH)
+            termios.tcsetattr(self.fd_in, when, self._saved)
+        except termios.error:
+            pass  # the terminal is gone (hung up): nothing to restore
+
+    def _on_ending(self, signum: int, _frame: Any) -> None:
+        # TCSANOW: the process ends at once, nothing is left to drain for.
+        self._put_back_modes(termios.TCSANOW)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
     def _on_winch(self, _signum: int, _frame: Any) -> None:
         if self.master >= 0:
