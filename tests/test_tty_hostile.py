@@ -317,6 +317,35 @@ def test_a_signal_that_ends_nsbox_puts_the_terminal_back(terminals: list[Termina
             _stop(user, session_id)
 
 
+@pytest.mark.parametrize("where", ["run", "session"])
+def test_a_command_that_drops_its_terminal_gives_the_callers_back(terminals: list[Terminal],
+                                                                  public_tree: Path,
+                                                                  where: str):
+    # It closes its pty, ignores SIGINT and sleeps: before, the caller's terminal stayed raw
+    # (Ctrl-C went nowhere) until the time limit. Once no process holds the pty the terminal
+    # is the caller's again, and Ctrl-C ends nsbox and the sandbox.
+    user = UserRunner("caller", public_tree)
+    marker = f"4300.{os.getpid()}"
+    session_id = _session(user) if where == "session" else ""
+    try:
+        args = ["session", "exec", "--tty", "-t", "600", session_id] if session_id else [
+            "run", "--tty", "--time", "600"]
+        term = cli(terminals, user, *args, "--", "sh", "-c",
+                   f"trap '' INT; echo READY; exec </dev/null >/dev/null 2>&1; sleep {marker}")
+        term.expect(b"READY")
+        assert wait_until(lambda: term.modes() == term.before, 30)
+        assert sleepers(marker) != []
+        term.send(b"\x03")
+        code = term.finish()
+        assert code == (130 if where == "run" else 1)
+        assert wait_until(lambda: sleepers(marker) == [])
+        if where == "run":
+            assert b"nsbox: stopped by SIGINT: the sandbox was killed" in term.shown
+    finally:
+        if session_id:
+            _stop(user, session_id)
+
+
 # --- sessions ---------------------------------------------------------------------------------
 
 

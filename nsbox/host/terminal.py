@@ -152,7 +152,8 @@ class Relay:
             self.master = -1
 
     def _put_back_modes(self, when: int) -> None:
-        if self._saved is None:
+        saved = self._saved  # once: the relay's thread, a signal handler and exit may race
+        if saved is None:
             return
         try:
             # What reached the terminal's input since the relay stopped reading is no
@@ -160,7 +161,7 @@ class Relay:
             # query the sandbox wrote last (a title report, ESC [ 21 t; DECRQSS), which the
             # shell would read as a typed command line (tcflush(3)).
             termios.tcflush(self.fd_in, termios.TCIFLUSH)
-            termios.tcsetattr(self.fd_in, when, self._saved)
+            termios.tcsetattr(self.fd_in, when, saved)
         except termios.error:
             pass  # the terminal is gone (hung up): nothing to restore
 
@@ -186,7 +187,12 @@ class Relay:
         try:
             if self._receive_master():
                 self._copy_size()  # the window may have changed since the plan was made
-                self._copy()
+                if self._copy():
+                    # No process of the sandbox holds its pty any more, and the run may go on
+                    # (a command that closed it): the caller's terminal is theirs again, so
+                    # that Ctrl-C reaches nsbox, which ends the run, and does not wait for
+                    # the time limit in raw mode.
+                    self._put_back_modes(termios.TCSADRAIN)
         except OSError:
             pass  # the caller's terminal is gone: the run goes on to its end without it
         finally:
@@ -215,9 +221,9 @@ class Relay:
         self.master = fds[0]
         return True
 
-    def _copy(self) -> None:
-        """Caller -> master and master -> caller until the pty has no writer left (EIO), or
-        the drain time after the run's end has passed."""
+    def _copy(self) -> bool:
+        """Caller -> master and master -> caller until the pty has no writer left (EIO: True),
+        or the drain time after the run's end has passed (False)."""
         with selectors.DefaultSelector() as selector:
             selector.register(self.fd_in, selectors.EVENT_READ)
             selector.register(self.master, selectors.EVENT_READ)
@@ -228,7 +234,7 @@ class Relay:
                 events = selector.select(timeout)
                 # Past the drain time the relay ends, however much is still being written.
                 if ends is not None and (not events or timeout == 0.0):
-                    return
+                    return False
                 for key, mask in events:
                     if key.fd == self._wake_r:
                         # The run is over: what is typed from now on is for the caller's shell.
@@ -241,7 +247,7 @@ class Relay:
                     if key.fd == self.fd_in:
                         self._take_input(selector)
                     elif mask & selectors.EVENT_READ and not self._take_output():
-                        return  # EIO: every process of the sandbox closed the pty
+                        return True  # EIO: every process of the sandbox closed the pty
                     if key.fd == self.master and mask & selectors.EVENT_WRITE:
                         self._give_input(selector)
                 wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._pending else 0)
