@@ -24,13 +24,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON
+from conftest import PYTHON, require
 from sessiontools import UserRunner, sleepers, user_runner, wait_until
 from test_tty import PROMPT, SHELL, Terminal, cli
 
 from nsbox import launcher
 from nsbox.host import terminal as host_terminal
 from nsbox.host.terminal import Relay
+from nsbox.sandbox import native
 
 __all__ = ["Terminal"]  # the fixture's type, from test_tty
 
@@ -46,6 +47,13 @@ def terminals() -> Iterator[list[Terminal]]:
 @pytest.fixture(params=["caller", "unprivileged"])
 def as_user(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
     return user_runner(request, public_tree)
+
+
+@pytest.fixture(params=["native", "python"])
+def core(request: pytest.FixtureRequest) -> str:
+    if request.param == "native":
+        require(native.MISSING == "", native.MISSING or "the native core")
+    return str(request.param)
 
 
 def _env(user: UserRunner) -> dict[str, str]:
@@ -194,6 +202,19 @@ def test_the_master_is_not_inherited_by_what_the_host_starts(caller_pty: CallerP
         watcher.join()
     assert result.exit_code == 0
     assert seen and seen[0] & fcntl.FD_CLOEXEC
+
+
+def test_a_run_that_sends_no_master_or_fails_after_gives_the_terminal_back(
+        terminals: list[Terminal], as_user: UserRunner, core: str):
+    # A setup step before the terminal's fails: nothing arrives on the socket. The command
+    # does not exist: the master arrived, the exec failed. Either way the modes come back.
+    for args, code, said in (
+            (["--cwd", "/nonexistent-dir", "--", "true"], 125, b"nsbox: working directory: "),
+            (["--", "/nonexistent-command"], 127, b"nsbox: exec: No such file or directory")):
+        term = cli(terminals, as_user, "run", "--tty", "--quiet", *args, core=core)
+        assert term.finish() == code
+        assert said in term.shown
+        assert term.modes() == term.before
 
 
 # --- what the sandbox does with its pty ------------------------------------------------------
