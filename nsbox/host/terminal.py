@@ -16,7 +16,12 @@ or ``ssh -t``: an editor or a shell needs them, which is why it is asked for wit
 - SIGWINCH (the caller's window changed) is passed on as TIOCSWINSZ on the master, which
   signals the sandbox's foreground process group in turn (ioctl_tty(2));
 - on exit, whatever happened (the command's end, an exception, SIGTERM, the sandbox killed at
-  its limit), the caller's termios are put back as they were (``finally``).
+  its limit), the caller's termios are put back as they were (``finally``), and what reached
+  the terminal's input unrelayed is discarded: the terminal's answer to a query the sandbox
+  wrote last is no line for the caller's shell;
+- a signal whose default would end this process unwound (SIGHUP, SIGQUIT; SIGTERM where
+  nothing handles it) puts them back first, and once no process of the sandbox holds its pty
+  they are put back while the run goes on, so that Ctrl-C reaches nsbox again.
 
 Only SIGKILL of nsbox itself leaves the terminal raw (``stty sane`` or ``reset`` repairs it).
 """
