@@ -409,3 +409,35 @@ def test_without_tty_no_stream_or_dev_tty_is_the_callers_terminal(terminals: lis
             assert term.modes() == term.before
     finally:
         _stop(as_user, session_id)
+
+
+@pytest.mark.parametrize("with_tty", [False, True])
+def test_in_the_landlock_mode_the_callers_terminal_is_out_of_reach(terminals: list[Terminal],
+                                                                   as_user: UserRunner,
+                                                                   with_tty: bool):
+    # No mount namespace there: the host's devpts is the sandbox's. The caller's terminal
+    # is a node of it, of the same user, and the Landlock layer still refuses it by name.
+    from nsbox import _landlock
+
+    abi = _landlock.abi_version()
+    require(abi >= _landlock.MIN_ABI, f"the kernel has Landlock ABI {abi}, the mode needs 4")
+    other_master, other_slave = pty.openpty()  # another terminal of the caller's
+    try:
+        names = [os.ttyname(other_slave)]
+        probe = ("import errno, os, sys\n"
+                 f"for name in {names!r} + ['/dev/ptmx', '/dev/console']:\n"
+                 "    try:\n"
+                 "        os.close(os.open(name, os.O_RDWR | os.O_NOCTTY))\n"
+                 "        print(name, 'opened')\n"
+                 "    except OSError as exc:\n"
+                 "        print(name, errno.errorcode[exc.errno])\n")
+        term = cli(terminals, as_user, "run", "--isolation", "landlock", "--quiet",
+                   *(["--tty"] if with_tty else []), "--", "python3", "-c", probe)
+        assert term.finish() == 0
+        said = term.shown.decode().split("\r\n")
+        assert said[:3] == [f"{names[0]} EACCES", "/dev/ptmx EACCES", "/dev/console EACCES"], said
+        assert not select.select([other_master], [], [], 0)[0]  # nothing reached it
+        assert term.modes() == term.before
+    finally:
+        os.close(other_master)
+        os.close(other_slave)
