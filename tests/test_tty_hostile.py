@@ -144,6 +144,34 @@ def test_the_command_holds_no_way_back_to_the_relay(terminals: list[Terminal],
     assert term.modes() == term.before
 
 
+def test_a_terminal_the_caller_holds_on_other_descriptors_is_not_passed_in(public_tree: Path):
+    # The caller's shell keeps its terminal open on more than 0, 1 and 2 (bash: 255). None
+    # of them reaches the command, with or without --tty.
+    as_user = UserRunner("caller", public_tree)
+    master, slave = pty.openpty()
+    try:
+        for fd in (9, 200):
+            os.dup2(slave, fd)  # inheritable
+        probe = "ls /proc/self/fd; echo injected >&9; echo injected >&200"
+        for tty_args in ([], ["--tty"]):
+            ran = subprocess.run(
+                [*as_user.prefix(), PYTHON, "-m", "nsbox", "run", "--quiet", *tty_args, "--",
+                 "sh", "-c", probe], stdin=slave if tty_args else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if not tty_args else slave, stderr=subprocess.STDOUT,
+                pass_fds=(9, 200), env=_env(as_user), cwd="/", timeout=120)
+            assert ran.returncode == 2  # sh: "Bad fd number"
+            if not tty_args:
+                assert ran.stdout.split()[:4] == [b"0", b"1", b"2", b"3"], ran.stdout
+        shown = b""
+        while select.select([master], [], [], 0.2)[0]:
+            shown += os.read(master, 65536)
+        assert b"injected" not in shown
+        assert b"Bad fd number" in shown  # the --tty run's own report, on its own pty
+    finally:
+        for fd in (9, 200, master, slave):
+            os.close(fd)
+
+
 def test_the_relay_keeps_only_one_pty_master_sent_with_the_tag(caller_pty: CallerPty):
     # The socket the master arrives on is the only door in; whatever else comes by it is
     # closed and the relay shows nothing (the run goes on without a terminal).
