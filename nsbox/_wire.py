@@ -234,6 +234,7 @@ class SupervisorReply(TypedDict, total=False):
     pid: int
     commands: int
     idle: float
+    output_limit: int  # a command's cap by default (exec --tty holds it on the terminal)
 
 
 class SessionRecord(TypedDict):

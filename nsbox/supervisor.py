@@ -293,7 +293,8 @@ class Supervisor:
     def info(self, _request: SupervisorRequest, _fds: list[int], _conn: socket.socket
              ) -> SupervisorReply:
         return {"id": self.session.id, "pid": os.getpid(), "commands": self.session.commands,
-                "idle": time.monotonic() - self.last_active}
+                "idle": time.monotonic() - self.last_active,
+                "output_limit": self.session.output_limit}
 
     def stop(self, _request: SupervisorRequest, _fds: list[int], _conn: socket.socket
              ) -> SupervisorReply:
@@ -352,9 +353,11 @@ def _socket_path(session_id: str) -> str:
 
 
 def request(session_id: str, message: SupervisorRequest,
-            fds: tuple[int, ...] | list[int] = ()) -> SupervisorReply:
+            fds: tuple[int, ...] | list[int] = (),
+            sent: Callable[[socket.socket], None] | None = None) -> SupervisorReply:
     """Send ``message`` (and ``fds``) to the supervisor of session ``session_id``; its reply,
-    or the error it raised there (errors.from_wire)."""
+    or the error it raised there (errors.from_wire). ``sent`` gets the connection once the
+    request is on it: an exec's client that shuts it down cancels the command."""
     path = _socket_path(session_id)
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
         try:
@@ -364,6 +367,8 @@ def request(session_id: str, message: SupervisorRequest,
             raise errors.SessionClosed(f"no session {session_id} (it may have ended or expired)"
                                        ) from None
         _wire.send(conn, message, fds)
+        if sent is not None:
+            sent(conn)
         data, extra = _wire.receive(conn, 0)  # any size, from this user's own supervisor
     for fd in extra:
         os.close(fd)

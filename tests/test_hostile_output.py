@@ -404,3 +404,49 @@ def test_the_hooks_directory_is_found_where_git_would_look(tmp_path: Path,
     assert autorun.runs_it("deep/dir/Makefile") == "make runs its recipes"
     assert autorun.runs_it(".github/workflows/ci.yml") == "CI runs these workflows"
     assert autorun.runs_it("src/app.py") is None
+
+
+ASCII_LINES = re.compile(rb"[ -~\n]*")  # printable ASCII and newlines: nothing to obey
+
+
+def test_run_collect_json_and_audit_show_nothing_to_obey(as_user: UserRunner, tmp_path: Path):
+    """`nsbox run --collect` (its "not collected" lines), `--json` (collected names, the
+    output) and the `--audit` record (the output's head, written with DEL too): what a
+    person reads on a terminal, with cat or less, holds no byte a terminal obeys."""
+    top = Path(tempfile.mkdtemp(prefix="nsbox-doors-", dir="/tmp"))
+    top.chmod(0o777)
+    try:
+        make = (MAKE.replace("/workspace/.git/hooks", "/tmp/h").replace("/workspace/.git",
+                                                                          "/tmp/g")
+                + "\nos.mkfifo('/workspace/fifo\\x1b]0;x\\x07')"
+                + "\nos.symlink('/etc/passwd', '/workspace/ln\\x7f\\x1b[2J')"
+                + "\nprint('out\\x7f\\x1b]52;c;?\\x07\\u202e')")
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(as_user.tree), "HOME": "/tmp"}
+        code, shown = run_on_terminal(nsbox_argv(
+            as_user.prefix(), "run", "--quiet", "--collect", "*", "--collect-dir",
+            str(top / "out"), "--audit", str(top / "audit.jsonl"), "--", "python3", "-c",
+            make), env)
+        assert code == 0, shown
+        # The program's own output passes as it is; nsbox's lines are escaped.
+        own = b"out\x7f\x1b]52;c;?\x07\xe2\x80\xae\r\n"
+        assert own in shown
+        assert obeyed(shown.replace(own, b"")) == [], shown
+        text = lines(shown)
+        assert 'nsbox: not collected: "fifo\\x1b]0;x\\x07": a FIFO, not a regular file' in text
+        assert 'nsbox: not collected: "ln\\x7f\\x1b[2J": a symlink (not followed)' in text
+        record = (top / "audit.jsonl").read_bytes()
+        assert ASCII_LINES.fullmatch(record), record
+        kept = json.loads(record)
+        assert kept["output"]["stdout"]["head"].endswith("out\x7f\x1b]52;c;?\x07\u202e\n")
+        assert set(HOSTILE) <= {f["path"] for f in kept["files_produced"]}
+        code, shown = run_on_terminal(nsbox_argv(
+            as_user.prefix(), "run", "--quiet", "--json", "--collect", "*", "--collect-dir",
+            str(top / "out2"), "--", "python3", "-c", make), env)
+        assert code == 0, shown
+        out = shown.replace(b"\r\n", b"\n")
+        assert ASCII_LINES.fullmatch(out.split(b"\n", 2)[2]), out  # past the two notes
+        data = json.loads(out.split(b"\n", 2)[2])
+        assert set(HOSTILE) <= {f["path"] for f in data["files"]}
+        assert data["stdout"].endswith("out\x7f\x1b]52;c;?\x07\u202e\n")
+    finally:
+        shutil.rmtree(top)

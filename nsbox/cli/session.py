@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -201,9 +202,27 @@ def _exec_on_terminal(session_id: str, message: SupervisorRequest) -> Supervisor
     """exec --tty: the command on a pty of the session's own, relayed to this terminal."""
     from nsbox.host.terminal import Relay
 
-    with Relay() as relay:
+    # The output limit holds on a terminal too. The output does not pass the supervisor, so
+    # the relay counts it; past the cap it shuts the request's connection, which cancels the
+    # command (supervisor.watch_client), and the run reports OL as one with pipes does.
+    cap = message.get("output_limit")
+    if cap is None:
+        cap = request(session_id, {"op": "info"}).get("output_limit")
+    connection: list[socket.socket] = []
+
+    def cancel() -> None:
+        for conn in connection:
+            try:
+                conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # the command has ended: its reply is in
+
+    with Relay(cap=cap, on_cap=cancel) as relay:
         message["tty"] = list(relay.size)
-        return request(session_id, message, [relay.sandbox_end, 1, 2])
+        reply = request(session_id, message, [relay.sandbox_end, 1, 2], connection.append)
+    if relay.cut:
+        reply["result"].update(status=Status.OL.value, stdout_truncated=True)
+    return reply
 
 
 # Options stop at ID: everything after it is the command's (as for nsbox run).

@@ -16,7 +16,12 @@ or ``ssh -t``: an editor or a shell needs them, which is why it is asked for wit
 - SIGWINCH (the caller's window changed) is passed on as TIOCSWINSZ on the master, which
   signals the sandbox's foreground process group in turn (ioctl_tty(2));
 - on exit, whatever happened (the command's end, an exception, SIGTERM, the sandbox killed at
-  its limit), the caller's termios are put back as they were (``finally``).
+  its limit), the caller's termios are put back as they were (``finally``), and what reached
+  the terminal's input unrelayed is discarded: the terminal's answer to a query the sandbox
+  wrote last is no line for the caller's shell;
+- a signal whose default would end this process unwound (SIGHUP, SIGQUIT; SIGTERM where
+  nothing handles it) puts them back first, and once no process of the sandbox holds its pty
+  they are put back while the run goes on, so that Ctrl-C reaches nsbox again.
 
 Only SIGKILL of nsbox itself leaves the terminal raw (``stty sane`` or ``reset`` repairs it).
 """
@@ -37,12 +42,20 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from nsbox import _wire
 from nsbox.sandbox.terminal import TAG
 
 TIOCGPTN = 0x80045430  # _IOR('T', 0x30, unsigned int): only a pty master answers it
 DEFAULT_SIZE = (24, 80)  # a terminal that does not know its size (TIOCGWINSZ says 0 x 0)
+# Signals whose default action ends this process without unwinding it (signal(7)): while the
+# terminal is raw, a handler puts it back first and then lets the signal do what it would
+# have done. One that already has a handler (SIGTERM in `nsbox run`) is left to it.
+_ENDING = (signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT)
 _DRAIN = 2.0  # seconds for the last output of a run that has ended to arrive
 _CHUNK = 65536
+# Typed input held for a sandbox that does not read its pty: past this, the caller's terminal
+# is not read (its own queue fills) rather than this process's memory.
+_PENDING = 65536
 
 
 def is_terminal(fd: int) -> bool:
@@ -88,8 +101,10 @@ class Relay:
         self.cap, self.on_cap, self.cut, self.shown = cap, on_cap, False, 0
         self.size = window_size(fd_in)
         self.master = -1
+        self._pending, self._stdin_done = b"", False  # typed, not yet taken by the pty
         self._saved: list[Any] | None = None
         self._previous_winch: Any = None
+        self._previous_ending: dict[int, Any] = {}
         self._channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sandbox_end = theirs.detach()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
@@ -101,6 +116,9 @@ class Relay:
             self._saved = termios.tcgetattr(self.fd_in)
             if threading.current_thread() is threading.main_thread():
                 self._previous_winch = signal.signal(signal.SIGWINCH, self._on_winch)
+                for signum in _ENDING:
+                    if signal.getsignal(signum) == signal.SIG_DFL:
+                        self._previous_ending[signum] = signal.signal(signum, self._on_ending)
             tty.setraw(self.fd_in, termios.TCSANOW)
             self._thread.start()
         except BaseException:
@@ -121,16 +139,15 @@ class Relay:
             self._restore()
 
     def _restore(self) -> None:
-        if self._saved is not None:
-            try:
-                # TCSADRAIN: what was written reaches the terminal in the modes it was for.
-                termios.tcsetattr(self.fd_in, termios.TCSADRAIN, self._saved)
-            except termios.error:
-                pass  # the terminal is gone (hung up): nothing to restore
-            self._saved = None
+        # TCSADRAIN: what was written reaches the terminal in the modes it was for.
+        self._put_back_modes(termios.TCSADRAIN)
+        self._saved = None
         if self._previous_winch is not None:
             signal.signal(signal.SIGWINCH, self._previous_winch)
             self._previous_winch = None
+        for signum, previous in self._previous_ending.items():
+            signal.signal(signum, previous)
+        self._previous_ending = {}
         for fd in (self.sandbox_end, self._wake_r, self._wake_w):
             _close(fd)
         self.sandbox_end = self._wake_r = self._wake_w = -1
@@ -138,6 +155,26 @@ class Relay:
         if not self._thread.is_alive() and self.master >= 0:
             _close(self.master)
             self.master = -1
+
+    def _put_back_modes(self, when: int) -> None:
+        saved = self._saved  # once: the relay's thread, a signal handler and exit may race
+        if saved is None:
+            return
+        try:
+            # What reached the terminal's input since the relay stopped reading is no
+            # keystroke for the caller's shell: it may be the terminal's own answer to a
+            # query the sandbox wrote last (a title report, ESC [ 21 t; DECRQSS), which the
+            # shell would read as a typed command line (tcflush(3)).
+            termios.tcflush(self.fd_in, termios.TCIFLUSH)
+            termios.tcsetattr(self.fd_in, when, saved)
+        except termios.error:
+            pass  # the terminal is gone (hung up): nothing to restore
+
+    def _on_ending(self, signum: int, _frame: Any) -> None:
+        # TCSANOW: the process ends at once, nothing is left to drain for.
+        self._put_back_modes(termios.TCSANOW)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
     def _on_winch(self, _signum: int, _frame: Any) -> None:
         if self.master >= 0:
@@ -155,7 +192,12 @@ class Relay:
         try:
             if self._receive_master():
                 self._copy_size()  # the window may have changed since the plan was made
-                self._copy()
+                if self._copy():
+                    # No process of the sandbox holds its pty any more, and the run may go on
+                    # (a command that closed it): the caller's terminal is theirs again, so
+                    # that Ctrl-C reaches nsbox, which ends the run, and does not wait for
+                    # the time limit in raw mode.
+                    self._put_back_modes(termios.TCSADRAIN)
         except OSError:
             pass  # the caller's terminal is gone: the run goes on to its end without it
         finally:
@@ -170,9 +212,12 @@ class Relay:
             ready = {key.fd for key, _mask in selector.select()}
         if self._channel.fileno() not in ready:
             return False
-        message, fds, _flags, _addr = socket.recv_fds(self._channel, 64, 4)
-        for fd in fds[1:]:
-            os.close(fd)
+        # Close-on-exec (not socket.recv_fds, which drops its flags): no process this one
+        # starts meanwhile inherits the master. One message, one descriptor, or nothing kept.
+        try:
+            message, fds = _wire.receive_fds(self._channel, 64, 1)
+        except (ValueError, OSError):
+            return False
         if message != TAG or not fds or not _is_pty_master(fds[0]):
             if fds:
                 os.close(fds[0])
@@ -181,41 +226,59 @@ class Relay:
         self.master = fds[0]
         return True
 
-    def _copy(self) -> None:
-        """Caller -> master and master -> caller until the pty has no writer left (EIO)."""
-        pending = b""
+    def _copy(self) -> bool:
+        """Caller -> master and master -> caller until the pty has no writer left (EIO: True),
+        or the drain time after the run's end has passed (False)."""
         with selectors.DefaultSelector() as selector:
             selector.register(self.fd_in, selectors.EVENT_READ)
             selector.register(self.master, selectors.EVENT_READ)
             selector.register(self._wake_r, selectors.EVENT_READ)
-            woken: float | None = None
+            ends: float | None = None  # once the run is over: the end of its drain time
             while True:
-                timeout = None if woken is None else max(0.0, woken + _DRAIN - time.monotonic())
+                timeout = None if ends is None else max(0.0, ends - time.monotonic())
                 events = selector.select(timeout)
-                if not events and woken is not None:
-                    return
+                # Past the drain time the relay ends, however much is still being written.
+                if ends is not None and (not events or timeout == 0.0):
+                    return False
                 for key, mask in events:
                     if key.fd == self._wake_r:
                         # The run is over: what is typed from now on is for the caller's shell.
                         selector.unregister(self._wake_r)
                         if self.fd_in in selector.get_map():
                             selector.unregister(self.fd_in)
-                        pending, woken = b"", time.monotonic()
+                        self._pending, self._stdin_done = b"", True
+                        ends = time.monotonic() + _DRAIN
                         break
-                    elif key.fd == self.fd_in:
-                        data = _read(self.fd_in)
-                        if not data:  # the caller's stdin ended: the sandbox keeps its pty
-                            selector.unregister(self.fd_in)
-                        pending += data or b""
-                    elif mask & selectors.EVENT_READ:
-                        data = _read(self.master)
-                        if data is None:
-                            return  # EIO: every process of the sandbox closed the pty
-                        self._show(data)
-                    if pending and key.fd == self.master and mask & selectors.EVENT_WRITE:
-                        pending = pending[_write_some(self.master, pending):]
-                wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0)
+                    if key.fd == self.fd_in:
+                        self._take_input(selector)
+                    elif mask & selectors.EVENT_READ and not self._take_output():
+                        return True  # EIO: every process of the sandbox closed the pty
+                    if key.fd == self.master and mask & selectors.EVENT_WRITE:
+                        self._give_input(selector)
+                wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._pending else 0)
                 selector.modify(self.master, wanted)
+
+    def _take_input(self, selector: selectors.BaseSelector) -> None:
+        data = _read(self.fd_in)
+        if not data:  # the caller's stdin ended: the sandbox keeps its pty
+            self._stdin_done = True
+        self._pending += data or b""
+        if not data or len(self._pending) >= _PENDING:
+            selector.unregister(self.fd_in)  # full: read on once the sandbox took some
+
+    def _give_input(self, selector: selectors.BaseSelector) -> None:
+        self._pending = self._pending[_write_some(self.master, self._pending):]
+        if (len(self._pending) < _PENDING and not self._stdin_done
+                and self.fd_in not in selector.get_map()):
+            selector.register(self.fd_in, selectors.EVENT_READ)
+
+    def _take_output(self) -> bool:
+        """Show what the master has; False once it has no writer left (EIO)."""
+        data = _read(self.master)
+        if data is None:
+            return False
+        self._show(data)
+        return True
 
     def _show(self, data: bytes) -> None:
         if self.cap is not None and self.shown + len(data) > self.cap:
