@@ -3,19 +3,22 @@
 Fenced blocks tagged ``python`` run with this interpreter; blocks tagged ``sh`` run with bash,
 with the nsbox CLI on PATH, each in a fresh directory. A block right after an HTML comment
 ``<!-- ci: ... -->`` is run by .ci/run itself (installation), and one after
-``<!-- no-test: reason -->`` is skipped with that reason.
+``<!-- no-test: reason -->`` is skipped with that reason. One after ``<!-- needs: curl -->``
+runs the commands it names, which the Quick start does not install: without them it skips (and
+fails in CI, as ``require`` does).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, require
 
 BLOCK = re.compile(r"(?:<!-- (?P<tag>[^>]*) -->\s*)?```(?P<lang>python|sh)\n(?P<code>.*?)```",
                    re.S)
@@ -36,6 +39,10 @@ def test_doc_example_runs(name: str, lang: str, code: str, tag: str | None, tmp_
         pytest.skip(".ci/run runs this block itself")
     if tag and tag.startswith("no-test"):
         pytest.skip(tag)
+    if tag and tag.startswith("needs:"):
+        for tool in tag.removeprefix("needs:").split():
+            require(shutil.which(tool) is not None,
+                    f"{tool} is not installed (the example runs it)")
     bin_dir = Path(sys.executable).parent
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHONPATH=str(REPO))
     # Blocks run as if in a checkout set up by the Quick start: its `. .venv/bin/activate` puts

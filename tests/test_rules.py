@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require
+from conftest import UNPRIVILEGED_UID, require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -544,6 +544,59 @@ def test_what_the_rule_book_accepts_never_resolves_into_a_refused_area(
         return
     assert accepted == real
     assert not refused_by_oracle(real, writable), (path, real, writable)
+
+
+def _resolve_as(uid: int, path: str) -> str:
+    """rules.resolve(path) in a forked child of this interpreter with ``uid`` (when root):
+    what it returned, or the PolicyError's message."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no exec, so the interpreter under test is this one
+        try:
+            os.close(read)
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+            try:
+                text = "resolved " + rules.resolve(path, "k")
+            except PolicyError as exc:
+                text = f"refused {exc}"
+            os.write(write, text.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        text = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return text
+
+
+def test_a_link_this_user_may_not_read_is_refused_on_every_python() -> None:
+    """/proc/1/root is a link that only a process allowed to ptrace pid 1 may read (proc(5)).
+    Python 3.13's os.path.realpath returns it unresolved instead of raising EACCES; resolve
+    walks the path itself, so the refusal is the same under any interpreter."""
+    uid = UNPRIVILEGED_UID if os.geteuid() == 0 else os.geteuid()
+    require(os.stat("/proc/1").st_uid != uid,
+            f"pid 1 belongs to uid {uid} here, who may read its links")
+    refused = _resolve_as(uid, "/proc/1/root/etc").splitlines()
+    assert refused == ["refused k: cannot resolve /proc/1/root/etc: Permission denied",
+                       "  hint: give a path that this user can resolve"]
+    # The same kind of link to its own process resolves.
+    assert _resolve_as(uid, "/proc/self/root/etc") == "resolved /etc"
+
+
+def test_resolve_follows_links_like_realpath_and_refuses_a_loop(tmp_path: Path) -> None:
+    (tmp_path / "dir" / "deep").mkdir(parents=True)
+    (tmp_path / "up").symlink_to("dir/deep/..")
+    (tmp_path / "abs").symlink_to(tmp_path / "up" / "deep")
+    (tmp_path / "dir" / "rel").symlink_to("../abs/../../dir")
+    for path in ("up", "abs", "dir/rel/deep", "abs/../missing/../up", "missing/x", "dir/rel/.."):
+        assert rules.resolve(str(tmp_path / path), "k") == os.path.realpath(tmp_path / path)
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(PolicyError, match="cannot resolve .*: Too many levels of symbolic links"):
+        rules.resolve(str(tmp_path / "a" / "x"), "workspace")
 
 
 def test_the_rule_table_is_documented() -> None:
