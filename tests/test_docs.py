@@ -71,3 +71,14 @@ def test_the_architecture_names_every_module() -> None:
              for p in (REPO / "nsbox").rglob(f"*.{ext}")}
     assert sorted(files - named) == []
     assert sorted(named - files) == []
+
+
+def test_the_texts_a_user_reads_cite_no_tracker_numbers() -> None:
+    """The docs, the README and the bench's text and chart legends speak of nsbox alone: no
+    "issue 12" or "#12" that a reader of a copy cannot look up."""
+    cited = re.compile(r"\bissues? ?#?\d+|(?:^|[\s(])#\d+\b", re.I)
+    files = [REPO / "README.md", *(REPO / "docs").glob("*.md"),
+             *(REPO / "nsbox" / "bench").glob("*.py")]
+    found = [f"{path.relative_to(REPO)}: {match[0].strip()}" for path in files
+             for match in cited.finditer(path.read_text())]
+    assert found == []
