@@ -63,6 +63,10 @@ def exit_code(result: Result) -> int:
     return result.exit_code or 0
 
 
+# The one limit that is not the host's doing says its own way out (nsbox/limits.py, note_disk).
+_SHORT = {"disk": "disk (/workspace is a host directory; --workspace-size none accepts that)"}
+
+
 def degraded_line(result: Result) -> str:
     """The limits this host could only approximate, named in one short line; the Result (and
     --json) keeps each one's fallback and reason, and `nsbox doctor` explains them.
@@ -71,7 +75,8 @@ def degraded_line(result: Result) -> str:
     program, which ends as the program decides (Python: MemoryError, exit 1): the run is RE,
     not ML, and this line is what tells the two apart.
     """
-    names = dict.fromkeys(entry.split(":", 1)[0] for entry in result.degraded)
+    names = dict.fromkeys(_SHORT.get(name, name) for name in
+                          (entry.split(":", 1)[0] for entry in result.degraded))
     return ("nsbox: limits approximated on this host: " + ", ".join(names)
             + " (`nsbox doctor` says why and how to enforce them; --quiet hides this line)")
 
