@@ -397,9 +397,9 @@ def _follow(path: str) -> str:
     link) so that its errors are the same on every Python: since 3.13 realpath returns a link
     it cannot read unresolved instead of raising EACCES, and it never reported a loop.
 
-    A component that does not exist (or that this user may not look up) is kept as written,
-    as realpath does: the callers say what is missing. A link it cannot read raises EACCES,
-    more than 40 links raise ELOOP."""
+    A component that does not exist is kept as written, as realpath does: the callers say what
+    is missing. One this user may not look up or a link it cannot read raises EACCES (the
+    kernel would refuse the mount's lookup the same way), more than 40 links raise ELOOP."""
     if not path.startswith("/"):
         path = os.getcwd() + "/" + path
     todo = [part for part in reversed(path.split("/")) if part not in ("", ".")]
@@ -413,7 +413,7 @@ def _follow(path: str) -> str:
         here = posixpath.join(done, part)
         try:
             is_link = stat.S_ISLNK(os.lstat(here).st_mode)
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+        except (FileNotFoundError, NotADirectoryError):
             is_link = False
         if not is_link:
             done = here

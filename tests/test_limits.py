@@ -327,7 +327,15 @@ def test_spawners_killed_while_waiting_are_cleaned_up_and_runs_keep_their_cgroup
         return [pid for pid in processes_with("")
                 if _names.is_spawner(pid) and parent_of(pid) == helper]
 
-    assert _wait(lambda: len(spawners()) == 2)
+    def in_run_cgroup(pid: int) -> bool:
+        # A spawner names itself, then moves into its cgroup (nsbox/helper/spawner.py, serve).
+        try:
+            _run_cgroup_of(pid)
+        except (AssertionError, OSError):
+            return False
+        return True
+
+    assert _wait(lambda: len(spawners()) == 2 and all(map(in_run_cgroup, spawners())))
     victims = spawners()
     spares = {_run_cgroup_of(pid) for pid in victims}
     for pid in victims:

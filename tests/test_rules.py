@@ -546,24 +546,24 @@ def test_what_the_rule_book_accepts_never_resolves_into_a_refused_area(
     assert not refused_by_oracle(real, writable), (path, real, writable)
 
 
-def _resolve_as(uid: int, path: str) -> str:
-    """rules.resolve(path) in a forked child of this interpreter with ``uid`` (when root):
-    what it returned, or the PolicyError's message."""
+def _in_child_as(uid: int, call: Callable[[], str]) -> str:
+    """call() in a forked child of this interpreter with ``uid`` (when root): what it returned
+    and what it wrote on stderr."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: no exec, so the interpreter under test is this one
         try:
             os.close(read)
+            sys.stderr = os.fdopen(write, "w", buffering=1, closefd=False)  # not pytest's
             if os.geteuid() == 0:
                 os.setgroups([])
                 os.setresgid(uid, uid, uid)
                 os.setresuid(uid, uid, uid)
-            try:
-                text = "resolved " + rules.resolve(path, "k")
-            except PolicyError as exc:
-                text = f"refused {exc}"
-            os.write(write, text.encode())
+            sys.stderr.write(call())
+        except BaseException as exc:  # noqa: BLE001 - shown to the parent's assert
+            sys.stderr.write(f"raised {exc!r}")
         finally:
+            sys.stderr.flush()
             os._exit(0)
     os.close(write)
     with os.fdopen(read, "rb") as pipe:
@@ -572,18 +572,40 @@ def _resolve_as(uid: int, path: str) -> str:
     return text
 
 
+def _resolve(path: str) -> str:
+    try:
+        return "resolved " + rules.resolve(path, "k")
+    except PolicyError as exc:
+        return f"refused {exc}"
+
+
+def _cli(*args: str) -> str:
+    from nsbox.cli.fast import main
+
+    sys.argv = ["nsbox", *args]
+    try:
+        main()
+    except SystemExit as exc:
+        return f"exit {exc.code}"
+    return "exit 0"
+
+
 def test_a_link_this_user_may_not_read_is_refused_on_every_python() -> None:
     """/proc/1/root is a link that only a process allowed to ptrace pid 1 may read (proc(5)).
     Python 3.13's os.path.realpath returns it unresolved instead of raising EACCES; resolve
-    walks the path itself, so the refusal is the same under any interpreter."""
+    walks the path itself, so the refusal is the same under any interpreter, also through the
+    command line (whose profile parser resolves a bind's directories)."""
     uid = UNPRIVILEGED_UID if os.geteuid() == 0 else os.geteuid()
     require(os.stat("/proc/1").st_uid != uid,
             f"pid 1 belongs to uid {uid} here, who may read its links")
-    refused = _resolve_as(uid, "/proc/1/root/etc").splitlines()
+    refused = _in_child_as(uid, lambda: _resolve("/proc/1/root/etc")).splitlines()
     assert refused == ["refused k: cannot resolve /proc/1/root/etc: Permission denied",
                        "  hint: give a path that this user can resolve"]
     # The same kind of link to its own process resolves.
-    assert _resolve_as(uid, "/proc/self/root/etc") == "resolved /etc"
+    assert _in_child_as(uid, lambda: _resolve("/proc/self/root/etc")) == "resolved /etc"
+    said = _in_child_as(uid, lambda: _cli("run", "--ro-bind", "/proc/1/root/etc:/e", "--", "true"))
+    assert said.startswith("nsbox: ") and said.endswith("exit 125"), said
+    assert "cannot resolve /proc/1/root: Permission denied" in said, said
 
 
 def test_resolve_follows_links_like_realpath_and_refuses_a_loop(tmp_path: Path) -> None:
