@@ -55,6 +55,14 @@ class BuildWithPrograms(build_ext):
         except Exception as exc:  # noqa: BLE001 - any failure: compiled at run time instead
             print(f"nsbox: seccomp programs not built ({type(exc).__name__}: {exc}); they "
                   "are compiled at run time", file=sys.stderr)
+        if not self.inplace:
+            # The commit for `nsbox --version`: a wheel's copy has no checkout to ask.
+            from nsbox.version import build_info
+
+            info = os.path.join(root, "nsbox", "_build_info.py")
+            with open(info, "wb") as f:
+                f.write(build_info(HERE))
+            self._programs.append(info)
         try:
             programs.build_parsed(parsed)
             self._programs.append(parsed)

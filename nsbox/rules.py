@@ -20,10 +20,12 @@ own setup cannot be lifted; there is no "allow everything". docs/rules.md is the
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -375,10 +377,50 @@ def check_env(env: Iterable[tuple[str, str]], passthrough: Iterable[str], path: 
 
 
 def resolve(path: str, key: str) -> str:
-    """``os.path.realpath``, with a link that cannot be read (/proc/1/root: EACCES) reported
-    as the policy's problem rather than a traceback."""
+    """The path with every symlink followed, with a link that cannot be read (/proc/1/root:
+    EACCES) or a loop (ELOOP) reported as the policy's problem rather than a traceback."""
     try:
-        return os.path.realpath(path)
+        return _follow(path)
     except OSError as exc:
         raise PolicyError(f"cannot resolve {path}: {exc.strerror}", key=key,
                           hint="give a path that this user can resolve") from None
+
+
+# The kernel's limit of links followed in one lookup (path_resolution(7), MAXSYMLINKS).
+_MAX_LINKS = 40
+
+
+def _follow(path: str) -> str:
+    """``os.path.realpath``, walked here one component at a time (lstat, then readlink for a
+    link) so that its errors are the same on every Python: since 3.13 realpath returns a link
+    it cannot read unresolved instead of raising EACCES, and it never reported a loop.
+
+    A component that does not exist is kept as written, as realpath does: the callers say what
+    is missing. One this user may not look up or a link it cannot read raises EACCES (the
+    kernel would refuse the mount's lookup the same way), more than 40 links raise ELOOP."""
+    if not path.startswith("/"):
+        path = os.getcwd() + "/" + path
+    todo = [part for part in reversed(path.split("/")) if part not in ("", ".")]
+    done = "/"
+    links = 0
+    while todo:
+        part = todo.pop()
+        if part == "..":
+            done = posixpath.dirname(done)
+            continue
+        here = posixpath.join(done, part)
+        try:
+            is_link = stat.S_ISLNK(os.lstat(here).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            is_link = False
+        if not is_link:
+            done = here
+            continue
+        links += 1
+        if links > _MAX_LINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+        target = os.readlink(here)
+        if target.startswith("/"):
+            done = "/"
+        todo.extend(part for part in reversed(target.split("/")) if part not in ("", "."))
+    return done

@@ -74,7 +74,7 @@ good, bad = serve(b"approved\\n"), serve(b"never\\n")
 
 
 def test_ask_approves_one_host_and_refuses_another(as_user: UserRunner, shared_dir: Path):
-    assert CURL, "curl is needed inside the sandbox"
+    require(CURL is not None, "curl is not installed (Debian package curl)")
     wrap = _own_network()
     audit = shared_dir / "audit.jsonl"
     body = SERVERS + f"""
@@ -123,7 +123,7 @@ def test_ask_needs_allow_mode_and_a_callable() -> None:
 
 
 def test_cli_ask_puts_the_question_on_the_terminal(as_user: UserRunner):
-    assert CURL, "curl is needed inside the sandbox"
+    require(CURL is not None, "curl is not installed (Debian package curl)")
     wrap = _own_network()
     # The servers run in the namespace too: a small script starts them, then the CLI.
     script = SERVERS + f"""

@@ -3,20 +3,23 @@
 Fenced blocks tagged ``python`` run with this interpreter; blocks tagged ``sh`` run with bash,
 with the nsbox CLI on PATH, each in a fresh directory. A block right after an HTML comment
 ``<!-- ci: ... -->`` is run by .ci/run itself (installation), and one after
-``<!-- no-test: reason -->`` is skipped with that reason.
+``<!-- no-test: reason -->`` is skipped with that reason. One after ``<!-- needs: curl -->``
+runs the commands it names, which the Quick start does not install: without them it skips (and
+fails in CI, as ``require`` does).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import REPO, require
 
 BLOCK = re.compile(r"(?:<!-- (?P<tag>[^>]*) -->\s*)?```(?P<lang>python|sh)\n(?P<code>.*?)```",
                    re.S)
@@ -37,6 +40,10 @@ def test_doc_example_runs(name: str, lang: str, code: str, tag: str | None, tmp_
         pytest.skip(".ci/run runs this block itself")
     if tag and tag.startswith("no-test"):
         pytest.skip(tag)
+    if tag and tag.startswith("needs:"):
+        for tool in tag.removeprefix("needs:").split():
+            require(shutil.which(tool) is not None,
+                    f"{tool} is not installed (the example runs it)")
     bin_dir = Path(sys.executable).parent
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHONPATH=str(REPO))
     # Blocks run as if in a checkout set up by the Quick start: its `. .venv/bin/activate` puts
@@ -296,3 +303,14 @@ def test_every_path_the_docs_and_comments_name_exists() -> None:
              if not (REPO / path).exists()
              and not path.endswith(("/NAME.toml", "/_build_info.py"))}  # a placeholder; made
     assert stale == KNOWN_STALE_PATHS                                   # by tools/build_pyz.py
+
+
+def test_the_texts_a_user_reads_cite_no_tracker_numbers() -> None:
+    """The docs, the README and the bench's text and chart legends speak of nsbox alone: no
+    "issue 12" or "#12" that a reader of a copy cannot look up."""
+    cited = re.compile(r"\bissues? ?#?\d+|(?:^|[\s(])#\d+\b", re.I)
+    files = [REPO / "README.md", *(REPO / "docs").glob("*.md"),
+             *(REPO / "nsbox" / "bench").glob("*.py")]
+    found = [f"{path.relative_to(REPO)}: {match[0].strip()}" for path in files
+             for match in cited.finditer(path.read_text())]
+    assert found == []

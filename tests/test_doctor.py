@@ -300,6 +300,25 @@ def test_container_with_masked_proc(tmp_path: Path) -> None:
     assert not report.ok
 
 
+def test_a_fresh_proc_over_a_masked_one_is_visible(tmp_path: Path) -> None:
+    """A container's entrypoint that mounts its own proc on /proc hides the masks below the
+    older one: the kernel admits a new proc then (a fully visible proc mount exists)."""
+    root = fake_host(tmp_path, container=True, extra_mounts=[
+        "60 22 0:50 / /proc/bus ro - proc proc rw",
+        "61 22 0:50 / /proc/irq ro - proc proc rw",
+        "62 27 0:52 / /proc rw,relatime - proc proc rw",
+    ])
+    checks = by_name(run_doctor(facts(root)))
+    assert "/proc mounts" not in checks
+    # A mask made after the fresh proc covers it again.
+    root = fake_host(tmp_path / "b", container=True, extra_mounts=[
+        "62 27 0:52 / /proc rw,relatime - proc proc rw",
+        "63 62 0:53 / /proc/kcore rw - tmpfs tmpfs rw",
+    ])
+    masked = by_name(run_doctor(facts(root)))["/proc mounts"]
+    assert masked.status == "fail" and "(/proc/kcore)" in masked.detail
+
+
 def test_old_kernel(tmp_path: Path) -> None:
     check = by_name(run_doctor(facts(fake_host(tmp_path, release="5.10.0-28-amd64"))))["kernel"]
     assert check.status == "fail"

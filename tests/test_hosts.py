@@ -261,6 +261,23 @@ def test_masked_proc(public_tree: Path) -> None:
         assert hint.endswith("--security-opt systempaths=unconfined"), hint
 
 
+def test_a_fresh_proc_over_a_masked_one(public_tree: Path) -> None:
+    """A container's entrypoint that mounts a proc of its own on /proc (over one with masked
+    parts): doctor agrees with the kernel, which admits a new proc in a user namespace then."""
+    require(os.geteuid() == 0 and bool(UNSHARE), "needs root and unshare for a mount namespace")
+    assert UNSHARE
+    masked = [p for p in ("/proc/keys", "/proc/timer_list", "/proc/kcore") if os.path.isfile(p)]
+    require(bool(masked), "this /proc has none of the files a container masks")
+    stacked = ("mount --make-rprivate / && mount --bind /dev/null " + masked[0]
+               + ' && mount -t proc proc /proc && exec "$@"')
+    data = run_row([UNSHARE, "-m", "sh", "-c", stacked, "sh"], public_tree)
+    check_row(data)
+    checks = {c["name"]: c for c in data["doctor"]["checks"]}
+    assert "/proc mounts" not in checks
+    assert checks["live launch"]["status"] == "ok", checks["live launch"]
+    assert data["doctor"]["ok"]
+
+
 @pytest.mark.cgroup2
 @pytest.mark.needs_host("a pure cgroup v2 host as root (runs in the VM)")
 def test_v2_cgroup_shared_with_other_processes(public_tree: Path) -> None:

@@ -40,6 +40,20 @@ def test_the_installed_copy_has_no_source_tree_and_runs(installed: Path) -> None
     assert (run.returncode, run.stdout) == (0, "inside\n"), run.stderr
 
 
+def test_the_installed_copy_names_its_commit(installed: Path) -> None:
+    """The commit is written into the wheel at build time (setup.py): the copy has no
+    checkout to ask."""
+    assert (installed / "nsbox" / "_build_info.py").is_file()
+    proc = _nsbox(installed, "--version")
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True)
+    assert "unknown" not in proc.stdout
+    if head.returncode == 0:
+        assert proc.stdout == f"nsbox 0.1.0 (commit {head.stdout.strip()})\n"
+    else:  # no git, or not a checkout: the version alone
+        assert proc.stdout == "nsbox 0.1.0\n"
+
+
 def test_every_command_nsbox_help_lists_answers_help(installed: Path) -> None:
     helped = _nsbox(installed, "--help")
     assert helped.returncode == 0, helped.stderr

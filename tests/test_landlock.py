@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -73,7 +74,10 @@ class RefusingHost:
         self.tree = tree
 
     def command(self, argv: list[str]) -> list[str]:
-        refuse = [] if HOST_REFUSES else [self.python, str(CONTAINERHOST)]
+        # The unprivileged caller runs the public tree's copy: the checkout may be in a home
+        # directory it cannot enter (conftest.public_tree).
+        script = CONTAINERHOST if self.caller == "root" else self.tree / CONTAINERHOST.name
+        refuse = [] if HOST_REFUSES else [self.python, str(script)]
         if self.caller == "root":
             return [*refuse, *argv]
         return [*as_sandbox_uid(), *refuse, *argv]
@@ -117,6 +121,8 @@ def any_host(request: pytest.FixtureRequest, public_tree: Path) -> RefusingHost:
     require(HOST_REFUSES or subprocess.run([sys.executable, "-c", "import pyseccomp"],
                                            check=False).returncode == 0,
             "pyseccomp is needed to simulate a container's seccomp profile")
+    shutil.copy(CONTAINERHOST, public_tree / CONTAINERHOST.name)
+    (public_tree / CONTAINERHOST.name).chmod(0o644)
     return RefusingHost(request.param, public_tree)
 
 

@@ -167,17 +167,25 @@ def test_connect_without_port_means_443() -> None:
     assert p.report()["attempts"][0]["port"] == 443
 
 
+def loopback_name(host: str, port: int, **kwargs: Any) -> list[Any]:
+    """A resolver that maps every name to 127.0.0.1, whatever this host's /etc/hosts says
+    (a minimal system may have none)."""
+    return socket.getaddrinfo("127.0.0.1", port, **kwargs)
+
+
 def test_name_resolving_to_loopback_is_refused_unless_the_address_is_listed() -> None:
+    name = "loop.nsbox-test.invalid"
     with HTTPServer() as server:
-        with proxy([f"localhost:{server.port}"]) as (p, port):
-            reply = request(port, f"GET http://localhost:{server.port}/ HTTP/1.1\r\n\r\n".encode())
+        with proxy([f"{name}:{server.port}"], resolve=loopback_name) as (p, port):
+            reply = request(port, f"GET http://{name}:{server.port}/ HTTP/1.1\r\n\r\n".encode())
         assert reply.startswith(b"HTTP/1.1 403")
         assert b"loopback address 127.0.0.1" in reply
         assert server.requests == []
         assert "resolves to loopback" in p.report()["attempts"][0]["reason"]
 
-        with proxy([f"localhost:{server.port}", f"127.0.0.1:{server.port}"]) as (p, port):
-            reply = request(port, f"GET http://localhost:{server.port}/ HTTP/1.1\r\n\r\n".encode())
+        with proxy([f"{name}:{server.port}", f"127.0.0.1:{server.port}"],
+                   resolve=loopback_name) as (p, port):
+            reply = request(port, f"GET http://{name}:{server.port}/ HTTP/1.1\r\n\r\n".encode())
         assert reply.endswith(b"hello from the host\n")
         assert len(server.requests) == 1
         assert p.report()["attempts"][0]["address"] == "127.0.0.1"

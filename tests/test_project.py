@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PYTHON, UNPRIVILEGED_UID
+from conftest import PYTHON, UNPRIVILEGED_UID, require
 from sessiontools import UserRunner, user_runner
 
 from nsbox.errors import NsboxError
@@ -32,6 +32,7 @@ def as_user(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
 
 
 def _git(project: Path, *args: str) -> None:
+    require(shutil.which("git") is not None, "git is not installed (the project is a repository)")
     subprocess.run(["git", "-C", str(project), "-c", "user.name=dev", "-c",
                     "user.email=dev@example.com", *args], check=True, capture_output=True)
 

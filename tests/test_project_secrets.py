@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import UNPRIVILEGED_UID
+from conftest import UNPRIVILEGED_UID, require
 from sessiontools import UserRunner, user_runner
 
 CANARY = "nsbox-secret-5d1e0c"
@@ -64,6 +64,7 @@ def _owner(user: UserRunner) -> int:
 
 
 def _git(root: Path, *args: str) -> None:
+    require(shutil.which("git") is not None, "git is not installed (the project is a repository)")
     subprocess.run(["git", "-C", str(root), "-c", "user.name=dev", "-c",
                     "user.email=dev@example.com", *args], check=True, capture_output=True)
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require
+from conftest import UNPRIVILEGED_UID, require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -544,6 +544,85 @@ def test_what_the_rule_book_accepts_never_resolves_into_a_refused_area(
         return
     assert accepted == real
     assert not refused_by_oracle(real, writable), (path, real, writable)
+
+
+def _in_child_as(uid: int, call: Callable[[], str]) -> str:
+    """call() in a forked child of this interpreter with ``uid`` (when root): what it returned
+    and what it wrote on stderr."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no exec, so the interpreter under test is this one
+        try:
+            os.close(read)
+            sys.stderr = os.fdopen(write, "w", buffering=1, closefd=False)  # not pytest's
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+            sys.stderr.write(call())
+        except BaseException as exc:  # noqa: BLE001 - shown to the parent's assert
+            sys.stderr.write(f"raised {exc!r}")
+        finally:
+            sys.stderr.flush()
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        text = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return text
+
+
+def _resolve(path: str) -> str:
+    try:
+        return "resolved " + rules.resolve(path, "k")
+    except PolicyError as exc:
+        return f"refused {exc}"
+
+
+def _bind(policy: Policy, spec: str) -> str:
+    """What the command line makes of ``--ro-bind SPEC``: its profile parser resolves the
+    bind's directories."""
+    from nsbox.cli.run import bind_override
+
+    try:
+        apply_overrides(policy, {"mounts": [bind_override(spec, False)]})
+    except PolicyError as exc:
+        return f"refused {exc}"
+    return "accepted"
+
+
+def test_a_link_this_user_may_not_read_is_refused_on_every_python() -> None:
+    """/proc/1/root is a link that only a process allowed to ptrace pid 1 may read (proc(5)).
+    Python 3.13's os.path.realpath returns it unresolved instead of raising EACCES; resolve
+    walks the path itself, so the refusal is the same under any interpreter, also for the
+    command line's --ro-bind (whose profile parser resolves a bind's directories)."""
+    uid = UNPRIVILEGED_UID if os.geteuid() == 0 else os.geteuid()
+    require(os.stat("/proc/1").st_uid != uid,
+            f"pid 1 belongs to uid {uid} here, who may read its links")
+    refused = _in_child_as(uid, lambda: _resolve("/proc/1/root/etc")).splitlines()
+    assert refused == ["refused k: cannot resolve /proc/1/root/etc: Permission denied",
+                       "  hint: give a path that this user can resolve"]
+    # The same kind of link to its own process resolves.
+    assert _in_child_as(uid, lambda: _resolve("/proc/self/root/etc")) == "resolved /etc"
+    # Loaded and imported here: the uid may not read the checkout.
+    policy = load_profile("default")
+    assert _bind(policy, "/etc:/e") == "accepted"
+    said = _in_child_as(uid, lambda: _bind(policy, "/proc/1/root/etc:/e")).splitlines()[0]
+    assert said == ("refused filesystem.mounts[0].source: cannot resolve /proc/1/root: "
+                    "Permission denied")
+
+
+def test_resolve_follows_links_like_realpath_and_refuses_a_loop(tmp_path: Path) -> None:
+    (tmp_path / "dir" / "deep").mkdir(parents=True)
+    (tmp_path / "up").symlink_to("dir/deep/..")
+    (tmp_path / "abs").symlink_to(tmp_path / "up" / "deep")
+    (tmp_path / "dir" / "rel").symlink_to("../abs/../../dir")
+    for path in ("up", "abs", "dir/rel/deep", "abs/../missing/../up", "missing/x", "dir/rel/.."):
+        assert rules.resolve(str(tmp_path / path), "k") == os.path.realpath(tmp_path / path)
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(PolicyError, match="cannot resolve .*: Too many levels of symbolic links"):
+        rules.resolve(str(tmp_path / "a" / "x"), "workspace")
 
 
 def test_the_rule_table_is_documented() -> None:

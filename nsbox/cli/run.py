@@ -63,15 +63,22 @@ def exit_code(result: Result) -> int:
     return result.exit_code or 0
 
 
+# The one limit that is not the host's doing says its own way out (nsbox/limits.py, note_disk).
+_SHORT = {"disk": "disk (/workspace is a host directory; --workspace-size none accepts that)"}
+
+
 def degraded_line(result: Result) -> str:
-    """What this host could only approximate, in one line (the Result has it as data).
+    """The limits this host could only approximate, named in one short line; the Result (and
+    --json) keeps each one's fallback and reason, and `nsbox doctor` explains them.
 
     A memory limit approximated by RLIMIT_AS that fires is a failed allocation inside the
     program, which ends as the program decides (Python: MemoryError, exit 1): the run is RE,
     not ML, and this line is what tells the two apart.
     """
-    return ("nsbox: limits approximated on this host: " + "; ".join(result.degraded)
-            + " (`nsbox doctor` says how to get them enforced; --quiet hides this line)")
+    names = dict.fromkeys(_SHORT.get(name, name) for name in
+                          (entry.split(":", 1)[0] for entry in result.degraded))
+    return ("nsbox: limits approximated on this host: " + ", ".join(names)
+            + " (`nsbox doctor` says why and how to enforce them; --quiet hides this line)")
 
 
 _FULL_REMEDY = {"/tmp": "raise its size with --tmp-size",

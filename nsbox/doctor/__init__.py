@@ -22,7 +22,7 @@ from nsbox import identity
 from nsbox.cgroups import HostView, describe_host
 from nsbox.cgroups._host import Layout, read_layout
 from nsbox.doctor import isolation
-from nsbox.doctor.hostfacts import HostFacts, kernel_release
+from nsbox.doctor.hostfacts import HostFacts, MountEntry, kernel_release
 from nsbox.doctor.report import (
     CLEANUP,
     CPU,
@@ -185,6 +185,17 @@ def check_identity(facts: HostFacts, policy: Policy) -> list[Check]:
 _HARMLESS_PROC_MOUNTS = ("/proc/sys/fs/binfmt_misc",)
 
 
+def _covered_proc(mounts: list[MountEntry]) -> list[str]:
+    """The mounts over parts of the /proc that is visible. mountinfo lists the mounts in the
+    order they were made: a proc mounted on /proc later (a container's entrypoint mounting its
+    own) hides those below the older one, and the kernel admits a new proc when any proc mount
+    is fully visible (fs/namespace.c, mount_too_revealing)."""
+    last = max((n for n, m in enumerate(mounts) if m.point == "/proc"
+                and m.fstype == "proc"), default=-1)
+    return [m.point for m in mounts[last + 1:]
+            if m.point.startswith("/proc/") and m.point not in _HARMLESS_PROC_MOUNTS]
+
+
 def check_container(facts: HostFacts, policy: Policy) -> list[Check]:
     evidence = []
     if facts.exists("/.dockerenv"):
@@ -200,9 +211,7 @@ def check_container(facts: HostFacts, policy: Policy) -> list[Check]:
         if word in cgroup:
             evidence.append(f"/proc/1/cgroup names {word}")
             break
-    covered = [m.point for m in facts.mounts()
-               if m.point.startswith("/proc/") and m.point not in
-               _HARMLESS_PROC_MOUNTS]
+    covered = _covered_proc(facts.mounts())
     checks = []
     if not evidence:
         checks.append(Check("container", "ok", "not inside a container"))

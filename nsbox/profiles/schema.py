@@ -226,7 +226,7 @@ def ruled(origin: Origin, check: Callable[..., Any], *args: Any) -> Any:
 
 def host_path(origin: Origin, key: str, raw: Any) -> str:
     """An absolute host path, canonical: the directories leading to it are resolved now (with
-    realpath), so no later change to a symlink on the way can redirect the mount. The last
+    rules.resolve), so no later change to a symlink on the way can redirect the mount. The last
     component is kept as it is; ``mount`` decides whether a symlink there is resolved too."""
     value = string(origin, key, raw)
     if value.startswith("~"):
@@ -238,15 +238,15 @@ def host_path(origin: Origin, key: str, raw: Any) -> str:
         value = os.path.join(origin.base_dir, value)
     parent, name = posixpath.split(value.rstrip("/"))
     if name in ("", ".", ".."):
-        return os.path.realpath(value)
-    return posixpath.join(os.path.realpath(parent or "/"), name)
+        return str(ruled(origin, rules.resolve, value, key))
+    return posixpath.join(str(ruled(origin, rules.resolve, parent or "/", key)), name)
 
 
 def host_dir(origin: Origin, key: str, raw: Any) -> str:
     """A host directory the sandbox may write, resolved. What it may be is the rule book's
     business (nsbox/rules.py), checked with the policy's allow_rules when it is applied, and
     then that it is a directory (check_dir)."""
-    return os.path.realpath(host_path(origin, key, raw))
+    return str(ruled(origin, rules.resolve, host_path(origin, key, raw), key))
 
 
 def check_dir(origin: Origin, key: str, value: str) -> None:

@@ -57,11 +57,20 @@ def status() -> tuple[bool, str]:
     """Whether launches use the native core, and why not (for ``nsbox doctor``)."""
     if disabled_by_caller():
         return False, "NSBOX_NATIVE=0: the Python child runs every launch"
+    if _native is None and _in_one_file():
+        return False, ("nsbox.pyz: the Python child runs every launch (a zip archive cannot "
+                       "hold the compiled native core)")
     if _native is None:
         return False, (f"{MISSING}: the Python child runs every launch; install gcc and the "
-                       "Python headers (python3-dev), then reinstall nsbox (the one-file "
-                       "nsbox.pyz always has the Python child alone)")
+                       "Python headers (python3-dev), then reinstall nsbox")
     return True, "native: nsbox._native runs the sandbox child (C, no Python after the clone)"
+
+
+def _in_one_file() -> bool:
+    """Whether this copy runs from the one-file nsbox.pyz (zipimport: tools/build_pyz.py)."""
+    import zipimport
+
+    return isinstance(__spec__.loader, zipimport.zipimporter)
 
 
 def unsupported(plan: Mapping[str, Any]) -> str | None:
