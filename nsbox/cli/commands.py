@@ -26,8 +26,15 @@ from nsbox.errors import NsboxError
 from nsbox.policy import Policy
 
 
-def _fail(error: NsboxError) -> NoReturn:
-    """Print ``nsbox: <step>: <reason>`` (and the hint) and exit with the matching code."""
+def _fail(error: NsboxError, given: dict[str, Any] | None = None, policy: Policy | None = None,
+          extra_inputs: bool = False) -> NoReturn:
+    """Print ``nsbox: <step>: <reason>`` (and the hint) and exit with the matching code. With
+    the options ``given`` (named as in nsbox/cli/options.py) and the ``policy`` they made, the
+    error names the option rather than the policy's key (nsbox/cli/origins.py)."""
+    if given is not None:
+        from nsbox.cli.origins import Origins
+
+        error = Origins.of(given, policy, extra_inputs).translate(error)
     sys.exit(fail_code(error))
 
 
@@ -76,7 +83,8 @@ def run(command: tuple[str, ...], **values: Any) -> None:
 
     Options go before COMMAND: its first argument that is not an option starts it, and every
     argument after that is the command's own (a "--" before COMMAND is accepted too). Every
-    option is an override of a profile key (docs/profiles.md).
+    option is an override of a profile key: `nsbox profiles show NAME` prints a profile's keys,
+    --print-profile the policy these options make.
 
     \b
     Example:
@@ -239,7 +247,7 @@ def mcp_command(review_id: str | None, **values: Any) -> None:
     except _cli_run.OptionError as exc:
         raise click.BadParameter(str(exc), param_hint=exc.param_hint) from None
     except NsboxError as error:
-        _fail(error)
+        _fail(error, options, policy, extra_inputs=True)  # the session adds the inputs
 
 
 if __name__ == "__main__":

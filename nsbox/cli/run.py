@@ -231,6 +231,7 @@ def _execute(o: dict[str, Any]) -> int:
     """The named steps of ``nsbox run``: the policy, the launch, the report."""
     as_json = o["as_json"]
     collected: list[Any] = []
+    policy: Policy | None = None
     try:
         policy = policy_from_options(o)
         if o["print_profile"]:
@@ -242,10 +243,13 @@ def _execute(o: dict[str, Any]) -> int:
         if not o["command"]:
             raise OptionError("missing COMMAND (or --print-profile)", None)
         policy = _with_inputs(policy, o["inputs"])
+        if o.get("ask") and policy.network.effective_mode != "allow":
+            raise OptionError("--ask asks before a host that is not on the allow-list is "
+                              "reached: give the list with --allow-host HOST", None)
         collect_from_now_on()
         result, collected = _launch(o, policy)
     except (NsboxError, OSError) as raised:
-        return _failed(raised, as_json)
+        return _failed(raised, as_json, o, policy)
     if result.isolation != "namespaces" and policy.isolation == "auto" and not o.get("quiet"):
         echo(isolation_line(), err=True)
     if as_json:
@@ -345,11 +349,15 @@ def _launch(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
     return nsbox.run(command, policy, **common), []
 
 
-def _failed(raised: NsboxError | OSError, as_json: bool) -> int:
+def _failed(raised: NsboxError | OSError, as_json: bool, o: dict[str, Any],
+            policy: Policy | None) -> int:
     # An OSError is the host refusing something the options name (a path this user may not
     # resolve, say): a message, not a traceback.
     error = raised if isinstance(raised, NsboxError) else NsboxError(
         f"{raised.strerror or raised}" + (f": {raised.filename}" if raised.filename else ""))
+    from nsbox.cli.origins import Origins
+
+    error = Origins.of(o, policy).translate(error)  # in the options' terms, not the policy's
     if as_json:
         echo(visible.json_text({"status": Status.XX.value, "error": str(error)}))
     return fail_code(error)
