@@ -165,11 +165,13 @@ def build_server(bench: Workbench, installed: Installed | None = None) -> "MCPSe
 def serve(config: ServerConfig) -> None:
     """Serve one MCP connection on stdin/stdout until the client disconnects or a signal
     (SIGTERM, SIGHUP, SIGINT) ends the server."""
+    policy = agent_policy(config.policy)
+    # What is installed is probed in a sandbox of its own (so the session's audit record holds
+    # the agent's commands only), while the SDK is imported and the session starts.
+    installed = _in_background(probe_installed, policy)
     require_sdk()
     import anyio
 
-    policy = agent_policy(config.policy)
-    installed = probe_installed(policy)  # before the session: no line in its audit record
     # No idle timeout: the session lives exactly as long as the connection.
     with Session(policy=policy, inputs=list(config.inputs),
                        audit=config.audit, idle_timeout=None,
@@ -178,10 +180,25 @@ def serve(config: ServerConfig) -> None:
             publish_for_review(session)
         tool_log = _audit_log(config.audit)
         try:
-            server = build_server(Workbench(session, config, tool_log), installed)
+            server = build_server(Workbench(session, config, tool_log), installed())
             anyio.run(_serve, server, lambda: _close(session, tool_log))
         finally:
             _close(session, tool_log)
+
+
+def _in_background(fn: Any, *args: Any) -> Any:
+    """Start ``fn(*args)`` in a thread; the returned function waits for its result."""
+    import threading
+
+    result: list[Any] = [None]
+    thread = threading.Thread(target=lambda: result.__setitem__(0, fn(*args)),
+                              name="nsbox-probe")
+    thread.start()
+
+    def wait() -> Any:
+        thread.join()
+        return result[0]
+    return wait
 
 
 async def _serve(server: "MCPServer", close: Any) -> None:
