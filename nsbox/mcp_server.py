@@ -181,6 +181,10 @@ def serve(config: ServerConfig) -> None:
         tool_log = _audit_log(config.audit)
         try:
             server = build_server(Workbench(session, config, tool_log), installed())
+            if sys.stdin.isatty():  # someone trying it by hand: stdout is the protocol's
+                print("nsbox mcp: waiting for an MCP client on stdin and stdout (an agent's "
+                      "client starts this server); Ctrl-D or Ctrl-C ends it",
+                      file=sys.stderr, flush=True)
             anyio.run(_serve, server, lambda: _close(session, tool_log))
         finally:
             _close(session, tool_log)

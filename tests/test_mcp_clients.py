@@ -220,3 +220,44 @@ def test_project_tools_and_the_review_server_publish_their_schemas(
     assert applied.structured_content == {"applied": ["README.md"], "conflicts": [],
                                           "refused": []}
     assert (project / "README.md").read_text() == "# app\nagent\n"
+
+
+def test_allow_host_makes_the_run_tools_open_world(caller_server: Server):
+    async def scenario() -> Any:
+        async with connect(caller_server, "--allow-host", "example.org") as client:
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+            return client.instructions, tools
+
+    instructions, tools = run(scenario)
+    for name in RUN_TOOLS:
+        assert tools[name].annotations.open_world_hint is True
+    for name in ("write_file", "read_file", "list_files"):
+        assert tools[name].annotations.open_world_hint is False
+    assert "to these hosts: example.org." in instructions
+
+
+def test_by_hand_on_a_terminal_it_says_it_waits_for_a_client():
+    """Started on a terminal, the server says on stderr what it is, and Ctrl-D ends it."""
+    import pty
+    import select
+    import time
+
+    pytest.importorskip("mcp")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "nsbox", "mcp"], stdin=slave, stdout=slave,
+                            stderr=slave, cwd="/", start_new_session=True)
+    os.close(slave)
+    shown = b""
+    deadline = time.monotonic() + 60
+    try:
+        while b"waiting for an MCP client" not in shown and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                shown += os.read(master, 4096)
+        os.write(master, b"\x04")  # end of file, as the terminal's line discipline makes it
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    assert b"nsbox mcp: waiting for an MCP client on stdin and stdout" in shown
