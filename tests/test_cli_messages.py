@@ -149,3 +149,18 @@ def test_no_help_text_points_at_files_an_installed_copy_lacks():
         # this package's source count.
         assert not re.search(r"docs/|\w+\.md\b|nsbox/\S*\.py", text), (name, text)
     assert {"nsbox run", "nsbox mcp", "nsbox session start", "nsbox doctor"} <= set(seen)
+
+
+@pytest.mark.parametrize(("args", "hint"), [
+    # Leaving --pids out keeps the profile's limit (128 in the default profile): not "no limit".
+    (["--pids", "-1"], "'-1' must be more than zero (for no limit write --pids none)"),
+    (["--memory", "0"], "'0' must be more than zero (for no limit write --memory none)"),
+    (["--tmp-size", "0"], "'0' must be more than zero (this limit is always set: /tmp is a "
+                          "tmpfs"),
+])
+def test_a_limit_of_zero_says_how_to_have_none(args: list[str], hint: str):
+    for command in (["run", *args, "--", "true"], ["mcp", *args]):
+        proc = nsbox(*command)
+        assert proc.returncode == 2, proc.stderr
+        assert hint in proc.stderr, proc.stderr
+        assert "leave the option out" not in proc.stderr
