@@ -164,3 +164,23 @@ def test_a_limit_of_zero_says_how_to_have_none(args: list[str], hint: str):
         assert proc.returncode == 2, proc.stderr
         assert hint in proc.stderr, proc.stderr
         assert "leave the option out" not in proc.stderr
+
+
+def test_session_exec_says_options_go_before_id_and_how_to_raise_a_limit(tmp_path: Path):
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": str(runtime)}
+    start = nsbox("session", "start", env=env)
+    assert start.returncode == 0, start.stderr
+    sid = start.stdout.strip()
+    try:
+        misplaced = nsbox("session", "exec", sid, "--time", "1", "--", "sleep", "3", env=env)
+        slow = nsbox("session", "exec", "--time", "1", sid, "--", "sleep", "3", env=env)
+    finally:
+        nsbox("session", "stop", sid, env=env)
+    assert misplaced.returncode == 127
+    assert "command not found inside the sandbox: --time" in misplaced.stderr
+    assert "hint: options of nsbox session exec go before ID: nsbox session exec --time ... " \
+           "ID -- COMMAND" in misplaced.stderr
+    assert slow.returncode == 124
+    assert "nsbox: TO: wall-clock limit reached; raise it with --time" in slow.stderr

@@ -239,6 +239,11 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
             fds = [0, 1, 2]
         reply = request(session_id, message, fds)
     except NsboxError as error:
+        if isinstance(error, errors.CommandNotFound) and command[0].startswith("-"):
+            error = errors.CommandNotFound(  # an option after ID is the command's first word
+                error.step, error.errno, error.message,
+                hint=f"options of nsbox session exec go before ID: nsbox session exec "
+                     f"{visible.name(command[0])} ... ID -- COMMAND")
         if as_json:
             click.echo(visible.json_text({"status": Status.XX.value, "error": str(error)}))
         cli._fail(error)
@@ -258,8 +263,9 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         click.echo(line, err=True)
     if result.status in (Status.TO, Status.OL):
         click.echo(f"nsbox: {result.status.value}: "
-                   + ("wall-clock limit reached" if result.status is Status.TO
-                      else "output limit reached"), err=True)
+                   + ("wall-clock limit reached; raise it with --time"
+                      if result.status is Status.TO
+                      else "output limit reached; raise it with --output-limit"), err=True)
     sys.exit(_cli_run.exit_code(result))
 
 
