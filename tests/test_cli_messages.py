@@ -184,3 +184,13 @@ def test_session_exec_says_options_go_before_id_and_how_to_raise_a_limit(tmp_pat
            "ID -- COMMAND" in misplaced.stderr
     assert slow.returncode == 124
     assert "nsbox: TO: wall-clock limit reached; raise it with --time" in slow.stderr
+
+
+def test_a_refused_mount_of_a_profile_is_named_by_its_target(fifo_dir: Path, tmp_path: Path):
+    profile = tmp_path / "data.toml"
+    profile.write_text(f'[[filesystem.mounts]]\ntype = "bind"\nsource = "{fifo_dir}"\n'
+                       'target = "/data"\n')
+    proc = nsbox("run", "--profile", str(profile), "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr.startswith(f"nsbox: the mount at /data: {HOST_SOCKET}"), proc.stderr
+    assert_cli_terms(proc.stderr)

@@ -81,7 +81,8 @@ def _lift_hint(error: PolicyError) -> str | None:
 
 def _mount_origins(values: dict[str, Any], policy: Policy, extra_inputs: bool
                    ) -> dict[int, str]:
-    """Index in the policy's mounts -> the --ro-bind, --bind or --input that made it."""
+    """Index in the policy's mounts -> the --ro-bind, --bind or --input that made it, or the
+    mount's target for one of the profile's."""
     from nsbox.sessionpolicy import input_mount
 
     by_target: dict[str, str] = {}
@@ -99,4 +100,6 @@ def _mount_origins(values: dict[str, Any], policy: Policy, extra_inputs: bool
         by_target[target] = f"--input {spec}"
         if extra_inputs:
             targets.append(target)
-    return {i: by_target[target] for i, target in enumerate(targets) if target in by_target}
+    # A mount of the profile's is named by where it is: its index means nothing to the user.
+    return {i: by_target.get(target, f"the mount at {target}")
+            for i, target in enumerate(targets)}
