@@ -194,3 +194,16 @@ def test_a_refused_mount_of_a_profile_is_named_by_its_target(fifo_dir: Path, tmp
     assert proc.returncode == 125
     assert proc.stderr.startswith(f"nsbox: the mount at /data: {HOST_SOCKET}"), proc.stderr
     assert_cli_terms(proc.stderr)
+
+
+def test_ro_bind_of_the_home_names_the_option():
+    """The user's own report: `--ro-bind $HOME` refused by secret-dir at the launch."""
+    home = Path(os.path.expanduser("~"))
+    if not (home / ".ssh").is_dir() or not str(home).startswith(("/root", "/home/")):
+        pytest.skip(f"{home} holds no .ssh directory (nothing for the rule secret-dir)")
+    proc = nsbox("run", "--ro-bind", str(home), "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr.startswith(f"nsbox: --ro-bind {home}: refused by rule secret-dir: "
+                                  f"{home} holds {home}/.ssh"), proc.stderr
+    assert "--allow-rule secret-dir" in proc.stderr
+    assert_cli_terms(proc.stderr)
