@@ -79,6 +79,7 @@ class WirePlan(TypedDict, total=False):
     native: bool  # False: NSBOX_NATIVE=0, the Python child (nsbox/sandbox/native.py)
     isolation: str  # "landlock": no namespaces (nsbox/landlockplan.py); absent: namespaces
     landlock: dict[str, Any]  # its rules; the helper adds the directories and the ids
+    tty: list[int]  # --tty: [rows, columns]; stdin is a socket for the pty's master
 
 
 class ExitReport(TypedDict, total=False):
@@ -116,6 +117,7 @@ class WireCommand(TypedDict, total=False):
     seccomp_bpf: str | None
     seccomp_notify: dict[str, Any] | None  # a pooled sandbox only
     wall_time: float | None
+    tty: list[int]  # as WirePlan's
 
 
 class FileOp(TypedDict, total=False):
@@ -190,6 +192,7 @@ class SupervisorRequest(TypedDict, total=False):
     timeout: float | None
     output_limit: int | None
     cwd: str | None
+    tty: list[int] | None  # exec --tty: [rows, columns]; fds[0] is a socket for the master
     path: str  # put, get, with fds [memfd]
     mode: int
     patterns: list[str]  # files, collect

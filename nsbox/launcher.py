@@ -208,6 +208,7 @@ def run(
     passthrough: bool = False,
     profile: str | None = None,
     cancel: Cancel | None = None,
+    tty: tuple[int, int] | None = None,  # --tty's window; stdin: nsbox/host/terminal.py's
 ) -> Result:
     """Run ``argv`` in a new sandbox and return its Result (``nsbox.run`` without an audit
     record; nsbox/api.py adds one). ``cancel`` lets another thread kill it.
@@ -234,6 +235,8 @@ def run(
         plan = build_plan(policy, cmd.argv, env=cmd.env, cwd=cmd.cwd, wall_time=cmd.timeout)
         wire = plan.to_wire()
         wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
+        if tty is not None:
+            wire["tty"] = list(tty)
         return _launch(wire, cmd.stdin, cap, passthrough, RunNetwork(policy.network),
                        trace=trace, cancel=cancel)
 

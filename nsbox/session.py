@@ -301,9 +301,12 @@ class Session(SessionRun, ProjectReview):
         passthrough: bool = False,
         _sinks: tuple[int | None, int | None] | None = None,
         cancel: launcher.Cancel | None = None,
+        tty: list[int] | None = None,
     ) -> Result:
         """One command of the session, with nsbox's own arguments (``run`` adds those of
-        subprocess, nsbox/sessionrun.py); ``cancel`` lets another thread kill it."""
+        subprocess, nsbox/sessionrun.py); ``cancel`` lets another thread kill it; ``tty``
+        (rows, columns): a pty of its own, the master sent over ``stdin`` (a unix socket,
+        nsbox/host/terminal.py: `nsbox session exec --tty`)."""
         # A bad value fails this command alone, before it reaches the session's sandbox.
         cmd = doors.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
                             env_=env, cwd=cwd, passthrough=passthrough)
@@ -320,6 +323,8 @@ class Session(SessionRun, ProjectReview):
             "argv": wire["argv"], "env": wire["env"], "cwd": wire["cwd"],
             "rlimits": wire["rlimits"], "seccomp_bpf": wire["seccomp_bpf"],
             "wall_time": wire["wall_time"]}
+        if tty:
+            command["tty"] = list(tty)
         sinks = _sinks or ((1, 2) if passthrough else (None, None))
         with self._lock:
             result: Result | None = None

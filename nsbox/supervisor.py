@@ -217,10 +217,11 @@ class Supervisor:
                                    daemon=True)
         watcher.start()
         try:
-            result = self.session.run(
+            # Session.run's own arguments (input, text, check) are not in a request.
+            result = self.session._run_command(
                 request["argv"], stdin=fds[0], timeout=request.get("timeout"),
                 output_limit=request.get("output_limit"), env=request.get("env") or {},
-                cwd=request.get("cwd"), _sinks=(fds[1], fds[2]))
+                cwd=request.get("cwd"), _sinks=(fds[1], fds[2]), tty=request.get("tty"))
         finally:
             done.set()
             os.write(done_w, b"x")

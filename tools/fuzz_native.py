@@ -35,7 +35,8 @@ SOURCES = [ROOT / "tools/fuzz/fuzz_native.c",
 
 def seed_policies() -> list[tuple[Policy, list[str], dict[str, object]]]:
     """Policies whose flat plans hold every kind of item: each mount kind, rlimits, a
-    network mode, names with escapes and characters of several bytes, a pooled plan."""
+    network mode, names with escapes and characters of several bytes, a pooled plan, a
+    terminal (--tty)."""
     odd = "/data/caf\u00e9/\x01\"q\\/" + "x" * 200
     mounts = (*Policy().mounts, Tmpfs("/scratch", size=1 << 20, mode=0o1777),
               File("/etc/motd", "hello\n\u202e", mode=0o600), Symlink("/link", "/usr"),
@@ -46,13 +47,14 @@ def seed_policies() -> list[tuple[Policy, list[str], dict[str, object]]]:
         (Policy(network=Network(mode="loopback")), ["python3", "-c", "1"],
          {"cwd": "/tmp", "wall_time": 5.0}),
         (Policy(), ["/usr/bin/env"], {"pooled": True, "trace": True}),
+        (Policy(), ["bash", "-i"], {"tty": [65535, 80]}),
     ]
 
 
 def make_seeds(directory: Path) -> list[Path]:
     paths = []
     for index, (policy, argv, extra) in enumerate(seed_policies()):
-        flags = {key: extra.pop(key) for key in ("pooled", "trace") if key in extra}
+        flags = {key: extra.pop(key) for key in ("pooled", "trace", "tty") if key in extra}
         plan = launcher.build_plan(policy, argv, env=extra.get("env", {"PATH": "/usr/bin:/bin"}),
                                    cwd=extra.get("cwd"), wall_time=extra.get("wall_time"))
         wire = dict(plan.to_wire(), **flags)

@@ -98,6 +98,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--json",), "as_json", FLAG, doors=(RUN, EXEC), help={
         RUN: "Capture the output and print the result as one JSON object.",
         EXEC: "Print the result as one JSON object."}),
+    Option(("--tty",), "tty", FLAG, doors=(RUN, EXEC), help={
+        RUN: "Give the command a terminal of its own (a shell, a REPL, an editor), relayed to "
+        "this one in raw mode with its window size; needs a terminal on stdin.",
+        EXEC: "Give the command a terminal of its own, relayed to this one."}),
     Option(("--seccomp-log",), "seccomp_log", FLAG, key="seccomp.log_denied",
            help="Learning mode: report the syscalls the seccomp filter denied (still denied)."),
     Option(("-q", "--quiet"), "quiet", FLAG, doors=(RUN, EXEC),

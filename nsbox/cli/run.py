@@ -129,10 +129,22 @@ def check(options: dict[str, Any]) -> None:
     for spec in options["rw_bind"]:
         bind_override(spec, True)
     parse_env(options["env"])
+    if options.get("tty"):
+        check_tty(bool(options.get("as_json")))
     for item in options["settings"]:
         key, sep, _text = item.partition("=")
         if not key or not sep:
             raise OptionError(f"{item!r}: expected KEY=VALUE", "--set")
+
+
+def check_tty(as_json: bool) -> None:
+    """--tty relays this process's terminal: there must be one, and no --json capture."""
+    if as_json:
+        raise OptionError("--tty and --json do not go together: --json captures the output, "
+                          "--tty relays it to this terminal", "--tty")
+    if not os.isatty(0):
+        raise OptionError("--tty needs a terminal on stdin, and stdin is not one here (a pipe "
+                          "or a file): run without --tty", "--tty")
 
 
 # --- profiles: the options become overrides of the profile's keys (docs/profiles.md) ----------
@@ -331,7 +343,12 @@ def _launch(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
     """One run: in a session where the run needs one (a project, --ask, --collect), else by
     ``nsbox.run``; the files collected, if any."""
     as_json = o["as_json"]
-    common: dict[str, Any] = {"stdin": None if as_json else 0, "cwd": o["cwd"],
+    if o.get("tty"):
+        return _launch_on_terminal(o, policy), []
+    # The caller's terminal is never handed in (a command could change its modes, stty -echo,
+    # or read what was typed for the shell): stdin is /dev/null then; --tty gives a pty.
+    stdin = None if as_json or os.isatty(0) else 0
+    common: dict[str, Any] = {"stdin": stdin, "cwd": o["cwd"],
                               "passthrough": not as_json, "audit": o["audit"]}
     command = list(o["command"])
     if policy.project is not None or o.get("ask"):
@@ -347,6 +364,23 @@ def _launch(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
             echo(f"nsbox: not collected: {visible.quoted(path)}: {visible.name(why)}", err=True)
         return result, collected
     return nsbox.run(command, policy, **common), []
+
+
+def _launch_on_terminal(o: dict[str, Any], policy: Policy) -> Result:
+    """--tty: the command on a pty of the sandbox's own, relayed to this terminal."""
+    from nsbox import launcher
+    from nsbox.host.terminal import Relay
+
+    if policy.project is not None or o.get("ask") or o["collect"] or o["audit"]:
+        raise OptionError("--tty does not go with --project, --ask, --collect or --audit",
+                          "--tty")
+    cancel = launcher.Cancel()
+    with Relay(cap=policy.limits.output, on_cap=cancel) as relay:
+        result = launcher.run(list(o["command"]), policy, stdin=relay.sandbox_end,
+                              cwd=o["cwd"], tty=relay.size, cancel=cancel)
+    if relay.cut:  # killed past the output limit, as a run with pipes is (status OL)
+        result.status, result.stdout_truncated = Status.OL, True
+    return result
 
 
 def _failed(raised: NsboxError | OSError, as_json: bool, o: dict[str, Any],

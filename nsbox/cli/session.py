@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from nsbox import errors, visible
-from nsbox._wire import FileEntry, SupervisorRequest, SupervisorStart
+from nsbox._wire import FileEntry, SupervisorReply, SupervisorRequest, SupervisorStart
 from nsbox.cli import options as _options
 from nsbox.cli import review
 from nsbox.cli import run as _cli_run
@@ -200,6 +200,15 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
     cli._fail(NsboxError("the session supervisor failed to start"))
 
 
+def _exec_on_terminal(session_id: str, message: SupervisorRequest) -> SupervisorReply:
+    """exec --tty: the command on a pty of the session's own, relayed to this terminal."""
+    from nsbox.host.terminal import Relay
+
+    with Relay() as relay:
+        message["tty"] = list(relay.size)
+        return request(session_id, message, [relay.sandbox_end, 1, 2])
+
+
 # Options stop at ID: everything after it is the command's (as for nsbox run).
 @session.command(name="exec", context_settings={"ignore_unknown_options": False,
                                                 "allow_interspersed_args": False})
@@ -208,7 +217,7 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
 @click.argument("command", nargs=-1, required=True)
 def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...],
           cwd: str | None, as_json: bool, quiet: bool, session_id: str,
-          command: tuple[str, ...]) -> None:
+          command: tuple[str, ...], tty: bool = False) -> None:
     """Run COMMAND in session ID; the output streams through, the exit code is as for run.
 
     Options go before ID; every argument after ID is the command's own (a "--" between ID
@@ -228,16 +237,24 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         raise click.BadParameter("'none' is not allowed: a command of a session ends by its "
                                  "deadline (leave --time out for the session's own)",
                                  param_hint="'-t' / '--time'")
+    if tty:
+        try:
+            _cli_run.check_tty(as_json)
+        except _cli_run.OptionError as exc:
+            raise click.BadParameter(str(exc), param_hint=exc.param_hint) from None
     message: SupervisorRequest = {"op": "exec", "argv": list(command), "env": _parse_env(env),
                "timeout": wall_time, "output_limit": output_limit, "cwd": cwd}
     sinks: list[int] = []
     try:
         if as_json:
             sinks = [os.memfd_create("nsbox-out"), os.memfd_create("nsbox-err")]
-            fds = [os.open(os.devnull, os.O_RDONLY), *sinks]
+            reply = request(session_id, message, [os.open(os.devnull, os.O_RDONLY), *sinks])
+        elif tty:
+            reply = _exec_on_terminal(session_id, message)
         else:
-            fds = [0, 1, 2]
-        reply = request(session_id, message, fds)
+            # The caller's terminal is never handed in (nsbox/cli/run.py, _launch).
+            stdin = os.open(os.devnull, os.O_RDONLY) if os.isatty(0) else 0
+            reply = request(session_id, message, [stdin, 1, 2])
     except NsboxError as error:
         if isinstance(error, errors.CommandNotFound) and command[0].startswith("-"):
             error = errors.CommandNotFound(  # an option after ID is the command's first word

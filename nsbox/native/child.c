@@ -24,6 +24,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <termios.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -245,6 +246,41 @@ static void apply_seccomp(struct child *c)
     close(listener);
 }
 
+/* --- the sandbox's own terminal (--tty; nsbox/sandbox/terminal.py says why it is made here) */
+
+#ifndef TIOCGPTPEER
+#define TIOCGPTPEER _IO('T', 0x41)
+#endif
+
+/* A pty pair of the sandbox's devpts: the master goes to the host over fd 0 (a unix socket
+ * the host handed in as stdin), the slave becomes fds 0, 1 and 2 at the plan's window size. */
+static void open_terminal(struct child *c)
+{
+    static const char tag[] = "nsbox-tty";
+    int unlock = 0;
+    struct winsize size = {(unsigned short)c->plan->tty_rows, (unsigned short)c->plan->tty_cols,
+                           0, 0};
+    int master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (master < 0)
+        fail_errno(c);
+    if (ioctl(master, TIOCSPTLCK, &unlock) != 0)
+        fail_errno(c);
+    /* TIOCGPTPEER rather than open("/dev/pts/N"): no name to resolve (ioctl_tty(2)). */
+    int slave = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (slave < 0)
+        fail_errno(c);
+    if (ioctl(slave, TIOCSWINSZ, &size) != 0)
+        fail_errno(c);
+    if (send_fd(0, tag, sizeof(tag) - 1, master) != 0)
+        fail_errno(c);
+    close(master);
+    for (int fd = 0; fd < 3; fd++) {
+        if (dup2(slave, fd) < 0)
+            fail_errno(c);
+    }
+    close(slave);
+}
+
 static void execute(struct child *c) __attribute__((noreturn));
 static void execute(struct child *c)
 {
@@ -398,6 +434,9 @@ static void start_init(struct child *c)
         /* Its own session and process group, as a command a shell starts. */
         if (setsid() < 0)
             fail_errno(c);
+        /* --tty: the slave on fd 0 becomes its controlling terminal (ioctl_tty(2)). */
+        if (c->plan->tty && ioctl(0, TIOCSCTTY, 0) != 0)
+            fail_errno(c);
         reset_signals(c);
         return;
     }
@@ -498,6 +537,10 @@ static void finish_and_exec(struct child *c)
     set_step(c, "working directory");
     if (chdir(c->plan->cwd) != 0)
         fail_errno(c);
+    if (c->plan->tty) {
+        set_step(c, "terminal");
+        open_terminal(c);
+    }
     set_step(c, "close file descriptors");
     /* Everything but 0, 1, 2 closes at exec; the error pipe stays usable until then. */
     if (sys_close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)

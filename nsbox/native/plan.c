@@ -211,6 +211,9 @@ static int parse_command(struct plan *plan, struct reader *r)
     plan->setid_bpf = next_bytes(r);
     plan->seccomp_bpf = next_bytes(r);
     plan->seccomp_notify = next_flag(r);
+    plan->tty = next_flag(r);
+    plan->tty_rows = next_in(r, 0, 65535);
+    plan->tty_cols = next_in(r, 0, 65535);
     if (plan->argv == NULL || plan->envp == NULL || plan->candidates == NULL)
         return -1;
     return 0;

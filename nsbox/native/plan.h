@@ -14,7 +14,7 @@
 
 /* The layout of the flat plan that plan_parse reads: nsbox/sandbox/native.py, FORMAT, and
  * the extension's FORMAT (module.c) are this number, raised whenever the layout changes. */
-#define PLAN_FORMAT 2
+#define PLAN_FORMAT 3
 
 /* The ranges of the plan's small numbers: anything outside makes the plan malformed. */
 #define MODE_MAX 07777     /* a file mode's permission bits */
@@ -71,6 +71,7 @@ struct plan {
     int ncandidates;
     struct bytes_item setid_bpf, seccomp_bpf;
     int seccomp_notify;
+    int tty, tty_rows, tty_cols;  /* --tty: a pty of the sandbox's own, at this window size */
     /* what the parsing allocated, freed by plan_free */
     void *allocations[32];
     int nallocations;

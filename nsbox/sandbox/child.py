@@ -26,6 +26,7 @@ from nsbox import _libc, _wire
 from nsbox._wire import SetupErrorInfo, WirePlan
 from nsbox.sandbox import diskfull
 from nsbox.sandbox import netns as _netns
+from nsbox.sandbox import terminal as _terminal
 from nsbox.sandbox.mounts import NEWROOT, apply_mount, stage
 
 CLOSE_RANGE_CLOEXEC = 4
@@ -120,6 +121,9 @@ def finish_and_exec(ctx: Context, command: Mapping[str, Any]) -> NoReturn:
     os.setsid()
     ctx.step = "working directory"
     os.chdir(command["cwd"])
+    if command.get("tty"):
+        ctx.step = "terminal"
+        _terminal.open_terminal(command["tty"])  # the slave replaces fds 0, 1 and 2
     ctx.step = "close file descriptors"
     # Everything but 0, 1, 2 closes at exec; the error pipe stays usable until then.
     _libc.close_range(3, 0xFFFFFFFF, CLOSE_RANGE_CLOEXEC)
@@ -129,7 +133,7 @@ def finish_and_exec(ctx: Context, command: Mapping[str, Any]) -> NoReturn:
     ctx.step = "no_new_privs"
     _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
     ctx.step = "start init"
-    start_init(ctx)  # from here on, the command's process; pid 1 stays behind as its init
+    start_init(ctx, bool(command.get("tty")))  # the command's process from here; pid 1 stays
     ctx.step = "seccomp"
     apply_setid_filter(ctx)
     if command["seccomp_bpf"]:
@@ -171,8 +175,9 @@ _INIT_WAITS = (_SIGCHLD, *FORWARDED_SIGNALS)
 _SIG_BLOCK = int(signal.SIG_BLOCK)
 
 
-def start_init(ctx: Context) -> None:
-    """Fork; return in the child, which goes on to become the command. pid 1 never returns."""
+def start_init(ctx: Context, tty: bool = False) -> None:
+    """Fork; return in the child, which goes on to become the command. pid 1 never returns.
+    With ``tty``, the child takes the terminal on fd 0 as its controlling terminal."""
     # Blocked before the fork, so that none arrives before pid 1 waits for it; the child
     # unblocks them (reset_signals). A blocked signal is queued for pid 1 even without a
     # handler (kernel/signal.c, sig_ignored), and sigwaitinfo takes it.
@@ -192,6 +197,8 @@ def start_init(ctx: Context) -> None:
         # Its own session and process group, as a command a shell starts: `kill 0` and a
         # terminal's job control reach the command's group, never pid 1.
         os.setsid()
+        if tty:
+            _terminal.take_as_controlling()
         reset_signals()
         return
     serve_as_init(ctx, pid)

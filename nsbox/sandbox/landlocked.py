@@ -37,6 +37,7 @@ from typing import Any, NoReturn
 
 from nsbox import _landlock, _libc
 from nsbox.sandbox import child as _child
+from nsbox.sandbox import terminal as _terminal
 
 TREE_SIGNAL = int(signal.SIGRTMIN)  # helper (or a session's init) -> an init: end the tree
 PR_SET_CHILD_SUBREAPER = 36
@@ -113,6 +114,11 @@ def finish_and_exec(ctx: _child.Context, command: Mapping[str, Any], parent: int
     os.setsid()
     ctx.step = "working directory"
     os.chdir(inside(command["cwd"], landlock))
+    if command.get("tty"):
+        # A pty of the host's devpts (no mount namespace here), new and nobody else's; opened
+        # before the Landlock layer, as the streams are (nsbox/sandbox/terminal.py).
+        ctx.step = "terminal"
+        _terminal.open_terminal(command["tty"])
     ctx.step = "close file descriptors"
     _libc.close_range(3, 0xFFFFFFFF, _child.CLOSE_RANGE_CLOEXEC)
     ctx.step = "drop capabilities"
@@ -122,7 +128,7 @@ def finish_and_exec(ctx: _child.Context, command: Mapping[str, Any], parent: int
     ctx.step = "landlock init"
     become_keeper(ctx, parent)
     ctx.step = "start init"
-    start_init(ctx)  # from here on, the command's process; the init stays behind
+    start_init(ctx, bool(command.get("tty")))  # the command's process; the init stays behind
     ctx.step = "landlock"
     restrict(landlock)
     ctx.step = "seccomp"
@@ -225,7 +231,7 @@ def grant(ruleset: int, path: str, rights: int, abi: int, optional: bool) -> Non
 # --- the init ---------------------------------------------------------------------------------
 
 
-def start_init(ctx: _child.Context) -> None:
+def start_init(ctx: _child.Context, tty: bool = False) -> None:
     """Fork; return in the child, which goes on to become the command. The init never returns.
     As nsbox/sandbox/child.py's start_init, with TREE_SIGNAL among the signals it waits for."""
     _signal.pthread_sigmask(_SIG_BLOCK, _INIT_WAITS)
@@ -234,6 +240,8 @@ def start_init(ctx: _child.Context) -> None:
     pid = _libc.raw_clone(_SIGCHLD | _libc.CLONE_VFORK)
     if pid == 0:
         os.setsid()
+        if tty:
+            _terminal.take_as_controlling()
         _child.reset_signals()
         return
     serve_as_init(ctx, pid)

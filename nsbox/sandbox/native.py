@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-FORMAT = 2  # nsbox/native/plan.h, PLAN_FORMAT
+FORMAT = 3  # nsbox/native/plan.h, PLAN_FORMAT
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -199,6 +199,10 @@ def _command(w: _Writer, plan: Mapping[str, Any]) -> None:
     w.put_bytes(bytes.fromhex(plan["setid_bpf"]), c_string=False)
     w.put_bytes(bytes.fromhex(plan["seccomp_bpf"] or ""), c_string=False)
     w.put_int(1 if plan.get("seccomp_notify") else 0)
+    tty = plan.get("tty") or (0, 0)  # --tty: rows and columns (nsbox/sandbox/terminal.py)
+    w.put_int(1 if plan.get("tty") else 0)
+    w.put_in(int(tty[0]), 0, 65535)
+    w.put_in(int(tty[1]), 0, 65535)
 
 
 def flatten_command(command: Mapping[str, Any], setid_bpf: str) -> bytes:

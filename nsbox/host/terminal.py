@@ -1,0 +1,262 @@
+"""The caller's side of ``--tty``: its terminal relayed, in raw mode, to a pty of the sandbox.
+
+The sandbox makes its own pty (nsbox/sandbox/terminal.py says why there) and sends the master
+out over a unix socket that this side hands in as the launch's stdin. The caller's terminal
+itself is never handed in: the sandbox cannot change its modes, read it or push input into it
+(TIOCSTI is refused by the seccomp filter as well, docs/seccomp.md). What the sandbox writes
+reaches the caller's terminal as it is, escape sequences included, as with ``docker run -it``
+or ``ssh -t``: an editor or a shell needs them, which is why it is asked for with --tty.
+
+``Relay`` is a context manager for one run:
+
+- on entry it notes the caller's termios and window size and puts the terminal in raw mode
+  (cfmakeraw(3)): every key, Ctrl-C and Ctrl-Z among them, goes to the sandbox's pty, whose
+  own line discipline turns them into signals for its foreground process group;
+- a thread copies the caller's input to the master and the master's output to the caller;
+- SIGWINCH (the caller's window changed) is passed on as TIOCSWINSZ on the master, which
+  signals the sandbox's foreground process group in turn (ioctl_tty(2));
+- on exit, whatever happened (the command's end, an exception, SIGTERM, the sandbox killed at
+  its limit), the caller's termios are put back as they were (``finally``).
+
+Only SIGKILL of nsbox itself leaves the terminal raw (``stty sane`` or ``reset`` repairs it).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import selectors
+import signal
+import socket
+import termios
+import threading
+import time
+import tty
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from nsbox.sandbox.terminal import TAG
+
+TIOCGPTN = 0x80045430  # _IOR('T', 0x30, unsigned int): only a pty master answers it
+DEFAULT_SIZE = (24, 80)  # a terminal that does not know its size (TIOCGWINSZ says 0 x 0)
+_DRAIN = 2.0  # seconds for the last output of a run that has ended to arrive
+_CHUNK = 65536
+
+
+def is_terminal(fd: int) -> bool:
+    """Whether ``fd`` is a terminal (isatty(3)); False for a descriptor that is not open."""
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def window_size(fd: int) -> tuple[int, int]:
+    """The rows and columns of the terminal ``fd``; DEFAULT_SIZE where it does not say."""
+    try:
+        size = os.get_terminal_size(fd)
+    except OSError:
+        return DEFAULT_SIZE
+    if size.lines <= 0 or size.columns <= 0:
+        return DEFAULT_SIZE
+    return min(size.lines, 65535), min(size.columns, 65535)
+
+
+def set_window_size(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, (rows | cols << 16).to_bytes(8, "little"))
+
+
+def _is_pty_master(fd: int) -> bool:
+    try:
+        fcntl.ioctl(fd, TIOCGPTN, b"\0" * 4)
+    except OSError:
+        return False
+    return True
+
+
+class Relay:
+    """The caller's terminal relayed to the sandbox's pty for one run (see the module's
+    docstring). ``sandbox_end`` is the launch's stdin; ``size`` the plan's window size."""
+
+    def __init__(self, fd_in: int = 0, fd_out: int = 1, cap: int | None = None,
+                 on_cap: Callable[[], None] | None = None) -> None:
+        self.fd_in, self.fd_out = fd_in, fd_out
+        # The output limit holds on a terminal too: past ``cap`` bytes nothing more is shown,
+        # ``on_cap`` is called (it kills the run) and ``cut`` says so.
+        self.cap, self.on_cap, self.cut, self.shown = cap, on_cap, False, 0
+        self.size = window_size(fd_in)
+        self.master = -1
+        self._saved: list[Any] | None = None
+        self._previous_winch: Any = None
+        self._channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sandbox_end = theirs.detach()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._serve, name="nsbox-tty", daemon=True)
+        self._done = threading.Event()
+
+    def __enter__(self) -> Relay:
+        try:
+            self._saved = termios.tcgetattr(self.fd_in)
+            if threading.current_thread() is threading.main_thread():
+                self._previous_winch = signal.signal(signal.SIGWINCH, self._on_winch)
+            tty.setraw(self.fd_in, termios.TCSANOW)
+            self._thread.start()
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        try:
+            # The run is over: its last output is on the way (end-of-file, EIO, ends the
+            # copy); past the drain time whatever still holds the pty is not waited for.
+            if self.master >= 0:
+                self._done.wait(_DRAIN)
+            os.write(self._wake_w, b"x")
+            self._thread.join(_DRAIN)
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
+        if self._saved is not None:
+            try:
+                # TCSADRAIN: what was written reaches the terminal in the modes it was for.
+                termios.tcsetattr(self.fd_in, termios.TCSADRAIN, self._saved)
+            except termios.error:
+                pass  # the terminal is gone (hung up): nothing to restore
+            self._saved = None
+        if self._previous_winch is not None:
+            signal.signal(signal.SIGWINCH, self._previous_winch)
+            self._previous_winch = None
+        for fd in (self.sandbox_end, self._wake_r, self._wake_w):
+            _close(fd)
+        self.sandbox_end = self._wake_r = self._wake_w = -1
+        self._channel.close()
+        if not self._thread.is_alive() and self.master >= 0:
+            _close(self.master)
+            self.master = -1
+
+    def _on_winch(self, _signum: int, _frame: Any) -> None:
+        if self.master >= 0:
+            self._copy_size()
+
+    def _copy_size(self) -> None:
+        try:
+            set_window_size(self.master, *window_size(self.fd_in))
+        except OSError:
+            pass  # the pty has gone with the sandbox
+
+    # --- the thread ---------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        try:
+            if self._receive_master():
+                self._copy_size()  # the window may have changed since the plan was made
+                self._copy()
+        except OSError:
+            pass  # the caller's terminal is gone: the run goes on to its end without it
+        finally:
+            self._done.set()
+
+    def _receive_master(self) -> bool:
+        """Wait for the master the sandbox child sends (or the run's end); keep it only if
+        it is one message of ours with one pty master."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._channel, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            ready = {key.fd for key, _mask in selector.select()}
+        if self._channel.fileno() not in ready:
+            return False
+        message, fds, _flags, _addr = socket.recv_fds(self._channel, 64, 4)
+        for fd in fds[1:]:
+            os.close(fd)
+        if message != TAG or not fds or not _is_pty_master(fds[0]):
+            if fds:
+                os.close(fds[0])
+            return False
+        os.set_blocking(fds[0], False)
+        self.master = fds[0]
+        return True
+
+    def _copy(self) -> None:
+        """Caller -> master and master -> caller until the pty has no writer left (EIO)."""
+        pending = b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.fd_in, selectors.EVENT_READ)
+            selector.register(self.master, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            woken: float | None = None
+            while True:
+                timeout = None if woken is None else max(0.0, woken + _DRAIN - time.monotonic())
+                events = selector.select(timeout)
+                if not events and woken is not None:
+                    return
+                for key, mask in events:
+                    if key.fd == self._wake_r:
+                        # The run is over: what is typed from now on is for the caller's shell.
+                        selector.unregister(self._wake_r)
+                        if self.fd_in in selector.get_map():
+                            selector.unregister(self.fd_in)
+                        pending, woken = b"", time.monotonic()
+                        break
+                    elif key.fd == self.fd_in:
+                        data = _read(self.fd_in)
+                        if not data:  # the caller's stdin ended: the sandbox keeps its pty
+                            selector.unregister(self.fd_in)
+                        pending += data or b""
+                    elif mask & selectors.EVENT_READ:
+                        data = _read(self.master)
+                        if data is None:
+                            return  # EIO: every process of the sandbox closed the pty
+                        self._show(data)
+                    if pending and key.fd == self.master and mask & selectors.EVENT_WRITE:
+                        pending = pending[_write_some(self.master, pending):]
+                wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0)
+                selector.modify(self.master, wanted)
+
+    def _show(self, data: bytes) -> None:
+        if self.cap is not None and self.shown + len(data) > self.cap:
+            data = data[:max(0, self.cap - self.shown)]
+            if not self.cut:
+                self.cut = True
+                if self.on_cap is not None:
+                    self.on_cap()
+        self.shown += len(data)
+        _write_all(self.fd_out, data)
+
+
+def _read(fd: int) -> bytes | None:
+    """What ``fd`` has (b"" at end-of-file or when nothing is there); None for EIO, a pty
+    master whose slave no process holds any more."""
+    try:
+        return os.read(fd, _CHUNK)
+    except BlockingIOError:
+        return b""
+    except OSError as exc:
+        if exc.errno == errno.EIO:
+            return None
+        raise
+
+
+def _write_some(fd: int, data: bytes) -> int:
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
