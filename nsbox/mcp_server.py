@@ -142,10 +142,12 @@ def build_server(bench: Workbench, installed: Installed | None = None) -> "MCPSe
     # their reach); they reach the world only through an allow-list.
     reaches_out = bench.config.policy.network.effective_mode == "allow"
     installed_text = f"Installed: {installed.summary()}." if installed is not None else ""
+    commands_text = (f"Installed: {installed.commands_summary()}." if installed is not None
+                     else "")
     tools: list[tuple[Any, str, Any]] = [
         (run_python, installed_text,
          tool_hints("Run Python", read_only=False, destructive=True, open_world=reaches_out)),
-        (run_bash, "",
+        (run_bash, commands_text,
          tool_hints("Run bash", read_only=False, destructive=True, open_world=reaches_out)),
         (write_file, "",
          tool_hints("Write a file", read_only=False, destructive=True, idempotent=True)),

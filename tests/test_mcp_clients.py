@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from conftest import PYTHON, require
 from test_mcp import Server, call, caller_server, connect, run, text_of
 
 from nsbox import cgroups
-from nsbox.mcp_probe import NOTABLE
+from nsbox.mcp_probe import COMMANDS, NOTABLE
 from nsbox.profiles import load_profile
 from nsbox.version import VERSION
 
@@ -72,6 +73,12 @@ def test_tools_publish_schemas_hints_and_what_is_installed(caller_server: Server
         for name, package_version in notable.items():
             assert f"{name} {package_version}" in text
     assert "There is no network" in instructions
+    # And the programs on the sandbox's PATH that bash commands reach for (/usr is the host's).
+    bash = by_name["run_bash"].description
+    assert "Installed: bash with coreutils" in bash
+    for name in COMMANDS:
+        if os.access(f"/usr/bin/{name}", os.X_OK):
+            assert re.search(rf"[ ,]{re.escape(name)}[,.]", bash), (name, bash)
 
 
 def test_read_file_and_list_files_reach_the_inputs(caller_server: Server, unprivileged_tmp: Path):
