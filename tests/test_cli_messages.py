@@ -5,6 +5,7 @@ copy does not have (docs/*.md, source paths)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -207,3 +208,18 @@ def test_ro_bind_of_the_home_names_the_option():
                                   f"{home} holds {home}/.ssh"), proc.stderr
     assert "--allow-rule secret-dir" in proc.stderr
     assert_cli_terms(proc.stderr)
+
+
+@pytest.mark.parametrize(("program", "code", "message"), [
+    ("/etc/passwd", 126, "nsbox: exec: Permission denied: /etc/passwd\n"),
+    ("/no/such/program", 127, "nsbox: exec: No such file or directory: /no/such/program\n"),
+    ("no-such-program", 127, "nsbox: exec: command not found inside the sandbox: "
+                             "no-such-program\n"),
+])
+def test_a_program_that_cannot_start_is_named(program: str, code: int, message: str):
+    proc = nsbox("run", "--", program)
+    assert proc.returncode == code
+    assert proc.stderr.startswith(message), proc.stderr
+    as_json = nsbox("run", "--json", "--", program)
+    assert json.loads(as_json.stdout)["error"].startswith(message.rstrip("\n").removeprefix(
+        "nsbox: "))
