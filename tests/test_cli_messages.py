@@ -223,3 +223,10 @@ def test_a_program_that_cannot_start_is_named(program: str, code: int, message: 
     as_json = nsbox("run", "--json", "--", program)
     assert json.loads(as_json.stdout)["error"].startswith(message.rstrip("\n").removeprefix(
         "nsbox: "))
+
+
+def test_a_missing_bind_source_is_not_told_to_set_optional():
+    proc = nsbox("run", "--ro-bind", "/no/such/dir:/data", "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr == ("nsbox: --ro-bind /no/such/dir:/data: /no/such/dir does not exist\n"
+                           "  hint: fix the path: the source of a bind must exist on this host\n")

@@ -72,6 +72,9 @@ class Origins:
             named = next((flag for known, flag in self.keys.items()
                           if key == known or key.startswith((known + "[", known + "."))), None)
         hint = _lift_hint(error)
+        if (named or key).startswith(("--ro-bind ", "--bind ")) and hint and \
+                "optional = true" in hint:
+            hint = "fix the path: the source of a bind must exist on this host"  # no optional
         if named is None and hint == error.hint:
             return error
         return PolicyError(error.message, key=named or key, hint=hint, rule=error.rule)
