@@ -89,11 +89,12 @@ class DiscardOutput(BaseModel):
 def describe(fn: Any, *more: str) -> str:
     """A tool's description: its docstring as one paragraph (no source indentation), then
     ``more``."""
-    return " ".join([" ".join(inspect.cleandoc(fn.__doc__ or "").split()), *more])
+    return " ".join(part for part in (" ".join(inspect.cleandoc(fn.__doc__ or "").split()),
+                                      *more) if part)
 
 
 def tool_hints(title: str, *, read_only: bool, destructive: bool = False,
-                idempotent: bool = False, open_world: bool = False) -> Any:
+               idempotent: bool = False, open_world: bool = False) -> Any:
     """The MCP tool annotations (hints for the client: which tools it may call unasked)."""
     import mcp_types as types
 

@@ -43,7 +43,7 @@ def instructions(config: ServerConfig, installed: Installed | None = None) -> st
     elif network.effective_mode == "loopback":
         reach = "There is no network beyond the sandbox's own loopback (127.0.0.1)."
     else:
-        reach = "There is no network, so nothing can be installed."
+        reach = "There is no network (pip cannot download anything)."
     text = ("Runs Python and bash in an isolated sandbox. " + reach + " Files live in "
             "/workspace and persist between calls for this connection.")
     if config.inputs:

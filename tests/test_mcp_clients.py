@@ -50,6 +50,7 @@ def test_tools_publish_schemas_hints_and_what_is_installed(caller_server: Server
     for tool in tools:
         # One paragraph: no docstring indentation, no line breaks.
         assert "\n" not in tool.description and "  " not in tool.description, tool.description
+        assert tool.description == tool.description.strip()
         assert tool.output_schema is not None and tool.output_schema["type"] == "object"
         assert tool.annotations is not None and tool.annotations.title
         assert tool.annotations.open_world_hint is False  # no network: nothing beyond
