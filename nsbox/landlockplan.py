@@ -73,9 +73,10 @@ def _read_and_write(policy: Policy, host: pathrules.HostView | None
 # The host's own configuration that common programs give up on when it exists but cannot be read
 # (EACCES, where a namespace sandbox has no such file at all, ENOENT): pip and other distribution
 # probes (debian_version), git (gitconfig), node and OpenSSL (openssl.cnf), Python's mimetypes
-# (its knownfiles below /etc: an unreadable one raises). Read-only, where present; nothing in
-# them is the caller's.
-HOST_CONFIG = ("/etc/debian_version", "/etc/gitconfig", "/etc/ssl/openssl.cnf", "/etc/mime.types",
+# (its knownfiles below /etc: an unreadable one raises), and the public files a namespace
+# sandbox has too (plan.PUBLIC_ETC: services, protocols, ... for getservbyname). Read-only, where
+# present; nothing in them is the caller's.
+HOST_CONFIG = (*planmod.PUBLIC_ETC, "/etc/debian_version", "/etc/gitconfig",
                "/etc/httpd/mime.types", "/etc/httpd/conf/mime.types", "/etc/apache/mime.types",
                "/etc/apache2/mime.types")
 
@@ -128,8 +129,9 @@ def weaker(policy: Policy, abi: int, own_uid: bool) -> list[str]:
     lines = [
         "files: paths are the host's (the workspace and $TMPDIR are host directories, there "
         "is no /workspace); any host path can be stat'ed (existence, size, owner, times), "
-        "though not read, listed, changed or removed; the host's /etc/debian_version, "
-        "gitconfig, ssl/openssl.cnf and mime.types can be read",
+        "though not read, listed, changed or removed; the host's public /etc files "
+        "(services, protocols, mime.types, ssl/openssl.cnf, ...), debian_version and "
+        "gitconfig can be read",
         f"identity: the sandbox runs as {who}, without a user namespace",
         "processes: no /proc at all (ps, /proc/self, /dev/fd fail); host processes are not "
         "hidden, only out of reach",

@@ -5,14 +5,16 @@ resolved here, once, by the host side; the sandbox side never resolves a host pa
 helper opens every bind source and the child mounts it through the open descriptor.
 
 Mount order is part of the contract: the structure first (tmpfs root), then the policy's mounts
-in the order given, then /etc's synthetic files, /dev, /proc, /tmp and /workspace, so that the
-policy cannot hide or replace those.
+in the order given, then the host's public /etc files (where the policy mounts nothing of its
+own there), /etc's synthetic files, /dev, /proc, /tmp and /workspace, so that the policy cannot
+hide or replace those.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,6 +156,91 @@ def _group(policy: Policy) -> str:
     return "".join(f"{name}:x:{gid}:\n" for name, gid in entries)
 
 
+# The host's public system files that the programs and libraries of its /usr read: the network
+# databases (getservbyname, getaddrinfo(host, "http"); netbase), the resolver's settings,
+# media types (Python's mimetypes), readline's settings, the time zone's name, the
+# distribution's release (platform, pip), OpenSSL's configuration (the openssl command fails
+# without it). Bound read-only, where the host has them readable by every user, for a policy
+# that binds the host's /usr; each costs the launch a bind. Left out: what few read (rpc,
+# locale.alias, debian_version, shells), the host's secrets (shadow, gshadow, ssh/,
+# ssl/private/), its identity (machine-id "should be considered confidential", machine-id(5)),
+# and the settings of its users, services and network (profile, bash.bashrc, environment,
+# pip.conf, gitconfig, resolv.conf): docs/compatibility.md says why, one by one.
+PUBLIC_ETC = ("/etc/services", "/etc/protocols", "/etc/host.conf", "/etc/gai.conf",
+              "/etc/mime.types", "/etc/inputrc", "/etc/timezone", "/etc/os-release",
+              "/etc/ssl/openssl.cnf")
+# The system's CA store, wherever the network is allowed: curl, git, Python's ssl (through
+# /usr/lib/ssl/cert.pem) and Debian's pip and requests read /etc/ssl/certs/ca-certificates.crt;
+# OpenSSL's hashed names are there too. (/etc/ca-certificates.conf is read only by
+# update-ca-certificates.) Its links lead to /usr/share/ca-certificates, below /usr.
+CA_STORE = ("/etc/ssl/certs",)
+# glibc's lookups in the files nsbox writes (passwd, group, hosts) and binds, and no host
+# module (systemd, sss, ldap) that would look elsewhere (nsswitch.conf(5)).
+NSSWITCH = ("passwd: files\ngroup: files\nshadow: files\ngshadow: files\nhosts: files dns\n"
+            "networks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n")
+
+
+def _system_etc(policy: Policy, host: pathrules.HostView | None) -> list[dict[str, Any]]:
+    """What a normal /etc holds that programs read, beyond the files of [identity]; the
+    policy's own mounts win: nothing here goes at, above or below one of their targets."""
+    taken = [m.target for m in policy.mounts]
+
+    def free(target: str) -> bool:
+        return not any(target == t or target.startswith(t + "/") or t.startswith(target + "/")
+                       for t in taken)
+
+    ops: list[dict[str, Any]] = []
+    if any(m.kind == "bind" and m.target == "/usr" for m in policy.mounts):
+        ops += [op for op in _public_etc(host) if free(op["target"])]
+        if free("/etc/nsswitch.conf"):
+            ops.append({"op": "file", "target": "/etc/nsswitch.conf", "content": NSSWITCH,
+                        "mode": 0o644})
+    if free("/etc/mtab"):  # mount(8) and older programs read the mount table there
+        ops.append({"op": "symlink", "target": "/etc/mtab", "points_to": "../proc/self/mounts"})
+    if policy.network.effective_mode == "allow":
+        for path in CA_STORE:
+            if free(path) and _public(path):
+                ops += _bind_ops(Bind(path, path, optional=True), "network", (), host)
+    return ops
+
+
+# The binds of PUBLIC_ETC, worked out once while the host view (its mount table and homes) and
+# each file (what lstat says of it) stay the same: the rules would answer the same, and each
+# bind's checks cost a launch about 40 us here.
+_public_etc_memo: list[Any] = [None, None, []]
+
+
+def _public_etc(host: pathrules.HostView | None) -> list[dict[str, Any]]:
+    view = host or pathrules.HostView.current()
+    stamps = tuple(_lstamp(path) for path in PUBLIC_ETC)
+    memo_view, memo_stamps, ops = _public_etc_memo
+    if memo_view is not view or memo_stamps != stamps:
+        ops = []
+        for path in PUBLIC_ETC:
+            if _public(path):
+                ops += _bind_ops(Bind(path, path, optional=True), "etc", (), view)
+        _public_etc_memo[:] = [view, stamps, ops]
+    return [dict(op) for op in ops]
+
+
+def _lstamp(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _public(path: str) -> bool:
+    """Readable by every user of the host (a directory: and searchable)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    need = 0o005 if stat.S_ISDIR(st.st_mode) else 0o004
+    return st.st_mode & need == need
+
+
 def _environment(policy: Policy, extra_env: dict[str, str] | None) -> list[tuple[str, str]]:
     """The caller's environment never passes, except the names the policy lists."""
     env: dict[str, str] = {"PATH": policy.path, "HOME": WORKSPACE, "LANG": policy.lang}
@@ -185,6 +272,7 @@ def build(
     allow = policy.allow_rules
     for i, mount in enumerate(policy.mounts):
         mounts.extend(_mount_ops(mount, f"mounts[{i}]", allow, host))
+    mounts += _system_etc(policy, host)
     mounts += [
         {"op": "file", "target": "/etc/passwd", "content": _passwd(policy), "mode": 0o644},
         {"op": "file", "target": "/etc/group", "content": _group(policy), "mode": 0o644},

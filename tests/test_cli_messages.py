@@ -5,7 +5,6 @@ copy does not have (docs/*.md, source paths)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -42,8 +41,8 @@ def assert_cli_terms(stderr: str) -> None:
 def test_ask_without_an_allow_list_is_a_usage_error_naming_allow_host(args: list[str]):
     proc = nsbox("run", *args, "--", "true")
     assert proc.returncode == 2, proc.stderr
-    assert "Error: --ask asks before a host that is not on the allow-list is reached: give " \
-           "the list with --allow-host HOST" in proc.stderr
+    assert "Invalid value for --ask: it asks about the hosts that are not on the " \
+           "allow-list: name at least one with --allow-host HOST" in proc.stderr
     assert_cli_terms(proc.stderr)
 
 
@@ -167,7 +166,7 @@ def test_a_limit_of_zero_says_how_to_have_none(args: list[str], hint: str):
         assert "leave the option out" not in proc.stderr
 
 
-def test_session_exec_says_options_go_before_id_and_how_to_raise_a_limit(tmp_path: Path):
+def test_session_exec_says_how_to_raise_a_limit(tmp_path: Path):
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     env = {"XDG_RUNTIME_DIR": str(runtime)}
@@ -175,14 +174,9 @@ def test_session_exec_says_options_go_before_id_and_how_to_raise_a_limit(tmp_pat
     assert start.returncode == 0, start.stderr
     sid = start.stdout.strip()
     try:
-        misplaced = nsbox("session", "exec", sid, "--time", "1", "--", "sleep", "3", env=env)
         slow = nsbox("session", "exec", "--time", "1", sid, "--", "sleep", "3", env=env)
     finally:
         nsbox("session", "stop", sid, env=env)
-    assert misplaced.returncode == 127
-    assert "command not found inside the sandbox: --time" in misplaced.stderr
-    assert "hint: options of nsbox session exec go before ID: nsbox session exec --time ... " \
-           "ID -- COMMAND" in misplaced.stderr
     assert slow.returncode == 124
     assert "nsbox: TO: wall-clock limit reached; raise it with --time" in slow.stderr
 
@@ -208,21 +202,6 @@ def test_ro_bind_of_the_home_names_the_option():
                                   f"{home} holds {home}/.ssh"), proc.stderr
     assert "--allow-rule secret-dir" in proc.stderr
     assert_cli_terms(proc.stderr)
-
-
-@pytest.mark.parametrize(("program", "code", "message"), [
-    ("/etc/passwd", 126, "nsbox: exec: Permission denied: /etc/passwd\n"),
-    ("/no/such/program", 127, "nsbox: exec: No such file or directory: /no/such/program\n"),
-    ("no-such-program", 127, "nsbox: exec: command not found inside the sandbox: "
-                             "no-such-program\n"),
-])
-def test_a_program_that_cannot_start_is_named(program: str, code: int, message: str):
-    proc = nsbox("run", "--", program)
-    assert proc.returncode == code
-    assert proc.stderr.startswith(message), proc.stderr
-    as_json = nsbox("run", "--json", "--", program)
-    assert json.loads(as_json.stdout)["error"].startswith(message.rstrip("\n").removeprefix(
-        "nsbox: "))
 
 
 def test_a_missing_bind_source_is_not_told_to_set_optional():

@@ -140,10 +140,9 @@ def test_proc_shows_no_host_paths_or_devices(mode: str, public_tree: Path,
             ""] * 4, kind
         # No entry of /proc is named after a host block device.
         assert report["names"] and not set(report["names"]) & set(host_block_devices()), kind
-        # A run or a pooled sandbox holds its init (pid 1) and the command (2); a session's
-        # /proc shows the session's init, then the command's own init and the command.
-        expected = ["1", "2", "3"] if kind == "session" else ["1", "2"]
-        assert report["pids"] == expected, (kind, report["pids"])
+        # A run, a pooled sandbox or a command of a session holds its init (pid 1) and the
+        # command (2): a session's command has a /proc of its own pid namespace.
+        assert report["pids"] == ["1", "2"], (kind, report["pids"])
         for key, text in seen.items():
             for line in text.replace("\0", "\n").splitlines():
                 for secret in secrets:
@@ -151,7 +150,8 @@ def test_proc_shows_no_host_paths_or_devices(mode: str, public_tree: Path,
                 for needle in bound + devices:
                     if needle in line:
                         assert mount_tables_only(key, line, needle), (kind, key, line)
-        # The session's init shows a fixed title; its environment is closed (not dumpable).
+        # The init of a session's command (a fork of the session's) shows a fixed title; its
+        # environment is closed (not dumpable).
         if kind == "session":
             assert seen["1/cmdline"] == "nsbox._helper\0", seen["1/cmdline"]
             assert seen["1/environ"] == "error 13"

@@ -426,6 +426,19 @@ def test_limits_of_one_job(executors: nsray.Executors):
     assert (default["status"], default["stdout"]) == ("OK", b"written\n")
 
 
+def test_ps_and_proc_self_in_every_kind_of_job(executors: nsray.Executors):
+    require(os.path.exists("/usr/bin/ps"), "ps is not installed (Debian package procps)")
+    # A plain job runs in the warm pool, one with limits by nsbox.run, one with files in a
+    # session: in each, /proc is the job's own pid namespace's (ps reads /proc/<its pid>).
+    probe = ["sh", "-c", "ps -e -o comm= && python3 -c 'import os; "
+             "print(os.readlink(\"/proc/self\") == str(os.getpid()))'"]
+    results = ray.get([executors.submit(probe), executors.submit(probe, limits={"pids": 64}),
+                       executors.submit(probe, files={"in.txt": b"x"})])
+    for result in results:
+        assert result["status"] == "OK", result["stderr"]
+        assert result["stdout"].split() == [b"nsbox-init", b"sh", b"ps", b"True"], result
+
+
 def test_a_node_that_cannot_run_the_policy_refuses_to_serve(cluster: LocalCluster):
     policy = nsbox.Policy(mounts=(*DEFAULT_MOUNTS, Bind("/no/such/dir", "/data")))
     with pytest.raises(nsray.NodeRefused) as info:

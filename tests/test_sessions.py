@@ -157,9 +157,10 @@ emit(first=first, alive=alive, again=again, gone=gone)
 
 def test_init_is_out_of_reach_of_commands(as_user: UserRunner):
     # A command runs (as pid 2, under an init of its own) in a pid namespace nested in the
-    # session's: the session's init has no pid there, so kill(2) and ptrace(2) cannot name it.
-    # It shows only in the session's /proc, and being non-dumpable, its environment,
-    # descriptors and memory are closed to the same uid.
+    # session's: the session's init has no pid there, so kill(2) and ptrace(2) cannot name it,
+    # and the command's /proc is that namespace's, where it does not show at all. The
+    # command's own init is non-dumpable: its environment, descriptors and memory are closed
+    # to the same uid.
     probe = (
         "import os, errno\n"
         "def tryit(f):\n"
@@ -168,6 +169,7 @@ def test_init_is_out_of_reach_of_commands(as_user: UserRunner):
         "    except OSError as e: return errno.errorcode[e.errno]\n"
         "nspid = [l.split()[1:] for l in open('/proc/self/status') if l.startswith('NSpid')][0]\n"
         "print(len(nspid), nspid[-1], open('/proc/1/cmdline', 'rb').read().split(b'\\0')[0],\n"
+        "      sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [1, os.getpid()],\n"
         "      tryit(lambda: open('/proc/1/environ', 'rb').read()),\n"
         "      tryit(lambda: os.listdir('/proc/1/fd')),\n"
         "      tryit(lambda: open('/proc/1/mem', 'rb').read(1)))\n"
@@ -177,10 +179,10 @@ with nsbox.Session(timeout=20) as s:
     r = s.run(["python3", "-c", {probe!r}])
     emit(probe=r.stdout.decode().split(), err=r.stderr.decode(), after=s.run(["true"]).status.value)
 """)
-    levels, own_pid, init_name, environ, fds, mem = out["probe"]
-    # /proc is the session's: a pid there and one in its own namespace, where it is 2 (the
-    # run's own init is 1)
-    assert (levels, own_pid) == ("2", "2"), out["err"]
+    levels, own_pid, init_name, only_its_own, environ, fds, mem = out["probe"]
+    # /proc is the command's pid namespace's, where it is 2 (the run's own init is 1), and
+    # where it and its init are all there is
+    assert (levels, own_pid, only_its_own) == ("1", "2", "True"), out["err"]
     # and its command line is a fixed title, with no host path of the interpreter or package
     assert init_name == "b'nsbox._helper'", init_name
     assert (environ, fds, mem) == ("EACCES", "EACCES", "EACCES")

@@ -58,8 +58,13 @@ _LIMIT_PARSERS: dict[str, Any] = {spec.name: spec.parse_option for spec in limit
 _limit_options = _options.click_options(_options.START, lambda option: option.limit is not None)
 
 
-def _with_limits(policy: Policy, values: dict[str, Any]) -> Policy:
-    changes = limittable.limit_changes({k: v for k, v in values.items() if k in _LIMIT_PARSERS})
+def _with_limits(policy: Policy, values: dict[str, Any], settings: tuple[str, ...] = ()
+                 ) -> Policy:
+    # --set comes last, for the limits' own options too (nsbox/cli/run.py, policy_from_options).
+    set_keys = {item.partition("=")[0].strip() for item in settings}
+    changes = limittable.limit_changes({
+        k: v for k, v in values.items()
+        if k in _LIMIT_PARSERS and limittable.BY_NAME[k].key not in set_keys})
     return policy.with_limits(**changes) if changes else policy
 
 # --- end of resource limit options ---------------------------------------------------------------

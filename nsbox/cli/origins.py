@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from nsbox.cli import options as _options
-from nsbox.errors import CommandNotExecutable, CommandNotFound, NsboxError, PolicyError
+from nsbox.errors import NsboxError, PolicyError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,11 +29,9 @@ _OTHER_KEYS = {"inputs": "input"}
 class Origins:
     """The option each policy key and mount came from, for one command line."""
 
-    def __init__(self, keys: dict[str, str], mounts: dict[int, str],
-                 command: str | None = None) -> None:
+    def __init__(self, keys: dict[str, str], mounts: dict[int, str]) -> None:
         self.keys = keys  # profile key (or the library's own name) -> option flag
         self.mounts = mounts  # index in Policy.mounts -> the option as typed
-        self.command = command  # the program the command line named, if it named one
 
     @classmethod
     def of(cls, values: dict[str, Any], policy: Policy | None,
@@ -50,17 +48,10 @@ class Origins:
             if key and given not in (None, (), [], False) and key not in settings:
                 keys[key] = option.flags[-1]
         keys.update({key: f"--set {key}" for key in settings if key})
-        command = values.get("command") or ()
-        return cls(keys, _mount_origins(values, policy, extra_inputs) if policy else {},
-                   command[0] if command else None)
+        return cls(keys, _mount_origins(values, policy, extra_inputs) if policy else {})
 
     def translate(self, error: NsboxError) -> NsboxError:
         """``error`` naming the option instead of the policy's key, where one option set it."""
-        if isinstance(error, (CommandNotFound, CommandNotExecutable)) \
-                and self.command is not None and self.command not in error.message:
-            # The sandbox reports the errno of execve(2), not which program it was.
-            return type(error)(error.step, error.errno, f"{error.message}: {self.command}",
-                               hint=error.hint)
         if not isinstance(error, PolicyError) or error.file or not error.key:
             return error  # a profile file's error names its file, key and line: those are right
         key = error.key

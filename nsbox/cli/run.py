@@ -185,11 +185,22 @@ def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ..
     for option, spec, writable in binds:
         try:
             policy = apply_overrides(policy, {"mounts": [bind_override(spec, writable)]})
+            _check_bind(policy)
         except PolicyError as exc:
             raise PolicyError(exc.message, key=f"{option} {spec}", hint=exc.hint,
                               rule=exc.rule) from None
     return apply_overrides(policy, {k: v for k, v in overrides.items()
                                     if v is not None and v != []})
+
+
+def _check_bind(policy: Policy) -> None:
+    """The rule book on the bind just added, now, so that a refusal names the option
+    (``--ro-bind /root: refused by rule secret-dir``), not the policy's ``mounts[9]``."""
+    from nsbox import plan
+    from nsbox.host.pathrules import HostView
+
+    mount = policy.mounts[-1]
+    plan.MOUNT_OPS[mount.kind](mount, "bind", policy.allow_rules, HostView.current())
 
 
 # --- end profiles ---------------------------------------------------------------------------------
@@ -256,12 +267,13 @@ def _execute(o: dict[str, Any]) -> int:
             raise OptionError("missing COMMAND (or --print-profile)", None)
         policy = _with_inputs(policy, o["inputs"])
         if o.get("ask") and policy.network.effective_mode != "allow":
-            raise OptionError("--ask asks before a host that is not on the allow-list is "
-                              "reached: give the list with --allow-host HOST", None)
+            raise OptionError("it asks about the hosts that are not on the allow-list: name "
+                              "at least one with --allow-host HOST (or a profile's [network] "
+                              "allow)", "--ask")
         collect_from_now_on()
         result, collected = _launch(o, policy)
     except (NsboxError, OSError) as raised:
-        return _failed(raised, as_json, o, policy)
+        return _failed(_naming_the_program(raised, o["command"]), as_json, o, policy)
     if result.isolation != "namespaces" and policy.isolation == "auto" and not o.get("quiet"):
         echo(isolation_line(), err=True)
     if as_json:
@@ -270,6 +282,17 @@ def _execute(o: dict[str, Any]) -> int:
     else:
         _report(result, quiet=bool(o.get("quiet")))
     return exit_code(result)
+
+
+def _naming_the_program(raised: NsboxError | OSError,
+                        command: tuple[str, ...]) -> NsboxError | OSError:
+    """A program that exists but cannot be run is named, as a shell names it
+    (``sh: 1: /etc/passwd: Permission denied``); a missing one is named already."""
+    if (isinstance(raised, SetupError) and raised.step == "exec" and command
+            and command[0] not in raised.message):
+        return type(raised)("exec", raised.errno, f"{command[0]}: {raised.message}",
+                            raised.hint)
+    return raised
 
 
 def isolation_line() -> str:
@@ -322,8 +345,11 @@ def policy_from_options(o: dict[str, Any]) -> Policy:
     binds = [("--ro-bind", spec, False) for spec in o["ro_bind"]]
     binds += [("--bind", spec, True) for spec in o["rw_bind"]]
     policy = load_policy(o["profile"], overrides_from_options(o), o["settings"], binds)
+    # --set comes last, for the limits' own options too (as for every other option's key).
+    set_keys = {item.partition("=")[0].strip() for item in o["settings"]}
     limit_changes = limittable.limit_changes(
-        {spec.name: o.get(spec.name) for spec in limittable.OPTION_LIMITS})
+        {spec.name: o.get(spec.name) for spec in limittable.OPTION_LIMITS
+         if spec.key not in set_keys})
     if limit_changes:
         policy = policy.with_limits(**limit_changes)
     # --- network (docs/network.md) ---
@@ -347,7 +373,7 @@ def _launch(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
         return _launch_on_terminal(o, policy), []
     # The caller's terminal is never handed in (a command could change its modes, stty -echo,
     # or read what was typed for the shell): stdin is /dev/null then; --tty gives a pty.
-    stdin = None if as_json or os.isatty(0) else 0
+    stdin = None if os.isatty(0) else 0
     common: dict[str, Any] = {"stdin": stdin, "cwd": o["cwd"],
                               "passthrough": not as_json, "audit": o["audit"]}
     command = list(o["command"])
@@ -393,8 +419,18 @@ def _failed(raised: NsboxError | OSError, as_json: bool, o: dict[str, Any],
 
     error = Origins.of(o, policy).translate(error)  # in the options' terms, not the policy's
     if as_json:
-        echo(visible.json_text({"status": Status.XX.value, "error": str(error)}))
+        echo(visible.json_text(failure_json(error)))
     return fail_code(error)
+
+
+def failure_json(error: NsboxError) -> dict[str, Any]:
+    """--json of a run that did not start: the keys of every other result (null where there
+    is no value), so that a reader finds ``exit_code`` whatever happened."""
+    import dataclasses
+
+    data: dict[str, Any] = {field.name: None for field in dataclasses.fields(Result)}
+    data.update(status=Status.XX.value, error=str(error), stdout="", stderr="")
+    return data
 
 
 _LIMIT_REASONS = {"memory": "memory limit reached (OOM kill); raise it with --memory",

@@ -169,7 +169,7 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
              "env": env, "pass_env": pass_env}  # for errors in these options' terms
     try:
         policy = cli._with_limits(cli._load_policy(profile, overrides, settings, binds),
-                                  limit_values)
+                                  limit_values, settings)
         policy = policy.replace(network=from_options(policy.network, net_mode, allow_host))
         policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
         runtime_dir()
@@ -233,6 +233,9 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         command = command[1:]
     if not command:
         raise click.UsageError("Missing argument 'COMMAND...'.")
+    if command[0].startswith("-"):  # no program is named so: an option put after ID
+        raise click.UsageError(f"{visible.quoted(command[0])} after ID: options go before "
+                               "ID (nsbox session exec [OPTIONS] ID COMMAND...)")
     if wall_time == "none":
         raise click.BadParameter("'none' is not allowed: a command of a session ends by its "
                                  "deadline (leave --time out for the session's own)",
@@ -248,7 +251,9 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
     try:
         if as_json:
             sinks = [os.memfd_create("nsbox-out"), os.memfd_create("nsbox-err")]
-            reply = request(session_id, message, [os.open(os.devnull, os.O_RDONLY), *sinks])
+            stdin = os.open(os.devnull, os.O_RDONLY) if os.isatty(0) else 0
+            # --json changes what is printed, not what the command reads
+            reply = request(session_id, message, [stdin, *sinks])
         elif tty:
             reply = _exec_on_terminal(session_id, message)
         else:
@@ -256,13 +261,8 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
             stdin = os.open(os.devnull, os.O_RDONLY) if os.isatty(0) else 0
             reply = request(session_id, message, [stdin, 1, 2])
     except NsboxError as error:
-        if isinstance(error, errors.CommandNotFound) and command[0].startswith("-"):
-            error = errors.CommandNotFound(  # an option after ID is the command's first word
-                error.step, error.errno, error.message,
-                hint=f"options of nsbox session exec go before ID: nsbox session exec "
-                     f"{visible.name(command[0])} ... ID -- COMMAND")
         if as_json:
-            click.echo(visible.json_text({"status": Status.XX.value, "error": str(error)}))
+            click.echo(visible.json_text(_cli_run.failure_json(error)))
         cli._fail(error)
         return
     data = reply["result"]
@@ -280,8 +280,7 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         click.echo(line, err=True)
     if result.status in (Status.TO, Status.OL):
         click.echo(f"nsbox: {result.status.value}: "
-                   + ("wall-clock limit reached; raise it with --time"
-                      if result.status is Status.TO
+                   + ("wall-clock limit reached; raise it with --time" if result.status is Status.TO
                       else "output limit reached; raise it with --output-limit"), err=True)
     sys.exit(_cli_run.exit_code(result))
 

@@ -338,6 +338,37 @@ def mount_proc(target: int) -> None:
     # proc mount in a user namespace (mount_too_revealing in fs/namespace.c).
     path = BUILD
     _libc.mount("proc", path, "proc", _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC)
+    protect_proc(path, OLDROOT + "/dev/null", EMPTY)
+    move_into_place(path, target)
+
+
+def mount_command_proc() -> None:
+    """A /proc of its own for a command of a session, which has a pid namespace of its own
+    (nsbox/sandbox/sessioninit.py): a process reads the /proc of the pid namespace that mounted
+    it, so with the session's, /proc/<getpid()> would be another process and ``ps`` fails
+    ("fatal library error, lookup self"), as every reader of /proc/self/stat by pid.
+
+    Called as pid 1 of the command's pid namespace, in a mount namespace of the command's own,
+    in the finished sandbox (no staging place: the new proc goes straight over the session's,
+    which the kernel allows as that one is fully visible, mount_too_revealing in
+    fs/namespace.c). The same parts are read-only and masked as in mount_proc: the empty
+    directory comes from the session's own mask of /proc/fs, /dev/null from the sandbox's.
+    """
+    try:
+        empty: int | None = os.open("/proc/fs", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        empty = None  # nothing was masked: the kernel has no /proc/fs
+    try:
+        _libc.mount("proc", "/proc", "proc", _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC)
+        protect_proc("/proc", "/dev/null", None if empty is None else f"/proc/self/fd/{empty}")
+    finally:
+        if empty is not None:
+            os.close(empty)
+
+
+def protect_proc(path: str, null: str, empty: str | None) -> None:
+    """Kernel knobs read-only, the host's files masked: ``null`` goes over files, the empty
+    read-only directory ``empty`` over directories."""
     # Kernel knobs stay read-only even where the namespace would allow a write.
     for sub in ("sys", "sysrq-trigger", "irq", "bus"):
         sub_path = path + "/" + sub
@@ -346,8 +377,7 @@ def mount_proc(target: int) -> None:
         except FileNotFoundError:
             continue
         _libc.mount_setattr(sub_path, _libc.MOUNT_ATTR_RDONLY, recursive=True)
-    mask_host_files(path)
-    move_into_place(path, target)
+    mask_host_files(path, null, empty)
 
 
 def move_into_place(path: str, target: int) -> None:
@@ -367,16 +397,16 @@ PROC_MASKED = ("cmdline", "partitions", "diskstats", "swaps")
 PROC_MASKED_DIRS = ("fs",)
 
 
-def mask_host_files(proc: str) -> None:
+def mask_host_files(proc: str, null: str, empty: str | None) -> None:
     for name in PROC_MASKED:
         try:
-            _libc.mount(OLDROOT + "/dev/null", proc + "/" + name, None, _libc.MS_BIND)
+            _libc.mount(null, proc + "/" + name, None, _libc.MS_BIND)
         except FileNotFoundError:
             pass  # a kernel without it (swaps without CONFIG_SWAP): nothing to cover
-    for name in PROC_MASKED_DIRS:
+    for name in PROC_MASKED_DIRS if empty is not None else ():
         path = proc + "/" + name
         try:
-            _libc.mount(EMPTY, path, None, _libc.MS_BIND)
+            _libc.mount(empty, path, None, _libc.MS_BIND)
         except FileNotFoundError:
             continue
         _libc.mount_setattr(path, _libc.MOUNT_ATTR_RDONLY | _libc.MOUNT_ATTR_NOSUID

@@ -20,7 +20,9 @@ protocol as the helper's per-launch one, so the host side reads outcomes with th
 Each command is cloned into a pid namespace of its own, nested in the session's: killing its
 pid 1 at the deadline ends every process the command started, also double-forked or setsid
 ones, and nothing of one command is left running when the next starts (pid_namespaces(7)).
-So between commands the workspace is quiescent, which file operations rely on.
+So between commands the workspace is quiescent, which file operations rely on. It gets a mount
+namespace of its own too, only for a /proc of that pid namespace (ps reads /proc/<its pid>);
+every other mount is the session's.
 
 The init keeps CAP_SYS_ADMIN (to create those pid namespaces, inside the sandbox's own user
 namespace) and CAP_SETPCAP (so each command can empty its bounding set), and nothing else. It is
@@ -48,7 +50,7 @@ from typing import Any, NoReturn
 from nsbox import _libc, _wire
 from nsbox._wire import ExitReport, InitEvent, InitRequest, KillRequest
 from nsbox.sandbox import child as _child
-from nsbox.sandbox import diskfull
+from nsbox.sandbox import diskfull, mounts
 from nsbox.sandbox.fileworker import run_file_op
 
 CAP_SETPCAP = 8
@@ -200,8 +202,11 @@ class Init:
         wall = command.get("wall_time") if request["cmd"] == "run" else request["op"].get(
             "wall_time", 60.0)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        flags = self.clone_flags
+        if flags & _libc.CLONE_NEWPID and request["cmd"] == "run":
+            flags |= _libc.CLONE_NEWNS  # for a /proc of its pid namespace (become_command)
         try:
-            pid = _libc.raw_clone(self.clone_flags)
+            pid = _libc.raw_clone(flags)
         except OSError as exc:
             os.close(err_r)
             os.close(err_w)
@@ -230,6 +235,9 @@ class Init:
             os.close(err_r)
             _child.take_streams(stdio)
             if request["cmd"] == "run":
+                if self.clone_flags & _libc.CLONE_NEWPID:
+                    ctx.step = "mount /proc"
+                    mounts.mount_command_proc()
                 # The session's rlimits as the helper left them: with the fallbacks for what
                 # its cgroup cannot limit on this host (never weaker than a single run).
                 command = dict(request["command"], rlimits=ctx.plan["rlimits"])
