@@ -52,7 +52,16 @@ class LimitSpec:
             example = "a size, e.g. 1G" if self.kind == SIZE else "a number, e.g. 4096"
             raise PolicyError(f"'none' is not allowed: {_ALWAYS[self.name]}", key=key,
                               hint=f"give {example}")
-        return _OPTION_PARSERS[self.kind](text, key=key)
+        try:
+            return _OPTION_PARSERS[self.kind](text, key=key)
+        except PolicyError as exc:
+            if exc.hint != _LEAVE_OUT:
+                raise
+            # Leaving the option out keeps the profile's limit (pids: 128 by default), which
+            # is not "no limit".
+            hint = (f"for no limit write {key} none" if self.nullable
+                    else f"this limit is always set: {_ALWAYS.get(self.name, 'give a value')}")
+            raise PolicyError(exc.message, key=key, hint=hint) from None
 
 
 class _NoLimit:
@@ -114,6 +123,9 @@ OPTION_LIMITS = tuple(spec for spec in LIMITS if spec.flag)
 # bad value is a PolicyError naming the option.
 
 
+_LEAVE_OUT = "to have no limit, leave the option out"
+
+
 def _positive(parse: Callable[[str], Any], text: str, key: str, what: str, example: str) -> Any:
     try:
         value = parse(text)
@@ -122,8 +134,7 @@ def _positive(parse: Callable[[str], Any], text: str, key: str, what: str, examp
         hint = None if "e.g." in message else f"write {what}, e.g. {example}"
         raise PolicyError(message, key=key, hint=hint) from None
     if not value > 0 or math.isinf(value):
-        raise PolicyError(f"{text!r} must be more than zero", key=key,
-                          hint="to have no limit, leave the option out")
+        raise PolicyError(f"{text!r} must be more than zero", key=key, hint=_LEAVE_OUT)
     return value
 
 

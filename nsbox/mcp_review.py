@@ -16,7 +16,8 @@ remains is the host: an agent that is also given a shell on the host outside nsb
 ``nsbox session apply`` itself; give it nsbox's tools only.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: the MCP SDK reads the tools' annotations at run
+# time, and those name objects local to build_review_server.
 
 import sys
 import threading
@@ -67,7 +68,7 @@ class Reviewer:
                      or "nothing to discard")
 
 
-def build_review_server(reviewer: Reviewer) -> MCPServer:
+def build_review_server(reviewer: Reviewer) -> "MCPServer":
     """The user's MCP server: ``changes``, ``apply`` and ``discard`` of one session."""
     from typing import Annotated
 
@@ -76,8 +77,12 @@ def build_review_server(reviewer: Reviewer) -> MCPServer:
     from mcp.server import MCPServer
     from pydantic import Field
 
+    from nsbox import mcp_schemas as schemas
+    from nsbox.mcp_schemas import describe, tool_hints
+    from nsbox.version import VERSION
+
     server: MCPServer = MCPServer(
-        "nsbox-review", log_level="WARNING",
+        "nsbox-review", version=VERSION, log_level="WARNING",
         instructions=f"Review the changes an agent made to a project in nsbox session "
                      f"{reviewer.session_id}, and apply or discard them.")
 
@@ -94,21 +99,30 @@ def build_review_server(reviewer: Reviewer) -> MCPServer:
         description="Paths relative to the project (a directory means everything below it); "
                     "none: every change")]
 
-    async def changes() -> Any:
+    async def changes() -> Annotated[types.CallToolResult, schemas.ChangesOutput]:
         """List the agent's changes to the project, with unified diffs of text files."""
         return await call(reviewer.changes)
 
-    async def apply(paths: Paths = None) -> Any:
+    async def apply(paths: Paths = None) -> Annotated[types.CallToolResult, schemas.ApplyOutput]:
         """Write the chosen changes into the project; a file changed on the host since the
         session started is reported as a conflict and not written."""
         return await call(reviewer.apply, paths)
 
-    async def discard(paths: Paths = None) -> Any:
+    async def discard(paths: Paths = None
+                      ) -> Annotated[types.CallToolResult, schemas.DiscardOutput]:
         """Drop the chosen changes: they are never written to the project."""
         return await call(reviewer.discard, paths)
 
-    for tool in (changes, apply, discard):
-        server.add_tool(tool, structured_output=False)
+    # apply writes into the user's project on the host; discard drops the agent's work.
+    hints = {
+        changes: tool_hints("Project changes", read_only=True, idempotent=True),
+        apply: tool_hints("Apply changes", read_only=False, destructive=True),
+        discard: tool_hints("Discard changes", read_only=False, destructive=True,
+                             idempotent=True),
+    }
+    for tool, hint in hints.items():
+        server.add_tool(tool, description=describe(tool), annotations=hint,
+                        structured_output=True)
     return server
 
 
@@ -122,7 +136,7 @@ def serve_review(session_id: str) -> None:
     anyio.run(server.run_stdio_async)
 
 
-def publish_for_review(session: Session) -> None:
+def publish_for_review(session: "Session") -> None:
     """Make the agent's session reachable by the user's review tools, served by a thread of
     this process until the session ends; its id goes to stderr (stdout is the protocol)."""
     supervisor = publish(session, None)

@@ -23,7 +23,8 @@ from typing import Any
 from nsbox import visible
 from nsbox.errors import NsboxError
 from nsbox.policy import Policy
-from nsbox.result import Result
+from nsbox.result import Result, Status
+from nsbox.sessionpolicy import INPUT_DIR
 
 EXTRA_HINT = "install the extra: pip install 'nsbox[mcp]'"
 WORKSPACE = "/workspace"
@@ -99,26 +100,42 @@ DIFF_CAP = 64 * 1024  # characters of diff put in front of a model
 # --- paths -----------------------------------------------------------------------------------
 
 
-def workspace_name(path: str) -> str:
-    """The workspace-relative name of a path the agent gave, or ToolInputError.
+def _below(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + "/")
 
-    Lexical only: it keeps the agent's path inside /workspace by name. That no symlink inside
-    the workspace leads out of it is the session's business when it reads or writes.
+
+def workspace_name(path: str, inputs: bool = False) -> str:
+    """The workspace-relative name of a path the agent gave, or ToolInputError. With
+    ``inputs``, a path below /input (read-only, ``--input``) is taken too and stays absolute.
+
+    Lexical only: it keeps the agent's path inside /workspace (or /input) by name. That no
+    symlink there leads out of it is the session's business when it reads or writes.
     """
     if not path or "\0" in path:
         raise ToolInputError("the path is empty or contains a NUL byte")
     given = path  # errors quote the path as the agent wrote it
+    top = WORKSPACE
     if path.startswith("/"):
-        if path != WORKSPACE and not path.startswith(WORKSPACE + "/"):
+        if inputs and _below(path, INPUT_DIR):
+            top = INPUT_DIR
+        elif not _below(path, WORKSPACE):
+            also = f" or below {INPUT_DIR}" if inputs else ""
             raise ToolInputError(f"{path!r} is outside the workspace; paths are relative to "
-                                 f"{WORKSPACE} (or absolute below it)")
-        path = path[len(WORKSPACE):]
+                                 f"{WORKSPACE} (or absolute below it{also})")
+        path = path[len(top):]
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if ".." in parts:
-        raise ToolInputError(f"{given!r} uses '..'; give a path inside {WORKSPACE}")
+        raise ToolInputError(f"{given!r} uses '..'; give a path inside {top}")
     if not parts:
-        raise ToolInputError(f"{given!r} names the workspace itself, not a file in it")
-    return "/".join(parts)
+        what = "the workspace" if top == WORKSPACE else top
+        raise ToolInputError(f"{given!r} names {what} itself, not a file in it")
+    name = "/".join(parts)
+    return name if top == WORKSPACE else f"{top}/{name}"
+
+
+def shown_path(name: str) -> str:
+    """A name of workspace_name as the sandbox sees it."""
+    return name if name.startswith("/") else f"{WORKSPACE}/{name}"
 
 
 # --- the tools, over one session -------------------------------------------------------------
@@ -214,7 +231,8 @@ class Workbench:
         return Reply({"file": entry}, f"wrote {WORKSPACE}/{name} ({len(data)} bytes)")
 
     def read_file(self, path: str) -> Reply:
-        name = workspace_name(path)
+        name = workspace_name(path, inputs=bool(self.config.inputs))
+        shown = shown_path(name)
         with self._lock, self._audited("read_file", name) as record:
             data = self.session.read_file(name, max_size=READ_FILE_MAX)
             entry = {"name": name, "size": len(data),
@@ -222,11 +240,11 @@ class Workbench:
             record["file"] = entry
         if data.startswith(PNG_MAGIC) and len(data) <= IMAGE_CAP:
             return Reply({"file": entry, "image": True},
-                         f"{WORKSPACE}/{name}: PNG image, {len(data)} bytes", [(name, data)])
+                         f"{shown}: PNG image, {len(data)} bytes", [(name, data)])
         text = _text_head(data, READ_FILE_CAP)
         if text is None:
             return Reply({"file": entry, "binary": True},
-                         f"{WORKSPACE}/{name}: binary file, {len(data)} bytes, "
+                         f"{shown}: binary file, {len(data)} bytes, "
                          f"sha256 {entry['sha256']}; not shown")
         truncated = len(text.encode()) < len(data)
         note = (f"\n[{len(data)} bytes in all; the first {len(text.encode())} shown]"
@@ -245,10 +263,16 @@ class Workbench:
     def list_files(self) -> Reply:
         with self._lock, self._audited("list_files", None) as record:
             files = [_file_entry(info) for info in self.session.files()]
+            inputs = ([{**_file_entry(info), "name": f"{INPUT_DIR}/{info.path}"}
+                       for info in self.session.files(root=INPUT_DIR)]
+                      if self.config.inputs else None)
             record["files"] = len(files)
         lines = [f"{visible.name(f['name'])}  {f['size']} bytes  sha256 {f['sha256']}"
-                 for f in files]
-        return Reply({"files": files}, "\n".join(lines) or f"{WORKSPACE} has no files")
+                 for f in files + (inputs or [])]
+        data: dict[str, Any] = {"files": files}
+        if inputs is not None:
+            data["inputs"] = inputs
+        return Reply(data, "\n".join(lines) or f"{WORKSPACE} has no files")
 
     @contextlib.contextmanager
     def _audited(self, tool: str, path: str | None, **fields: Any) -> Iterator[dict[str, Any]]:
@@ -329,11 +353,34 @@ class Workbench:
         if network is not None:  # allow mode: every attempt through the proxy, as it logged it
             data["network"] = network
         notes = [note] if note else []
+        memory = self.config.policy.limits.memory
+        if memory is not None and memory_killed(result, memory):
+            # A session's commands share its cgroup, which counts its OOM kills only for the
+            # whole session: a SIGKILL of a process as large as the limit is the OOM killer's.
+            data["status"] = Status.ML.value
+            notes.append(f"the command was killed by the kernel at the memory limit of "
+                         f"{_mib(memory)} (its largest process reached "
+                         f"{_mib(result.peak_memory)})")
         notes += _status_notes(result, timeout)
         notes += result.degraded
         if notes:
             data["notes"] = notes
         return Reply(data, _render(data), images)
+
+
+# The share of the memory limit a SIGKILLed process must have reached to count as killed by
+# it: the OOM killer acts on the cgroup's total, of which the largest process is most.
+MEMORY_KILL_SHARE = 0.9
+
+
+def memory_killed(result: Result, memory: int | None) -> bool:
+    """Whether ``result`` (a command of a session) is a kill at the memory limit ``memory``."""
+    return (result.status is Status.SG and result.signal == 9 and memory is not None
+            and result.peak_memory >= MEMORY_KILL_SHARE * memory)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 30):.1f} GiB" if size >= 1 << 30 else f"{size / (1 << 20):.0f} MiB"
 
 
 def _status_notes(result: Result, timeout: float) -> list[str]:

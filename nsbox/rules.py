@@ -221,7 +221,8 @@ def check_allow(names: Iterable[str], key: str = "allow_rules") -> tuple[str, ..
     for name in names:
         if not isinstance(name, str) or name not in RULES:
             raise PolicyError(f"{name!r} is not a rule of nsbox", key=key,
-                              hint=suggest(str(name), RULES) or "docs/rules.md lists them")
+                              hint=suggest(str(name), RULES) or "the rules that can be lifted: "
+                              + ", ".join(n for n, rule in RULES.items() if rule.can_allow))
         if not RULES[name].can_allow:
             raise PolicyError(f"rule {name} protects nsbox's own setup and cannot be lifted",
                               key=key, hint=RULES[name].remedy)

@@ -203,16 +203,16 @@ def test_cli_set_takes_toml_values_and_pass_env_adds_to_the_profile(tmp_path: Pa
     assert 'cpu_time = "none"' in done.stdout
     bad = nsbox_cli("run", "--set", "network.mode=everywhere", "--", "true")
     assert bad.returncode == 125
-    assert bad.stderr == ("nsbox: network.mode: 'everywhere' is not one of none, loopback, "
-                          "allow\n")
+    assert bad.stderr == ("nsbox: --set network.mode: 'everywhere' is not one of none, "
+                          "loopback, allow\n")
 
 
 def test_cli_bind_errors_name_the_option() -> None:
     done = nsbox_cli("run", "--ro-bind", "/nonexistent-dir:/data", "--", "true")
     assert done.returncode == 125
     assert done.stderr == ("nsbox: --ro-bind /nonexistent-dir:/data: /nonexistent-dir does not "
-                           "exist\n  hint: fix the path, or set optional = true to skip it "
-                           "when missing\n")
+                           "exist\n  hint: fix the path: the source of a bind must exist on "
+                           "this host\n")
     done = nsbox_cli("run", "--bind", "/etc:/e", "--", "true")
     assert done.stderr.startswith("nsbox: --bind /etc:/e: refused by rule writable-system-dir: "
                                   "/etc is at or below /etc (")

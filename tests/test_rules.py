@@ -413,7 +413,7 @@ def test_allow_rules_takes_only_rules_that_can_be_lifted(names: object, message:
 def test_cli_allow_rule_names_an_unknown_rule() -> None:
     done = nsbox_cli("run", "--allow-rule", "bind-rum", "--", "true")
     assert done.returncode == 125
-    assert "allow_rules: 'bind-rum' is not a rule of nsbox" in done.stderr
+    assert "--allow-rule: 'bind-rum' is not a rule of nsbox" in done.stderr
     assert 'did you mean "bind-run"?' in done.stderr
 
 

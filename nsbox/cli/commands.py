@@ -13,7 +13,6 @@ for what nsbox decided:
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any, NoReturn
 
@@ -27,8 +26,15 @@ from nsbox.errors import NsboxError
 from nsbox.policy import Policy
 
 
-def _fail(error: NsboxError) -> NoReturn:
-    """Print ``nsbox: <step>: <reason>`` (and the hint) and exit with the matching code."""
+def _fail(error: NsboxError, given: dict[str, Any] | None = None, policy: Policy | None = None,
+          extra_inputs: bool = False) -> NoReturn:
+    """Print ``nsbox: <step>: <reason>`` (and the hint) and exit with the matching code. With
+    the options ``given`` (named as in nsbox/cli/options.py) and the ``policy`` they made, the
+    error names the option rather than the policy's key (nsbox/cli/origins.py)."""
+    if given is not None:
+        from nsbox.cli.origins import Origins
+
+        error = Origins.of(given, policy, extra_inputs).translate(error)
     sys.exit(fail_code(error))
 
 
@@ -82,7 +88,8 @@ def run(command: tuple[str, ...], **values: Any) -> None:
 
     Options go before COMMAND: its first argument that is not an option starts it, and every
     argument after that is the command's own (a "--" before COMMAND is accepted too). Every
-    option is an override of a profile key (docs/profiles.md).
+    option is an override of a profile key: `nsbox profiles show NAME` prints a profile's keys,
+    --print-profile the policy these options make.
 
     \b
     Example:
@@ -210,54 +217,42 @@ def bench(args: tuple[str, ...]) -> None:
 
 
 @main.command("mcp")
-@click.option("-p", "--profile", default="python", show_default=True, metavar="NAME|FILE",
-              help="The session's profile (see `nsbox profiles`); its wall-clock limit bounds "
-              "every tool's timeout.")
-@click.option("--input", "inputs", multiple=True, metavar="HOST_PATH[:NAME]",
-              help="Mount a host file or directory read-only at /input/NAME (repeatable).")
-@click.option("--allow-host", multiple=True, metavar="HOST[:PORT]",
-              help="Reachable from the agent's code through nsbox's proxy (repeatable); "
-              "without it there is no network.")
-@click.option("--audit", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Append one JSON line per tool call to FILE.")
-@click.option("--project", type=click.Path(file_okay=False),
-              help="Host directory seen copy-on-write at /workspace; the agent gets the "
-              "read-only tool `changes`, the user applies (docs/agents.md).")
-@click.option("--isolation", type=click.Choice(["auto", "namespaces", "landlock"]),
-              help="auto (default): namespaces where the host allows them, else the Landlock "
-              "mode (docs/hosts.md).")
+@_options.click_options(_options.MCP)
 @click.option("--review", "review_id", metavar="ID",
               help="Serve the user's tools changes/apply/discard for session ID instead "
               "(never give these to the agent).")
-def mcp_command(profile: str, inputs: tuple[str, ...], allow_host: tuple[str, ...],
-                audit: str | None, project: str | None, isolation: str | None,
-                review_id: str | None) -> None:
+def mcp_command(review_id: str | None, **values: Any) -> None:
     """Serve an MCP code-execution tool on stdin/stdout.
 
     One sandboxed session per connection: its tools run Python and bash, and write, read and
-    list files in /workspace. The session is destroyed when the client disconnects. Needs the
-    extra: pip install 'nsbox[mcp]'.
+    list files in /workspace. The session is destroyed when the client disconnects. The
+    options are those of `nsbox run`, for the session. Needs the extra:
+    pip install 'nsbox[mcp]'.
 
     \b
     Example:
-      nsbox mcp --profile python --input data.csv
+      nsbox mcp --profile python --memory 1G --time 60 --input data.csv
     """
     from nsbox import mcp_server
-    from nsbox.host.network import from_options
 
+    # The options are nsbox run's (nsbox/cli/options.py), and so is the policy they make.
+    options = {**_options.defaults(_options.RUN), **values}
+    policy = None
     try:
         if review_id is not None:
             from nsbox.mcp_review import serve_review
 
             serve_review(review_id)
             return
-        policy = _load_policy(profile, {"isolation": isolation}, (), [])
-        policy = policy.replace(network=from_options(policy.network, None, allow_host))
+        _cli_run.check(options)
+        policy = _cli_run.policy_from_options(options)
         mcp_server.serve(mcp_server.ServerConfig(
-            policy=policy, inputs=inputs, audit=audit,
-            project=os.path.abspath(project) if project else None))
+            policy=policy, inputs=values["inputs"], audit=values["audit"],
+            project=policy.project))
+    except _cli_run.OptionError as exc:
+        raise click.BadParameter(str(exc), param_hint=exc.param_hint) from None
     except NsboxError as error:
-        _fail(error)
+        _fail(error, options, policy, extra_inputs=True)  # the session adds the inputs
 
 
 if __name__ == "__main__":

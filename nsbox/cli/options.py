@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import click
 
 VALUE, MULTIPLE, FLAG = "value", "multiple", "flag"
-RUN, EXEC, START = "run", "exec", "start"
+RUN, EXEC, START, MCP = "run", "exec", "start", "mcp"
 NET_MODES = ("none", "loopback", "allow")
 ISOLATION_MODES = ("auto", "namespaces", "landlock")  # policy.ISOLATION_MODES, without its import
 
@@ -34,15 +34,15 @@ class Option:
     """One option: its flags, parameter name, kind (VALUE, MULTIPLE, FLAG) and how its value is
     checked (``value``: None for text, "duration", "size", "dir", "file", "choice", "limit").
 
-    ``key`` is the profile key it overrides (docs/profiles.md), where it is one; ``help`` is a
-    text, or a text per door."""
+    ``key`` is the profile key it overrides (`nsbox profiles show NAME` prints them all), where
+    it is one; ``help`` and ``default`` are a text, or a text per door."""
 
     __slots__ = ("flags", "name", "kind", "value", "metavar", "help", "default", "doors", "key",
                  "choices", "limit")
 
     def __init__(self, flags: tuple[str, ...], name: str, kind: str = VALUE, *,
                  value: str | None = None, metavar: str | None = None,
-                 help: str | dict[str, str] = "", default: str | None = None,
+                 help: str | dict[str, str] = "", default: str | dict[str, str] | None = None,
                  doors: tuple[str, ...] = (RUN,), key: str | None = None,
                  choices: tuple[str, ...] = (), limit: limittable.LimitSpec | None = None) -> None:
         self.flags, self.name, self.kind, self.value = flags, name, kind, value
@@ -52,28 +52,37 @@ class Option:
     def help_for(self, door: str) -> str:
         return self.help if isinstance(self.help, str) else self.help.get(door, "")
 
+    def default_for(self, door: str) -> str | None:
+        return self.default if not isinstance(self.default, dict) else self.default.get(door)
+
 
 def _limit_option(spec: limittable.LimitSpec) -> Option:
     assert spec.flag is not None
     return Option((spec.flag,), spec.name, value="limit", metavar=spec.metavar, help=spec.help,
-                  doors=(RUN, START), key=spec.key, limit=spec)
+                  doors=(RUN, START, MCP), key=spec.key, limit=spec)
 
 
 # In the order of `nsbox run --help`.
 OPTIONS: tuple[Option, ...] = (
     Option(("-t", "--time"), "wall_time", value="duration", metavar="SECONDS",
-           key="limits.wall_time", doors=(RUN, EXEC), help={
+           key="limits.wall_time", doors=(RUN, EXEC, MCP), help={
                RUN: "Wall-clock limit; the whole sandbox is killed at the deadline.",
-               EXEC: "Wall-clock limit of this command (default: the session's)."}),
+               EXEC: "Wall-clock limit of this command (default: the session's).",
+               MCP: "Wall-clock limit of each command; bounds the timeout an agent asks "
+                    "for."}),
     Option(("--output-limit",), "output_limit", value="size", metavar="BYTES",
            key="limits.output", doors=(RUN, EXEC), help={
                RUN: "Cap on stdout+stderr; the sandbox is stopped past it (status OL).",
                EXEC: "Cap on this command's stdout+stderr (default: the session's)."}),
     Option(("-w", "--workspace"), "workspace", value="dir", key="workspace.path",
            help="Host directory bound read-write at /workspace (default: a fresh tmpfs)."),
-    Option(("--project",), "project", value="dir", key="workspace.project",
-           help="Host directory seen copy-on-write at /workspace; its changes are listed "
-           "after the run and never written to it (docs/agents.md)."),
+    Option(("--project",), "project", value="dir", key="workspace.project", doors=(RUN, MCP),
+           help={RUN: "Host directory seen copy-on-write at /workspace; its changes are listed "
+                 "after the run and never written to it (`nsbox session start --project` "
+                 "keeps them for review).",
+                 MCP: "Host directory seen copy-on-write at /workspace; the agent gets the "
+                 "read-only tool `changes`, the user applies them (`nsbox session apply ID` "
+                 "or `nsbox mcp --review ID`)."}),
     Option(("--ro-bind",), "ro_bind", MULTIPLE, metavar="SRC[:DST]",
            help="Bind a host path read-only."),
     Option(("--bind",), "rw_bind", MULTIPLE, metavar="SRC[:DST]",
@@ -91,46 +100,51 @@ OPTIONS: tuple[Option, ...] = (
         EXEC: "Print the result as one JSON object."}),
     Option(("--tty",), "tty", FLAG, doors=(RUN, EXEC), help={
         RUN: "Give the command a terminal of its own (a shell, a REPL, an editor), relayed to "
-        "this one in raw mode with its window size; needs a terminal on stdin (docs/cli.md).",
-        EXEC: "Give the command a terminal of its own, relayed to this one (docs/cli.md)."}),
+        "this one in raw mode with its window size; needs a terminal on stdin.",
+        EXEC: "Give the command a terminal of its own, relayed to this one."}),
     Option(("--seccomp-log",), "seccomp_log", FLAG, key="seccomp.log_denied",
            help="Learning mode: report the syscalls the seccomp filter denied (still denied)."),
     Option(("-q", "--quiet"), "quiet", FLAG, doors=(RUN, EXEC),
            help="Do not say on stderr which limits this host could only approximate."),
-    # network (docs/network.md)
-    Option(("--net",), "net_mode", value="choice", choices=NET_MODES,
+    # network
+    Option(("--net",), "net_mode", value="choice", choices=NET_MODES, doors=(RUN, MCP),
            help="none (default): no network; loopback: lo only; allow: lo plus a proxy to the "
            "--allow-host entries."),
-    Option(("--allow-host",), "allow_host", MULTIPLE, metavar="HOST[:PORT]",
+    Option(("--allow-host",), "allow_host", MULTIPLE, metavar="HOST[:PORT]", doors=(RUN, MCP),
            help="Reachable through the proxy (implies --net allow); '*.example.org' for "
            "sub-domains. Repeatable."),
     Option(("--ask",), "ask", FLAG,
            help="With --net allow: ask on the terminal before a host not on the list is "
            "reached (each answer holds for the run; no terminal: refused)."),
     # profiles (nsbox/profiles/)
-    Option(("-p", "--profile"), "profile", metavar="NAME|FILE", default="default",
-           help="A shipped profile's name or a profile file (see `nsbox profiles`)."),
-    Option(("--set",), "settings", MULTIPLE, metavar="KEY=VALUE",
+    Option(("-p", "--profile"), "profile", metavar="NAME|FILE", doors=(RUN, MCP),
+           default={RUN: "default", MCP: "python"},
+           help={RUN: "A shipped profile's name or a profile file (see `nsbox profiles`).",
+                 MCP: "The session's profile (see `nsbox profiles`); its wall-clock limit "
+                 "bounds every tool's timeout."}),
+    Option(("--set",), "settings", MULTIPLE, metavar="KEY=VALUE", doors=(RUN, MCP),
            help="Override any profile key: --set limits.memory=1G --set network.mode=loopback."),
     Option(("--print-profile",), "print_profile", FLAG,
            help="Print the effective policy (profile plus options) as TOML and exit."),
     Option(("--isolation",), "isolation", value="choice", choices=ISOLATION_MODES,
-           key="isolation", help="auto (default): namespaces where the host allows them, else "
-           "the Landlock mode; namespaces or landlock: that one only (docs/hosts.md)."),
+           key="isolation", doors=(RUN, MCP), help="auto (default): namespaces where the host "
+           "allows them, else the Landlock mode; namespaces or landlock: that one only "
+           "(`nsbox doctor` says which this host allows)."),
     Option(("--allow-rule",), "allow_rules", MULTIPLE, metavar="NAME", key="allow_rules",
-           help="Lift one rule of the rule book for a trusted use (docs/rules.md). "
-           "Repeatable."),
+           doors=(RUN, MCP), help="Lift one rule of the rule book for a trusted use (a refusal "
+           "names its rule). Repeatable."),
     # limits (nsbox/limittable.py)
     *(_limit_option(spec) for spec in limittable.OPTION_LIMITS),
     # sessions: data in and out, audit (nsbox/cli/session.py)
-    Option(("--input",), "inputs", MULTIPLE, metavar="HOST_PATH[:NAME]",
-           help="Mount a host file or directory read-only at /input/NAME."),
+    Option(("--input",), "inputs", MULTIPLE, metavar="HOST_PATH[:NAME]", doors=(RUN, MCP),
+           help="Mount a host file or directory read-only at /input/NAME (repeatable)."),
     Option(("--collect",), "collect", MULTIPLE, metavar="GLOB",
            help="Copy the workspace's regular files matching GLOB out after the run."),
     Option(("--collect-dir",), "collect_dir", metavar="DIR", default="nsbox-output",
            help="Where --collect puts the files."),
-    Option(("--audit",), "audit", value="file", metavar="FILE",
-           help="Append a JSON record of the run to FILE (--env values redacted)."),
+    Option(("--audit",), "audit", value="file", metavar="FILE", doors=(RUN, MCP), help={
+        RUN: "Append a JSON record of the run to FILE (--env values redacted).",
+        MCP: "Append one JSON line per tool call to FILE."}),
 )
 
 
@@ -141,8 +155,8 @@ def for_door(door: str) -> tuple[Option, ...]:
 def defaults(door: str) -> dict[str, Any]:
     """The parameters of a door's command line without any option, as click gives them."""
     empty: dict[str, Any] = {MULTIPLE: (), FLAG: False, VALUE: None}
-    return {option.name: option.default if option.default is not None else empty[option.kind]
-            for option in for_door(door)}
+    return {option.name: option.default_for(door) if option.default_for(door) is not None
+            else empty[option.kind] for option in for_door(door)}
 
 
 # --- the checks of the values, without click -----------------------------------------------------
@@ -255,8 +269,8 @@ def click_option(option: Option, door: str) -> Callable[[Any], Any]:
         extra["type"] = click.Path(dir_okay=False)
     elif option.value is not None:
         extra["callback"] = click_callback(option.value)
-    if option.default is not None:
-        extra.update(default=option.default, show_default=True)
+    if option.default_for(door) is not None:
+        extra.update(default=option.default_for(door), show_default=True)
     if option.metavar:
         extra["metavar"] = option.metavar
     return click.option(*option.flags, option.name, help=option.help_for(door) or None,

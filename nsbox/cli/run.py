@@ -261,6 +261,7 @@ def _execute(o: dict[str, Any]) -> int:
     """The named steps of ``nsbox run``: the policy, the launch, the report."""
     as_json = o["as_json"]
     collected: list[Any] = []
+    policy: Policy | None = None
     try:
         policy = policy_from_options(o)
         if o["print_profile"]:
@@ -279,7 +280,7 @@ def _execute(o: dict[str, Any]) -> int:
         collect_from_now_on()
         result, collected = _launch(o, policy)
     except (NsboxError, OSError) as raised:
-        return _failed(_naming_the_program(raised, o["command"]), as_json)
+        return _failed(_naming_the_program(raised, o["command"]), as_json, o, policy)
     if result.isolation != "namespaces" and policy.isolation == "auto" and not o.get("quiet"):
         echo(isolation_line(), err=True)
     if as_json:
@@ -415,11 +416,15 @@ def _launch_on_terminal(o: dict[str, Any], policy: Policy) -> Result:
     return result
 
 
-def _failed(raised: NsboxError | OSError, as_json: bool) -> int:
+def _failed(raised: NsboxError | OSError, as_json: bool, o: dict[str, Any],
+            policy: Policy | None) -> int:
     # An OSError is the host refusing something the options name (a path this user may not
     # resolve, say): a message, not a traceback.
     error = raised if isinstance(raised, NsboxError) else NsboxError(
         f"{raised.strerror or raised}" + (f": {raised.filename}" if raised.filename else ""))
+    from nsbox.cli.origins import Origins
+
+    error = Origins.of(o, policy).translate(error)  # in the options' terms, not the policy's
     if as_json:
         echo(visible.json_text(failure_json(error)))
     return fail_code(error)

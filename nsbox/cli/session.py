@@ -165,6 +165,9 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
     }
     binds = [("--ro-bind", spec, False) for spec in ro_bind]
     binds += [("--bind", spec, True) for spec in rw_bind]
+    given = {"settings": settings, "allow_rules": allow_rules, "workspace": workspace,
+             "project": project, "inputs": inputs, "ro_bind": ro_bind, "rw_bind": rw_bind,
+             "env": env, "pass_env": pass_env}  # for errors in these options' terms
     try:
         policy = cli._with_limits(cli._load_policy(profile, overrides, settings, binds),
                                   limit_values, settings)
@@ -173,7 +176,7 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
         runtime_dir()
         forget_stale()
     except NsboxError as error:
-        cli._fail(error)
+        cli._fail(error, given)
     settings_for_supervisor: SupervisorStart = {
         "policy": policy, "idle_timeout": idle_timeout,
         "audit": os.path.abspath(audit) if audit else None,
@@ -194,7 +197,7 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
         return
     proc.wait()
     if line.startswith("error "):
-        cli._fail(errors.from_wire(json.loads(line[6:])["error"]))
+        cli._fail(errors.from_wire(json.loads(line[6:])["error"]), given, policy)
     cli._fail(NsboxError("the session supervisor failed to start"))
 
 

@@ -125,7 +125,7 @@ def check_isolation(checks: list[Check], facts: HostFacts, policy: Policy) -> Ch
                      + (f"; or {_remedy(facts, reason)}" if reason else ""),
                      {"mode": "refused", "reason": why, "landlock_abi": abi})
     detail = (f"runs get the Landlock mode ({have}): {why}; what is weaker than with "
-              "namespaces: docs/hosts.md, and every Result's isolation_weaker")
+              "namespaces: the isolation_weaker of every result (nsbox run --json)")
     if reason is None:
         return Check("isolation", "info", detail, facts={"mode": "landlock", "landlock_abi": abi})
     return Check("isolation", "warn", detail, affects, _remedy(facts, reason),

@@ -1,0 +1,211 @@
+"""The command line's messages speak its own language: an error names the option the user typed
+(``--ro-bind DIR``, ``--workspace``), not the policy's terms (``mounts[9].source``,
+``workspace.path``, ``Network(mode='allow')``), and no help text points at files an installed
+copy does not have (docs/*.md, source paths)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+
+from nsbox.cli import commands as cli
+from nsbox.rules import RULES
+
+
+def nsbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nsbox", *args], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=60, cwd="/",
+                          env={**os.environ, **(env or {})})
+
+
+def assert_cli_terms(stderr: str) -> None:
+    """No policy terms in a message to a command-line user, and no traceback."""
+    assert "Traceback" not in stderr
+    assert not re.search(r"mounts\[\d+\]", stderr), stderr
+    assert "allow_rules =" not in stderr, stderr
+    assert "Network(" not in stderr and "callable" not in stderr, stderr
+
+
+# --- --ask ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["--ask"], ["--ask", "--net", "loopback"],
+                                  ["--ask", "--net", "allow"]])
+def test_ask_without_an_allow_list_is_a_usage_error_naming_allow_host(args: list[str]):
+    proc = nsbox("run", *args, "--", "true")
+    assert proc.returncode == 2, proc.stderr
+    assert "Invalid value for --ask: it asks about the hosts that are not on the " \
+           "allow-list: name at least one with --allow-host HOST" in proc.stderr
+    assert_cli_terms(proc.stderr)
+
+
+# --- refusals name the option ---------------------------------------------------------------
+
+
+@pytest.fixture
+def fifo_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory holding a FIFO: the rule host-socket refuses to bind it, when the launch
+    looks at the host (after the options became a policy)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    os.mkfifo(folder / "pipe")
+    yield folder
+
+
+HOST_SOCKET = "refused by rule host-socket: "
+LIFT = "a trusted caller may lift this rule with --allow-rule host-socket"
+
+
+@pytest.mark.parametrize("option", ["--ro-bind", "--bind", "--input"])
+def test_a_refused_bind_names_the_option_nsbox_run(fifo_dir: Path, option: str):
+    spec = f"{fifo_dir}:/data" if option != "--input" else str(fifo_dir)
+    proc = nsbox("run", option, spec, "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr.startswith(f"nsbox: {option} {spec}: {HOST_SOCKET}{fifo_dir}/pipe is a "
+                                  "FIFO"), proc.stderr
+    assert LIFT in proc.stderr
+    assert_cli_terms(proc.stderr)
+
+
+def test_a_refused_bind_names_the_option_session_start(fifo_dir: Path, tmp_path: Path):
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": str(runtime)}
+    for args in (["--ro-bind", f"{fifo_dir}:/data"], ["--input", str(fifo_dir)]):
+        proc = nsbox("session", "start", "--ro-bind", "/usr/share/doc:/doc", *args, env=env)
+        assert proc.returncode == 125 and proc.stdout == ""
+        assert proc.stderr.startswith(f"nsbox: {' '.join(args)}: {HOST_SOCKET}"), proc.stderr
+        assert LIFT in proc.stderr
+        assert_cli_terms(proc.stderr)
+
+
+def test_a_refused_input_names_the_option_nsbox_mcp(fifo_dir: Path):
+    pytest.importorskip("mcp")
+    proc = nsbox("mcp", "--input", str(fifo_dir))
+    assert proc.returncode == 125 and proc.stdout == ""
+    assert proc.stderr.startswith(f"nsbox: --input {fifo_dir}: {HOST_SOCKET}"), proc.stderr
+    assert_cli_terms(proc.stderr)
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--workspace", "/proc"], "--workspace: refused by rule bind-proc"),
+    (["--set", "workspace.path=/proc"], "--set workspace.path: refused by rule bind-proc"),
+    (["--project", "/"], "--project: refused by rule bind-root"),
+    (["--pass-env", "A=B"], "--pass-env: 'A=B' is not a variable name"),
+    (["--allow-rule", "bogus"], "--allow-rule: 'bogus' is not a rule of nsbox"),
+    (["--set", "limits.memory=lots"], "--set limits.memory: 'lots' is not a size"),
+])
+def test_policy_keys_are_named_by_the_option_that_set_them(args: list[str], named: str):
+    proc = nsbox("run", *args, "--", "true")
+    assert proc.returncode == 125, proc.stderr
+    assert proc.stderr.startswith(f"nsbox: {named}"), proc.stderr
+    assert_cli_terms(proc.stderr)
+
+
+def test_an_unknown_rule_lists_the_rules_instead_of_a_file():
+    proc = nsbox("run", "--allow-rule", "bogus", "--", "true")
+    liftable = [name for name, rule in RULES.items() if rule.can_allow]
+    assert f"hint: the rules that can be lifted: {', '.join(liftable)}" in proc.stderr
+    assert "docs/" not in proc.stderr
+
+
+def test_a_profile_files_error_keeps_its_file_line_and_key(tmp_path: Path):
+    profile = tmp_path / "bad.toml"
+    profile.write_text('[workspace]\npath = "/proc"\n')
+    proc = nsbox("run", "--profile", str(profile), "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr.startswith(f"nsbox: {profile}:2: workspace.path: refused by rule "
+                                  "bind-proc"), proc.stderr
+
+
+# --- help texts -----------------------------------------------------------------------------
+
+
+def every_command() -> Iterator[tuple[str, click.Command, click.Context]]:
+    def walk(command: click.Command, ctx: click.Context, name: str
+             ) -> Iterator[tuple[str, click.Command, click.Context]]:
+        yield name, command, ctx
+        if isinstance(command, click.Group):
+            for sub_name, sub in command.commands.items():
+                yield from walk(sub, click.Context(sub, info_name=sub_name, parent=ctx),
+                                f"{name} {sub_name}")
+    root = click.Context(cli.main, info_name="nsbox")
+    yield from walk(cli.main, root, "nsbox")
+
+
+def test_no_help_text_points_at_files_an_installed_copy_lacks():
+    seen = []
+    for name, command, ctx in every_command():
+        text = command.get_help(ctx)
+        seen.append(name)
+        # Example lines may name the user's own files (main.py, src/app.py): only docs/ and
+        # this package's source count.
+        assert not re.search(r"docs/|\w+\.md\b|nsbox/\S*\.py", text), (name, text)
+    assert {"nsbox run", "nsbox mcp", "nsbox session start", "nsbox doctor"} <= set(seen)
+
+
+@pytest.mark.parametrize(("args", "hint"), [
+    # Leaving --pids out keeps the profile's limit (128 in the default profile): not "no limit".
+    (["--pids", "-1"], "'-1' must be more than zero (for no limit write --pids none)"),
+    (["--memory", "0"], "'0' must be more than zero (for no limit write --memory none)"),
+    (["--tmp-size", "0"], "'0' must be more than zero (this limit is always set: /tmp is a "
+                          "tmpfs"),
+])
+def test_a_limit_of_zero_says_how_to_have_none(args: list[str], hint: str):
+    for command in (["run", *args, "--", "true"], ["mcp", *args]):
+        proc = nsbox(*command)
+        assert proc.returncode == 2, proc.stderr
+        assert hint in proc.stderr, proc.stderr
+        assert "leave the option out" not in proc.stderr
+
+
+def test_session_exec_says_how_to_raise_a_limit(tmp_path: Path):
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": str(runtime)}
+    start = nsbox("session", "start", env=env)
+    assert start.returncode == 0, start.stderr
+    sid = start.stdout.strip()
+    try:
+        slow = nsbox("session", "exec", "--time", "1", sid, "--", "sleep", "3", env=env)
+    finally:
+        nsbox("session", "stop", sid, env=env)
+    assert slow.returncode == 124
+    assert "nsbox: TO: wall-clock limit reached; raise it with --time" in slow.stderr
+
+
+def test_a_refused_mount_of_a_profile_is_named_by_its_target(fifo_dir: Path, tmp_path: Path):
+    profile = tmp_path / "data.toml"
+    profile.write_text(f'[[filesystem.mounts]]\ntype = "bind"\nsource = "{fifo_dir}"\n'
+                       'target = "/data"\n')
+    proc = nsbox("run", "--profile", str(profile), "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr.startswith(f"nsbox: the mount at /data: {HOST_SOCKET}"), proc.stderr
+    assert_cli_terms(proc.stderr)
+
+
+def test_ro_bind_of_the_home_names_the_option():
+    """The user's own report: `--ro-bind $HOME` refused by secret-dir at the launch."""
+    home = Path(os.path.expanduser("~"))
+    if not (home / ".ssh").is_dir() or not str(home).startswith(("/root", "/home/")):
+        pytest.skip(f"{home} holds no .ssh directory (nothing for the rule secret-dir)")
+    proc = nsbox("run", "--ro-bind", str(home), "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr.startswith(f"nsbox: --ro-bind {home}: refused by rule secret-dir: "
+                                  f"{home} holds {home}/.ssh"), proc.stderr
+    assert "--allow-rule secret-dir" in proc.stderr
+    assert_cli_terms(proc.stderr)
+
+
+def test_a_missing_bind_source_is_not_told_to_set_optional():
+    proc = nsbox("run", "--ro-bind", "/no/such/dir:/data", "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr == ("nsbox: --ro-bind /no/such/dir:/data: /no/such/dir does not exist\n"
+                           "  hint: fix the path: the source of a bind must exist on this host\n")
