@@ -1,10 +1,6 @@
-"""The host side of a launch: the public ``run`` and the connection to the launch helper.
-
-``run`` builds the plan, hands it with the standard streams to the helper (nsbox/helper/loop.py
-documents the protocol), collects output up to the cap in the calling thread, and turns the
-helper's report into a Result. It is safe to call from many threads at once: every launch has
-its own socket to the helper and its own pipes; only sending the request takes a lock.
-"""
+"""The host side of a launch: ``run`` builds the plan, hands it with the standard streams to the
+launch engine or helper (nsbox/helper/loop.py has the protocol), collects output up to the cap
+in the calling thread and makes the report a Result. Safe from many threads at once."""
 
 from __future__ import annotations
 
