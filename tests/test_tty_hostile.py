@@ -243,7 +243,8 @@ def test_a_run_that_sends_no_master_or_fails_after_gives_the_terminal_back(
     # does not exist: the master arrived, the exec failed. Either way the modes come back.
     for args, code, said in (
             (["--cwd", "/nonexistent-dir", "--", "true"], 125, b"nsbox: working directory: "),
-            (["--", "/nonexistent-command"], 127, b"nsbox: exec: No such file or directory")):
+            (["--", "/nonexistent-command"], 127,
+             b"nsbox: exec: /nonexistent-command: No such file")):
         term = cli(terminals, as_user, "run", "--tty", "--quiet", *args, core=core)
         assert term.finish() == code
         assert said in term.shown

@@ -131,6 +131,7 @@ def snapshot() -> dict[str, int]:
         "fds_helper": sum(_fds(pid) for pid in keepers),
         "zombies": zombies,
         "children_left": live - len(keepers),  # the launch processes themselves are ours
+        "keepers": len(keepers),
         "rss_kib_launcher": _rss_kib(os.getpid()),
         "rss_kib_helper": sum(max(0, _rss_kib(pid)) for pid in keepers),
         "rss_kib_launch_processes": _launch_processes_kib(),
@@ -187,10 +188,11 @@ def soak(argv: list[str], launches: int, warmup: int = 200, pool_size: int = 0,
                    if delta[key] > 0}
     # Spawners and their spare cgroups come and go with the launches (one is taken, one made
     # after the next report): what must hold is their bound, not an equal count.
-    hierarchies = len(_cgroup_dirs())
-    if after["spawners"] > READY:
+    # Each launch process (the helper, the engine) keeps READY spares of its own.
+    hierarchies, ready = len(_cgroup_dirs()), READY * max(1, after["keepers"])
+    if after["spawners"] > ready:
         left_behind["spawners"] = after["spawners"]
-    if after["spare_cgroups"] > READY * hierarchies:
+    if after["spare_cgroups"] > ready * hierarchies:
         left_behind["spare_cgroups"] = after["spare_cgroups"]
     if after["zombies"]:
         left_behind["zombies"] = after["zombies"]
