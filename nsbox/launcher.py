@@ -23,10 +23,10 @@ from nsbox.host.network import RunNetwork
 from nsbox.host.output import (  # noqa: F401 (_Stream, _send_kill: sessions use them from here)
     HOST_GRACE,
     Cancel,
-    _out_of_descriptors,
     _send_kill,
     _Stream,
     _supervise,
+    out_of_descriptors,
 )
 from nsbox.policy import Network, Policy
 from nsbox.result import Result, Status
@@ -111,14 +111,14 @@ class _HelperClient:
                 try:
                     self._sock = self._start()
                 except OSError as exc:  # socketpair: EMFILE
-                    raise _out_of_descriptors("cannot start the launch helper", exc) from None
+                    raise out_of_descriptors("cannot start the launch helper", exc) from None
             try:
                 _wire.send(self._sock, request, fds)  # a plan of any size (nsbox/_wire.py)
             except OSError as exc:
                 if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
                     # This request could not be sent (EMFILE for its memfd, ENOBUFS): the
                     # helper and the runs it serves for other threads go on.
-                    raise _out_of_descriptors("cannot send the launch request", exc) from None
+                    raise out_of_descriptors("cannot send the launch request", exc) from None
                 self._sock.close()
                 self._sock = None
                 raise LaunchError(f"the launch helper is gone: {exc}") from None
@@ -260,7 +260,7 @@ def build_plan(policy: Policy, argv: list[str], *, mode: str | None = None,
             message += " (this process is out of descriptors: Too many open files)"
         error = SetupError("prepare", exc.errno or 0, message)
         if out:
-            error.hint = _out_of_descriptors("", OSError(errno.EMFILE, "")).hint
+            error.hint = out_of_descriptors("", OSError(errno.EMFILE, "")).hint
         raise error from None
 
 
@@ -369,7 +369,7 @@ def _submit_with_streams(submit: Any, wire: dict[str, Any], stdin: bytes | int |
             ours.callback(sock.close)
             theirs.callback(their_sock.close)
         except OSError as exc:
-            raise _out_of_descriptors("cannot open the run's pipes", exc) from None
+            raise out_of_descriptors("cannot open the run's pipes", exc) from None
         submit(wire, [their_sock.fileno(), in_fd, out_w, err_w])
         ours.pop_all()  # the caller owns them now
     return out_r, err_r, sock

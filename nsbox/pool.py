@@ -180,5 +180,5 @@ class Pool:
             except OSError as exc:
                 if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
                     raise LaunchError(f"the pool's launch helper is gone: {exc}") from None
-                raise launcher._out_of_descriptors("cannot send the command to the pool",
+                raise launcher.out_of_descriptors("cannot send the command to the pool",
                                                    exc) from None

@@ -402,7 +402,7 @@ class Session(SessionRun, ProjectReview):
         except OSError as exc:
             if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
                 # Not sent (EMFILE for its memfd, say): this command fails, the session lives.
-                raise launcher._out_of_descriptors("cannot send the command", exc) from None
+                raise launcher.out_of_descriptors("cannot send the command", exc) from None
             self._ended_reason = "the session's sandbox has ended (idle timeout or killed)"
             raise SessionClosed(self._ended_reason) from None
 

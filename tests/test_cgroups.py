@@ -6,7 +6,9 @@ The sandbox-level tests (limits seen through nsbox.run) are in test_limits.py.
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -238,6 +240,42 @@ def test_a_dead_owners_cgroup_is_reclaimed_with_its_processes() -> None:
     assert not any(os.path.exists(d) for d in dirs)
     time.sleep(0)  # the sleeper was reparented to init, which reaps it
     assert cgroups._fs.wait_until(lambda: _zombie(int(sleeper)))
+
+
+def _exhausting_descriptors() -> list[int]:
+    """Descriptors opened until this process may open no more (under a soft limit of 256,
+    put back by the caller); the caller closes them."""
+    held = []
+    while True:
+        try:
+            held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE
+            return held
+
+
+@pytest.mark.cgroup2
+def test_a_process_out_of_descriptors_reclaims_no_live_owners_cgroup() -> None:
+    # Unreadable is not gone: a first run that found /proc/PID/stat unopenable (EMFILE) took
+    # every live owner for dead and SIGKILLed the sandboxes of other threads and processes.
+    backend = _backend_or_skip(cgroups.KILL)
+    mine = backend.create(cgroups.Request(pids=8))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    held = _exhausting_descriptors()
+    try:
+        dead_while_full = _names.owner_is_dead(mine.name)
+        reclaimed = backend.reclaim()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        assert dead_while_full is False
+        assert mine.name not in reclaimed
+        assert all(os.path.isdir(d) for d in _run_dirs(backend, mine.name))
+    finally:
+        mine.destroy()
 
 
 def test_unprivileged_user_without_delegation_gets_the_null_backend_and_a_reason(

@@ -271,6 +271,36 @@ emit(outcomes=outcomes, after=after, fds=len(os.listdir("/proc/self/fd")))
     assert out["fds"] < 16
 
 
+def test_a_first_run_with_no_descriptor_left_is_a_clean_error(as_user: UserRunner):
+    # The first run reads this process's ids and cgroups; with no descriptor left, each read's
+    # OSError must come out as the run's error with the hint, and the next run, with room, works.
+    out = as_user.script("""
+import errno, resource
+import nsbox.api, nsbox.launcher, nsbox.host.engine  # what a run imports: no room for it later
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+held = []
+while True:
+    try:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError as exc:
+        assert exc.errno == errno.EMFILE
+        break
+try:
+    nsbox.run(["true"])
+    outcome = "ran"
+except nsbox.NsboxError as exc:
+    outcome = "error: " + str(exc)
+except Exception as exc:
+    outcome = "raw " + type(exc).__name__ + ": " + str(exc)
+for fd in held:
+    os.close(fd)
+emit(outcome=outcome, after=nsbox.run(["echo", "again"]).stdout.decode())
+""")
+    assert out["outcome"].startswith("error: ")
+    assert "Too many open files" in out["outcome"] and "ulimit -n" in out["outcome"]
+    assert out["after"] == "again\n"
+
+
 def test_a_stopped_helper_does_not_stretch_the_wall_clock(as_user: UserRunner):
     marker = f"9{uuid.uuid4().int % 10**8}"
     out = as_user.script(f"""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import Any
 
 from nsbox.cgroups._base import (
@@ -37,6 +38,7 @@ from nsbox.cgroups._base import (
 from nsbox.cgroups._host import THIS_HOST, HostView, Layout, read_layout
 
 _backend: Backend | None = None
+_backend_lock = threading.Lock()  # threads' first runs detect and reclaim once, not each
 
 
 def helper_paths() -> list[str]:
@@ -83,13 +85,15 @@ def get_backend() -> Backend:
     """The backend of this process, detected on first use; the cgroups that dead owners left
     behind (a launcher or helper that was SIGKILLed mid-run) are reclaimed then."""
     global _backend
-    if _backend is None:
-        _backend = detect()
-        # Best effort: a leftover that cannot be removed now is tried again by the next process,
-        # and must not stop this one from running.
-        with contextlib.suppress(OSError):
-            _backend.reclaim()
-    return _backend
+    with _backend_lock:
+        if _backend is None:
+            backend = detect()
+            # Best effort: a leftover that cannot be removed now is tried again by the next
+            # process, and must not stop this one from running.
+            with contextlib.suppress(OSError):
+                backend.reclaim()
+            _backend = backend
+        return _backend
 
 
 def describe_host(layout: Layout | None = None, view: HostView = THIS_HOST) -> dict[str, Any]:

@@ -21,10 +21,13 @@ _counter = itertools.count(1)
 
 
 def _start_time(pid: int) -> int | None:
+    """The start time of ``pid``; None when no such process lives (or only its zombie).
+    Any other failure to read it (EMFILE, ENOMEM, EACCES under hidepid) raises OSError: it says
+    nothing of the owner, and taking it for "gone" would kill a live owner's sandboxes."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: it ended while being read
         return None
     # The command name (field 2) may contain spaces and parentheses: split after the last ")".
     fields = stat.rsplit(")", 1)[1].split()
@@ -37,25 +40,30 @@ def _pidns() -> int:
     return os.stat("/proc/self/ns/pid").st_ino
 
 
-def _owner_tag(pid: int) -> str:
-    return f"{PREFIX}{_pidns()}-{pid}-{_start_time(pid)}"
+def owner_tag(pid: int) -> str:
+    """The part of a name that says its owner is the live process ``pid``; OSError when its
+    start time cannot be read (see _start_time)."""
+    start = _start_time(pid)
+    if start is None:
+        raise ProcessLookupError(f"no process {pid} to name a cgroup for")
+    return f"{PREFIX}{_pidns()}-{pid}-{start}"
 
 
 def run_name() -> str:
     """A new, unique name for one run's cgroup, owned by this process."""
-    return f"{_owner_tag(os.getpid())}-r{next(_counter)}"
+    return f"{owner_tag(os.getpid())}-r{next(_counter)}"
 
 
 def spare_name() -> str:
     """A new name for a cgroup made ahead of the run that takes it (nsbox/helper/spawner.py).
     It keeps that name when a run takes it (a v2 directory cannot be renamed): a spare is idle while
     it holds nothing but its spawner (see ``is_idle_spare``)."""
-    return f"{_owner_tag(os.getpid())}-s{next(_counter)}"
+    return f"{owner_tag(os.getpid())}-s{next(_counter)}"
 
 
 def leaf_name() -> str:
     """The name of the leaf cgroup this process moves itself into on cgroup v2."""
-    return f"{_owner_tag(os.getpid())}-leaf"
+    return f"{owner_tag(os.getpid())}-leaf"
 
 
 def parse(name: str) -> tuple[int, int, int, str] | None:
@@ -72,9 +80,12 @@ def owner_is_dead(name: str) -> bool:
     if parsed is None:
         return False
     ns, pid, start, _kind = parsed
-    if ns != _pidns():
-        return False
-    return _start_time(pid) != start
+    try:
+        if ns != _pidns():
+            return False
+        return _start_time(pid) != start
+    except OSError:
+        return False  # unknown is not dead: tried again by the next process
 
 
 def is_leaf(name: str) -> bool:

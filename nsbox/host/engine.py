@@ -36,6 +36,7 @@ from nsbox.cgroups import _names
 from nsbox.errors import HostError, LaunchError
 from nsbox.helper.launch import Launch, StepFailed, failure_report
 from nsbox.helper.sources import Sources
+from nsbox.host.output import out_of_descriptors
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import diskfull
 from nsbox.sandbox import native as _native
@@ -93,6 +94,10 @@ def submission(plan: dict[str, Any]) -> Submission | None:
         return None  # required limits that cannot be had: the helper refuses it the same way
     except (KeyError, TypeError, AttributeError):
         return None  # a plan that is not whole: the helper reports what is wrong with it
+    except OSError as exc:
+        # This process's own ids (/proc/self) or its cgroups could not be read, EMFILE most
+        # often: a LaunchError that says so, as every other step of a run out of descriptors.
+        raise out_of_descriptors("cannot prepare the launch", exc) from None
 
 
 class _Client:
@@ -243,7 +248,7 @@ class _RunCgroup:
     def name_for(self, owner: int) -> None:
         """A new run name owned by the process ``owner`` (nsbox/cgroups/_names.py): a later
         process reclaims what it left once it is gone."""
-        self.name = f"{_names._owner_tag(owner)}-r{next(_runs)}" if self.made else ""
+        self.name = f"{_names.owner_tag(owner)}-r{next(_runs)}" if self.made else ""
 
     def put_files(self, w: _Writer) -> None:
         """The directories, the limits' writes, the kill and the usage files."""

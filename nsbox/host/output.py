@@ -24,7 +24,7 @@ from nsbox.host.network import RunNetwork
 _READ_CHUNK = 65536
 
 
-def _out_of_descriptors(what: str, exc: OSError) -> LaunchError:
+def out_of_descriptors(what: str, exc: OSError) -> LaunchError:
     """A LaunchError for a failed open or send; with a hint when descriptors ran out."""
     error = LaunchError(f"{what}: {exc.strerror or exc}")
     if exc.errno in (errno.EMFILE, errno.ENFILE):
@@ -58,7 +58,7 @@ def _supervise(sock: socket.socket, streams: list[_Stream], cap: int, net: RunNe
     except OSError as exc:  # epoll_create1: EMFILE
         for each in streams:
             os.close(each.fd)
-        raise _out_of_descriptors("cannot watch the run", exc) from None
+        raise out_of_descriptors("cannot watch the run", exc) from None
     for each in streams:
         selector.register(each.fd, selectors.EVENT_READ, each)
     selector.register(sock, selectors.EVENT_READ, None)
@@ -130,7 +130,7 @@ class _Watch:
             if exc.errno not in (errno.EMFILE, errno.ENFILE):
                 raise
             # Its descriptor (the sandbox's pidfd) was lost: the run ends here, said so.
-            raise _out_of_descriptors("cannot receive the helper's message", exc) from None
+            raise out_of_descriptors("cannot receive the helper's message", exc) from None
         if not data:
             self.selector.unregister(self.sock)
             if self.report is None and self.pid == 0:
