@@ -785,11 +785,15 @@ static void reap(int slot)
      * read next is final (nsbox/policy/limits.py, RunLimits.finish). */
     cgroup_kill_all(&l->cg);
     report(l, status, &ru, wall);
-    unwatch(&l->sock);
     unwatch(&l->err_fd);
     close_fd(&l->mnt_ns);  /* the sandbox's mounts are torn down now */
     close_fd(&l->sync_fd);
-    if (cgroup_remove(&l->cg) == 1) {
+    /* The cgroup goes before the launch's socket closes: the host's run ends at that EOF, and
+     * its caller may count on the cgroup being gone (a cancelled arun, nsbox/aio.py). One still
+     * busy is retried after the close, so the host never waits for it. */
+    int busy = cgroup_remove(&l->cg) == 1;
+    unwatch(&l->sock);
+    if (busy) {
         l->removing = 1;
         l->remove_until_ns = now_ns() + REMOVE_FOR_NS;
         return;
