@@ -38,10 +38,20 @@ if TYPE_CHECKING:
         SetupError,
     )
     from nsbox.failed import CommandFailed, CommandTimedOut
-    from nsbox.policy import Bind, Dir, File, Limits, Network, Policy, Seccomp, Symlink, Tmpfs
-    from nsbox.pool import Pool
+    from nsbox.launch.pool import Pool
+    from nsbox.policy.policy import (
+        Bind,
+        Dir,
+        File,
+        Limits,
+        Network,
+        Policy,
+        Seccomp,
+        Symlink,
+        Tmpfs,
+    )
     from nsbox.result import Result, Status
-    from nsbox.session import CopyLimits, FileInfo, Session
+    from nsbox.session.session import CopyLimits, FileInfo, Session
     from nsbox.version import VERSION as __version__
 
 _WHERE = {
@@ -51,10 +61,11 @@ _WHERE = {
     "SandboxFileNotFound": "errors", "SessionClosed": "errors",
     "CommandFailed": "failed", "CommandTimedOut": "failed",
     "arun": "aio", "AsyncSession": "aio",
-    "run": "api", "Pool": "pool", "Result": "result", "Status": "result",
-    "Bind": "policy", "Dir": "policy", "File": "policy", "Limits": "policy", "Network": "policy",
-    "Policy": "policy", "Seccomp": "policy", "Symlink": "policy", "Tmpfs": "policy",
-    "CopyLimits": "session", "FileInfo": "session", "Session": "session",
+    "run": "api", "Pool": "launch.pool", "Result": "result", "Status": "result",
+    "Bind": "policy.policy", "Dir": "policy.policy", "File": "policy.policy",
+    "Limits": "policy.policy", "Network": "policy.policy", "Policy": "policy.policy",
+    "Seccomp": "policy.policy", "Symlink": "policy.policy", "Tmpfs": "policy.policy",
+    "CopyLimits": "session.session", "FileInfo": "session.session", "Session": "session.session",
     "__version__": "version",
 }
 

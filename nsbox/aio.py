@@ -15,10 +15,11 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
-from nsbox import api, launcher
-from nsbox.policy import Policy
+from nsbox import api
+from nsbox.launch import launcher
+from nsbox.policy.policy import Policy
 from nsbox.result import Result
-from nsbox.session import CopyLimits, FileInfo, Session
+from nsbox.session.session import CopyLimits, FileInfo, Session
 
 T = TypeVar("T")
 

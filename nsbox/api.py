@@ -1,8 +1,8 @@
 """``nsbox.run``: one command in a new sandbox, plain or with an audit record.
 
-The only module that imports both the launch (nsbox/launcher.py) and the session
-(nsbox/session.py): an audited run is a session of one command, so that the files it produced
-are listed before the sandbox goes away, and a session launches through the launcher.
+The only module that imports both the launch (nsbox/launch/launcher.py) and the session
+(nsbox/session/session.py): an audited run is a session of one command, so that the files it
+produced are listed before the sandbox goes away, and a session launches through the launcher.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
-from nsbox import checks, inputs, launcher
 from nsbox.errors import NsboxError
-from nsbox.policy import Policy
+from nsbox.launch import launcher
+from nsbox.policy import checks, inputs
+from nsbox.policy.policy import Policy
 from nsbox.result import Result, finish
 
 
@@ -115,7 +116,7 @@ def run_audited(argv: Sequence[str], policy: Policy, *, audit: str, stdin: bytes
         return _run_audited_plain(argv, policy, audit=audit, stdin=stdin, timeout=timeout,
                                   output_limit=output_limit, env=env, workspace=workspace,
                                   cwd=cwd, passthrough=passthrough, cancel=cancel)
-    from nsbox.session import Session  # not on the plain run's path
+    from nsbox.session.session import Session  # not on the plain run's path
 
     with Session(policy, workspace=workspace, env=env, audit=audit, idle_timeout=None,
                  timeout=timeout, output_limit=output_limit) as session:

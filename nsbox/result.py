@@ -149,7 +149,7 @@ def _text(data: bytes | str, encoding: str, errors: str) -> str:
 
 def finish(result: Result[bytes], text: tuple[str, str] | None, check: bool,
            cmd: list[str], timeout: float | None) -> Result[Any]:
-    """What a run with ``text`` and ``check`` (nsbox/inputs.py, ``call_args``) returns: the
+    """What a run with ``text`` and ``check`` (nsbox/policy/inputs.py, ``call_args``) returns: the
     Result, decoded when asked; with ``check``, a CommandFailed unless it is OK."""
     done: Result[Any] = result.decoded(*text) if text else result
     if check and not done.ok:

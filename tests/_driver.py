@@ -11,7 +11,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import nsbox  # noqa: E402
-from nsbox.policy import Bind, Seccomp, SeccompArg, SeccompRule  # noqa: E402
+from nsbox.policy.policy import Bind, Seccomp, SeccompArg, SeccompRule  # noqa: E402
 
 
 def invoke(argv: list, kwargs: dict) -> nsbox.Result:
@@ -33,7 +33,7 @@ def invoke(argv: list, kwargs: dict) -> nsbox.Result:
         changes["mounts"] = policy.mounts + tuple(Bind(*b) for b in binds)
     extra_mounts = kwargs.pop("mounts", [])  # mounts of any kind, as {"kind": ..., fields}
     if extra_mounts:
-        from nsbox.policy import MOUNT_KINDS
+        from nsbox.policy.policy import MOUNT_KINDS
 
         changes["mounts"] = changes.get("mounts", policy.mounts) + tuple(
             MOUNT_KINDS[m["kind"]](**{k: v for k, v in m.items() if k != "kind"})
@@ -58,8 +58,8 @@ def run_changed_plan(argv: list, policy: nsbox.Policy, wire_changes: dict,
     failure the policy's checks would not let through (a source gone since the plan was made,
     say), to see each launch core report it. ``wire_changes``: top-level keys of the plan,
     and "mounts" as {target: {key: value}} for the plan's operations on that target."""
-    from nsbox import launcher
     from nsbox.host.network import RunNetwork
+    from nsbox.launch import launcher
 
     plan = launcher.build_plan(policy, argv, env=kwargs.get("env"), cwd=kwargs.get("cwd"),
                                wall_time=kwargs.get("timeout"))

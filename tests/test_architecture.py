@@ -167,7 +167,7 @@ def test_the_sandbox_child_imports_nothing_after_its_clone() -> None:
         if name not in reached:
             reached.add(name)
             todo.extend(graph[name])
-    assert {"nsbox.sandbox.mounts", "nsbox._libc", "nsbox._wire"} <= reached
+    assert {"nsbox.sandbox.mounts", "nsbox._sys.libc", "nsbox._sys.wire"} <= reached
     deferred = []
     for name in sorted(reached):
         for node in ast.walk(ast.parse(table[name].read_text())):

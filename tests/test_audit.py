@@ -13,7 +13,7 @@ import pytest
 from sessiontools import UserRunner, user_runner
 
 import nsbox
-from nsbox.policy import Policy
+from nsbox.policy.policy import Policy
 
 FIELDS = {"time", "session", "argv", "env", "stdin", "files_written", "profile", "policy_digest",
           "limits", "network_mode", "result", "output", "network", "seccomp_denied",

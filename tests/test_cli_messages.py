@@ -16,7 +16,7 @@ import click
 import pytest
 
 from nsbox.cli import commands as cli
-from nsbox.rules import RULES
+from nsbox.policy.rules import RULES
 
 
 def nsbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

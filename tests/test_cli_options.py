@@ -1,4 +1,4 @@
-"""The option table of nsbox/cli/options.py and the table of limits of nsbox/limits.py: every
+"""The option table of nsbox/cli/options.py and the table of limits of nsbox/policy/limits.py: every
 door (the click commands ``nsbox run`` and ``nsbox session exec``, the fast path of ``nsbox
 run``, the profile schema) is derived from them, so an option or a limit added there appears
 in each."""
@@ -11,14 +11,14 @@ from typing import Any
 import click
 import pytest
 
-from nsbox import limittable
 from nsbox.cli import commands as cli
 from nsbox.cli import fast as _fastcli
 from nsbox.cli import options as _options
 from nsbox.cli import run as _cli_run
 from nsbox.cli import session as _cli_session
 from nsbox.errors import PolicyError
-from nsbox.policy import Limits
+from nsbox.policy import limittable
+from nsbox.policy.policy import Limits
 from nsbox.profiles import schema as _schema
 
 

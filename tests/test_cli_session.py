@@ -13,7 +13,7 @@ import pytest
 from conftest import PYTHON
 from sessiontools import UserRunner, sleepers, user_runner, wait_until
 
-from nsbox.supervisor import _ensure_private, runtime_dir
+from nsbox.session.supervisor import _ensure_private, runtime_dir
 
 
 @pytest.fixture(params=["caller", "unprivileged"])

@@ -49,7 +49,7 @@ def plant(secret: Path, fifo: Path) -> str:
 
 def give_workspace(ws: Path, as_user: UserRunner) -> None:
     """The unprivileged uid's own directory; as root, a user's (idmapped to the sandbox): a
-    root-owned workspace that uid 65534 cannot write is refused (nsbox/identity.py)."""
+    root-owned workspace that uid 65534 cannot write is refused (nsbox/policy/identity.py)."""
     owner = 65534 if as_user.mode == "unprivileged" else 1234
     if os.geteuid() == 0:
         os.chown(ws, owner, owner)

@@ -347,8 +347,8 @@ def test_user_namespace_limit_gives_a_hint(public_tree: Path):
         "except nsbox.SetupError as e: print(e.step, e.errno, e.hint)\n"
     )
     # In a user namespace of its own, the test may set that namespace's limit to 0. It maps an
-    # unprivileged id too, for the sandbox (nsbox/identity.py: only 0 would be refused), which
-    # needs root: a regular user can map its own uid alone, and uid 0 inside is refused.
+    # unprivileged id too, for the sandbox (nsbox/policy/identity.py: only 0 would be refused),
+    # which needs root: a regular user can map its own uid alone, and uid 0 inside is refused.
     if os.geteuid() != 0:
         pytest.skip("only root can map a second, unprivileged id into the test's namespace")
     maps = "0 0 1,65534 65534 1"

@@ -24,11 +24,12 @@ import pytest
 from conftest import REPO, Runner, parent_of, processes_with, require
 
 import nsbox
-from nsbox import Policy, cgroups, launcher
+from nsbox import Policy, cgroups
 from nsbox.cgroups import _names
 from nsbox.errors import CommandNotFound, NsboxError
 from nsbox.host import engine
-from nsbox.policy import Network
+from nsbox.launch import launcher
+from nsbox.policy.policy import Network
 from nsbox.result import Status
 
 M = 1 << 20

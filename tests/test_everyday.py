@@ -268,7 +268,7 @@ def test_the_policys_own_mounts_at_etc_win(core: str, sandbox: Runner):
 def test_a_policy_without_the_hosts_usr_gets_no_host_etc():
     # The minimal profile's shape (one static program, nothing of the host's tree): only what
     # nsbox writes, and the mount table's link.
-    from nsbox import plan
+    from nsbox.plan import plan
     from nsbox.profiles import load_profile
 
     built = plan.build(load_profile("minimal"), ["/app/prog"])
@@ -277,7 +277,7 @@ def test_a_policy_without_the_hosts_usr_gets_no_host_etc():
 
 
 def test_the_landlock_mode_reads_the_same_public_etc_files():
-    from nsbox import _landlock
+    from nsbox._sys import landlock as _landlock
 
     require(_landlock.abi_version() >= _landlock.MIN_ABI, "the kernel has no Landlock ABI 4")
     require(os.path.exists("/etc/services"), "the host has no /etc/services (netbase)")

@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import nsbox
-from nsbox import launcher
 from nsbox.errors import NsboxError, PolicyError
-from nsbox.policy import Limits, Policy
+from nsbox.launch import launcher
+from nsbox.policy.policy import Limits, Policy
 from nsbox.result import Status
 
 SEED = 20261201
@@ -152,7 +152,7 @@ _policy_fields = ("mounts", "env", "env_passthrough", "path", "lang", "uid", "gi
 
 
 def _policy_property(cases: int) -> None:
-    from nsbox import plan as planmod
+    from nsbox.plan import plan as planmod
 
     sizes = st.integers(1, 2**63 - 1)
     valid_limits = {
@@ -293,7 +293,7 @@ def _mutate(text: str, data: Any) -> str:
 
 
 def _profile_property(cases: int, tmp: Path) -> None:
-    from nsbox import plan as planmod
+    from nsbox.plan import plan as planmod
     from nsbox.profiles import load_profile
 
     mutation = st.tuples(st.sampled_from(["delete", "duplicate", "value", "insert", "cut"]),

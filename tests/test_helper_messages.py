@@ -1,6 +1,6 @@
 """A malformed message from the host fails that one launch, never the launch helper's loop.
 
-Each test starts a helper of its own (nsbox/launcher.py, _HelperClient), sends it a message
+Each test starts a helper of its own (nsbox/launch/launcher.py, _HelperClient), sends it a message
 that is not JSON where a request belongs, checks what the launch concerned gets, and then runs
 a real sandbox through the same helper.
 """
@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from nsbox import _wire, launcher
-from nsbox.policy import Policy
+from nsbox._sys import wire as _wire
+from nsbox.launch import launcher
+from nsbox.policy.policy import Policy
 from nsbox.result import Status
 
 

@@ -353,8 +353,8 @@ def test_the_mcp_review_pane_shows_names_and_diffs_escaped(as_user: UserRunner, 
     or a text widget would obey; the structured data keeps the names exact."""
     runtime = project.parent / "runtime"
     out = as_user.script(f"""
-from nsbox.mcp_tools import ServerConfig, Workbench
-from nsbox.mcp_review import Reviewer, publish_for_review
+from nsbox.mcp.tools import ServerConfig, Workbench
+from nsbox.mcp.review import Reviewer, publish_for_review
 s = nsbox.Session(project={str(project)!r})
 publish_for_review(s)
 bench = Workbench(s, ServerConfig(project={str(project)!r}))

@@ -30,7 +30,7 @@ sys.path.insert(0, sys.argv[1])
 import nsbox
 from nsbox.doctor import run_doctor, verdicts_of_run
 from nsbox.errors import NsboxError
-from nsbox.policy import MiB
+from nsbox.policy.policy import MiB
 from nsbox.profiles import load_profile
 
 policy = load_profile("default")
@@ -76,7 +76,7 @@ exec "$@"
 USERNS_DISABLED = r"""
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
-from nsbox import _libc
+from nsbox._sys import libc as _libc
 read, write = os.pipe()
 pid = os.fork()
 if pid == 0:
@@ -197,7 +197,7 @@ def test_without_cap_sys_admin(public_tree: Path) -> None:
 
 def test_root_of_a_user_namespace_that_maps_only_itself(public_tree: Path) -> None:
     """`unshare -Ur`: uid 0 that maps only to the caller's uid has no unprivileged id for the
-    sandbox (nsbox/identity.py): doctor and every run refuse, each with a hint."""
+    sandbox (nsbox/policy/identity.py): doctor and every run refuse, each with a hint."""
     require(bool(UNSHARE), "needs unshare(1)")
     assert UNSHARE
     data = run_row([UNSHARE, "-Ur"], public_tree)

@@ -1,4 +1,5 @@
-"""The sandbox never acts as, or leaves behind, a privileged host identity (nsbox/identity.py).
+"""The sandbox never acts as, or leaves behind, a privileged host identity
+(nsbox/policy/identity.py).
 
 Every attack runs inside a real sandbox; the evidence is read from the host: the modes, owners
 and xattrs of what is left in the writable directories, the host uid of the sandboxed process.
@@ -22,9 +23,9 @@ import pytest
 from conftest import PYTHON, REPO, Runner, processes_with, require
 
 import nsbox
-from nsbox import identity
 from nsbox.errors import HostError, PolicyError
-from nsbox.policy import Bind, Policy, Seccomp, SeccompRule
+from nsbox.policy import identity
+from nsbox.policy.policy import Bind, Policy, Seccomp, SeccompRule
 from nsbox.result import Status
 
 USERNS = Path(__file__).with_name("_userns.py")
@@ -254,8 +255,8 @@ def test_policy_refuses_a_privileged_or_invalid_host_id(changes: dict) -> None:
 def test_a_hand_made_plan_with_host_uid_0_does_not_run(tmp_path: Path) -> None:
     """Defense in depth: the helper decides again and refuses, whatever the plan says."""
     require(os.geteuid() == 0, "as a regular user the policy's host ids are not used")
-    from nsbox import launcher
-    from nsbox import plan as planmod
+    from nsbox.launch import launcher
+    from nsbox.plan import plan as planmod
 
     wire = planmod.build(Policy(), ["/bin/sh", "-c", f"touch {tmp_path}/ran"]).to_wire()
     wire.update(host_uid=0, host_gid=0)
@@ -305,7 +306,7 @@ NESTED_RUN = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import nsbox
-from nsbox.policy import Bind, DEFAULT_MOUNTS
+from nsbox.policy.policy import Bind, DEFAULT_MOUNTS
 marker = sys.stdin.read()
 policy = nsbox.Policy(mounts=DEFAULT_MOUNTS + (Bind(sys.argv[2], "/w", writable=True),))
 try:

@@ -32,10 +32,10 @@ import pytest
 from conftest import REPO, require
 
 import nsbox
-from nsbox import _landlock
+from nsbox._sys import landlock as _landlock
 from nsbox.errors import HostError, PolicyError
 from nsbox.host import isolation
-from nsbox.policy import DEFAULT_MOUNTS, Bind, Network, Policy, Tmpfs
+from nsbox.policy.policy import DEFAULT_MOUNTS, Bind, Network, Policy, Tmpfs
 
 CONTAINERHOST = Path(__file__).with_name("containerhost.py")
 SANDBOX_UID = 65534
@@ -554,7 +554,7 @@ def test_signals_forwarded_to_the_command(tmp_path: Path, landlock: Policy):
     code = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); "
             "print('ready', flush=True); time.sleep(30)")
     proc = subprocess.Popen([sys.executable, "-c",
-                             "import nsbox, sys; from nsbox.policy import Policy; "
+                             "import nsbox, sys; from nsbox.policy.policy import Policy; "
                              f"r = nsbox.run(['python3', '-c', {code!r}], Policy("
                              "isolation='landlock'), passthrough=True); sys.exit(r.exit_code)"],
                             stdout=subprocess.PIPE, text=True)

@@ -30,12 +30,14 @@ from conftest import (
 )
 
 import nsbox
-from nsbox import cgroups, launcher, limits, limittable
+from nsbox import cgroups
 from nsbox.cgroups import _names
 from nsbox.cgroups._null import NullBackend
 from nsbox.errors import CommandNotFound, HostError, PolicyError
 from nsbox.helper import spawner
-from nsbox.policy import Limits, Policy
+from nsbox.launch import launcher
+from nsbox.policy import limits, limittable
+from nsbox.policy.policy import Limits, Policy
 from nsbox.result import Result, Status
 
 M = 1 << 20

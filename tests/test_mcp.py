@@ -169,7 +169,7 @@ WITHOUT_SDK = "import sys; sys.modules['mcp'] = None; "  # makes `import mcp` ra
 
 
 def test_core_imports_without_the_sdk():
-    code = WITHOUT_SDK + "import nsbox, nsbox.cli, nsbox.mcp_server; print('imported')"
+    code = WITHOUT_SDK + "import nsbox, nsbox.cli, nsbox.mcp.server; print('imported')"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.stdout == "imported\n", proc.stderr
@@ -684,7 +684,7 @@ def test_nothing_outlives_the_connection(server: Server, unprivileged_tmp: Path,
 
 
 def test_path_errors_quote_the_path_as_the_agent_gave_it():
-    from nsbox.mcp_tools import ToolInputError, workspace_name
+    from nsbox.mcp.tools import ToolInputError, workspace_name
 
     with pytest.raises(ToolInputError, match=r"^'/workspace/\.\./tmp/x' uses '\.\.'"):
         workspace_name("/workspace/../tmp/x")

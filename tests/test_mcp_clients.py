@@ -18,7 +18,7 @@ from conftest import PYTHON, require
 from test_mcp import Server, call, caller_server, connect, run, text_of
 
 from nsbox import cgroups
-from nsbox.mcp_probe import COMMANDS, NOTABLE
+from nsbox.mcp.probe import COMMANDS, NOTABLE
 from nsbox.profiles import load_profile
 from nsbox.version import VERSION
 

@@ -1,5 +1,5 @@
-"""Mount kinds are one closed set (nsbox.policy.MOUNT_KINDS): a kind declared there is checked,
-read from a profile, written back and planned without an edit to those places."""
+"""Mount kinds are one closed set (nsbox.policy.policy.MOUNT_KINDS): a kind declared there is
+checked, read from a profile, written back and planned without an edit to those places."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from conftest import require
 from test_profiles import error_of, write  # the profile tests' helpers
 
-from nsbox import plan
 from nsbox.errors import PolicyError
-from nsbox.policy import MOUNT_KINDS, Bind, Dir, File, Policy, Symlink, Tmpfs
+from nsbox.plan import plan
+from nsbox.policy.policy import MOUNT_KINDS, Bind, Dir, File, Policy, Symlink, Tmpfs
 from nsbox.profiles import apply_overrides, load_profile, schema, to_toml
 from nsbox.sandbox import mounts as sandbox_mounts
 from nsbox.sandbox import native

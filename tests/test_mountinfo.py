@@ -1,11 +1,11 @@
-"""The one parser of /proc/self/mountinfo (nsbox/_mountinfo.py), which the path rules, the cgroup
-layout and the doctor read the mount table with."""
+"""The one parser of /proc/self/mountinfo (nsbox/_sys/mountinfo.py), which the path rules, the
+cgroup layout and the doctor read the mount table with."""
 
 from __future__ import annotations
 
 import os
 
-from nsbox import _mountinfo
+from nsbox._sys import mountinfo as _mountinfo
 
 
 def test_a_line_with_optional_fields_and_escapes() -> None:

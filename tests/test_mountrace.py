@@ -33,7 +33,7 @@ args = json.loads(sys.argv[1])
 sys.path.insert(0, args["path"])
 import nsbox
 from nsbox import Bind, Dir, File, Policy, SetupError, Symlink, Tmpfs
-from nsbox.policy import DEFAULT_MOUNTS
+from nsbox.policy.policy import DEFAULT_MOUNTS
 
 SWAP = '''
 import ctypes, os
@@ -160,7 +160,7 @@ def test_swapping_symlinks_cannot_redirect_mount_targets(mode: str, public_tree:
 def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """Both ways to look up a path with no symlink followed: openat2(2) where the kernel has it
     (5.6), the O_NOFOLLOW walk one component at a time where it does not."""
-    from nsbox import _libc
+    from nsbox._sys import libc as _libc
 
     monkeypatch.setattr(_libc, "HAS_OPENAT2", request.param and _libc.HAS_OPENAT2)
     return bool(request.param)
@@ -205,7 +205,7 @@ def test_target_walk_makes_directories_and_refuses_symlinks(resolver: bool, tmp_
 
 
 def test_bind_source_with_a_symlink_component_is_refused(resolver: bool, tmp_path: Path):
-    from nsbox import _libc
+    from nsbox._sys import libc as _libc
 
     (tmp_path / "real" / "sub").mkdir(parents=True)
     (tmp_path / "real" / "file").write_text("x")
@@ -225,9 +225,10 @@ def test_bind_source_with_a_symlink_component_is_refused(resolver: bool, tmp_pat
 
 
 def test_every_walk_closes_the_descriptors_on_its_way(resolver: bool, tmp_path: Path):
-    """The one loop of the no-symlink walks (nsbox/_paths.py) leaves no descriptor open but the
+    """The one loop of the no-symlink walks (nsbox/_sys/paths.py) leaves no descriptor open but the
     one it returns, whether it gets there or fails on the way."""
-    from nsbox import _libc, _paths
+    from nsbox._sys import libc as _libc
+    from nsbox._sys import paths as _paths
     from nsbox.sandbox import mounts
 
     (tmp_path / "a" / "b").mkdir(parents=True)

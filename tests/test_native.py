@@ -169,7 +169,7 @@ def test_a_pooled_sandbox_is_the_same(both: pytest.MonkeyPatch, sandbox: Runner)
 
 
 def test_a_pooled_command_larger_than_a_datagram_arrives_whole(both: pytest.MonkeyPatch):
-    # Over 64 KiB the command travels in a memfd (nsbox/_wire.py), which the native core maps
+    # Over 64 KiB the command travels in a memfd (nsbox/_sys/wire.py), which the native core maps
     # (nsbox/native/report.c, map_memfd_message).
     env = {f"V{i}": str(i) * 100_000 for i in range(3)}
     for core in ("native", "python"):

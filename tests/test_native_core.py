@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, require
 
-from nsbox import _wire, launcher
-from nsbox.policy import Bind, Policy
+from nsbox._sys import wire as _wire
+from nsbox.launch import launcher
+from nsbox.policy.policy import Bind, Policy
 from nsbox.sandbox import native
 
 MALFORMED = "the native plan is malformed"

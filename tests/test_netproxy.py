@@ -20,7 +20,7 @@ from conftest import require
 from netservers import EchoServer, HTTPServer
 
 from nsbox.host.netproxy import NetworkProxy, ProxyLimits
-from nsbox.netrules import parse_allow_list
+from nsbox.policy.netrules import parse_allow_list
 
 
 def open_fds() -> set[str]:

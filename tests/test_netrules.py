@@ -7,8 +7,8 @@ import ipaddress
 import pytest
 
 from nsbox.errors import PolicyError
-from nsbox.netrules import forbidden_reason, parse_entry
-from nsbox.policy import Network
+from nsbox.policy.netrules import forbidden_reason, parse_entry
+from nsbox.policy.policy import Network
 
 
 @pytest.mark.parametrize(

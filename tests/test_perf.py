@@ -19,8 +19,8 @@ import pytest
 from conftest import PYTHON, REPO, processes_with
 
 import nsbox
-from nsbox import launcher
 from nsbox.errors import LaunchError, PolicyError, SetupError
+from nsbox.launch import launcher
 from nsbox.result import Status
 
 
@@ -149,7 +149,7 @@ def test_pooled_sandboxes_die_with_a_killed_host(public_tree: Path):
     code = (
         f"import sys, os; sys.path.insert(0, {str(public_tree)!r}); import nsbox\n"
         "pool = nsbox.Pool(size=3); pool.wait_ready()\n"
-        "from nsbox import launcher; print(launcher._helper._pid, flush=True)\n"
+        "from nsbox.launch import launcher; print(launcher._helper._pid, flush=True)\n"
         f"pool.run(['sleep', '{marker}'])\n"
     )
     host = subprocess.Popen([PYTHON, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -185,8 +185,8 @@ def test_concurrent_commands_on_a_small_pool():
 
 
 def test_pooled_command_is_what_the_plan_would_say(monkeypatch: pytest.MonkeyPatch):
-    from nsbox import plan as planmod
-    from nsbox.pool import COMMAND_KEYS
+    from nsbox.launch.pool import COMMAND_KEYS
+    from nsbox.plan import plan as planmod
 
     monkeypatch.setenv("NSBOX_TEST_PASSED", "yes")
     policy = nsbox.Policy(env_passthrough=("NSBOX_TEST_PASSED",), env=(("A", "1"),)).with_limits(
@@ -267,7 +267,7 @@ def test_cli_fast_path_does_not_import_click_or_pyseccomp(tmp_path: Path):
                           timeout=60, cwd="/", env=env)
     assert proc.returncode == 0, proc.stderr
     modules = (tmp_path / "mods").read_text().split()
-    assert "nsbox.launcher" in modules
+    assert "nsbox.launch.launcher" in modules
     # (ctypes is on the way: the socket scan's inotify watches, nsbox/host/socketscan.py.)
     # (hashlib is on the way too: the engine's report is read with the Python child's reader,
     # whose module imports the project file code.)
@@ -282,7 +282,7 @@ def test_cli_launches_through_the_public_run(tmp_path: Path):
     probe = (
         "import sys, json\n"
         "sys.argv = ['nsbox', 'run', '--time', '7', '--', 'true']\n"
-        "from nsbox import launcher\n"
+        "from nsbox.launch import launcher\n"
         "calls = []\n"
         "real = launcher.run\n"
         "import gc\n"

@@ -49,7 +49,7 @@ args = json.loads(sys.argv[1])
 sys.path.insert(0, args["path"])
 import nsbox
 from nsbox import Bind, Policy
-from nsbox.policy import DEFAULT_MOUNTS
+from nsbox.policy.policy import DEFAULT_MOUNTS
 
 policy = Policy().replace(mounts=DEFAULT_MOUNTS + (Bind(args["data"], "/data"),),
                           workspace=args["workspace"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nsbox import Bind, File, PolicyError, Tmpfs
-from nsbox.policy import DEFAULT_MOUNTS, MiB, Policy
+from nsbox.policy.policy import DEFAULT_MOUNTS, MiB, Policy
 from nsbox.profiles import (
     apply_overrides,
     load_profile,

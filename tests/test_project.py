@@ -315,7 +315,7 @@ def test_profile_keys_for_the_project(as_user: UserRunner, project: Path, tmp_pa
     policy = load_profile(str(profile))
     assert policy.project == str(project)
     assert policy.project_secrets == ("*.md",)
-    from nsbox.session import Session
+    from nsbox.session.session import Session
 
     with Session(policy) as s:
         # Credentials are always masked; README.md is tracked, so .git is withheld (git show
@@ -331,7 +331,7 @@ def test_project_and_workspace_together_are_refused(as_user: UserRunner, project
                                                      tmp_path: Path):
     _in_process_only(as_user)
     from nsbox.errors import PolicyError
-    from nsbox.session import Session
+    from nsbox.session.session import Session
 
     with pytest.raises(PolicyError, match="a project and a workspace directory cannot both"):
         Session(workspace=str(tmp_path), project=str(project))
@@ -352,8 +352,8 @@ def test_mcp_agent_sees_changes_and_only_the_user_applies(as_user: UserRunner, p
     runtime.mkdir(mode=0o700)
     os.chown(runtime, as_user.uid, as_user.uid)
     body = """
-from nsbox.mcp_tools import ServerConfig, Workbench
-from nsbox.mcp_review import AGENT_TOOLS, REVIEW_TOOLS, Reviewer, publish_for_review
+from nsbox.mcp.tools import ServerConfig, Workbench
+from nsbox.mcp.review import AGENT_TOOLS, REVIEW_TOOLS, Reviewer, publish_for_review
 s = nsbox.Session(project={project!r})
 publish_for_review(s)
 bench = Workbench(s, ServerConfig(project={project!r}))
@@ -392,7 +392,7 @@ def test_a_root_owned_project_as_root_is_edited_and_applied_as_root(tmp_path: Pa
     sandbox's host uid."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the project is root's")
-    from nsbox.session import Session
+    from nsbox.session.session import Session
 
     root = tmp_path / "app"
     root.mkdir()

@@ -153,7 +153,7 @@ s.close()
 
 def test_the_rule_book_matches_secrets_at_any_depth_and_in_any_case(tmp_path: Path) -> None:
     import nsbox
-    from nsbox.policy import DEFAULT_MOUNTS, Bind, Policy
+    from nsbox.policy.policy import DEFAULT_MOUNTS, Bind, Policy
 
     for rel in ("srv/.AWS/credentials", "data/deep/.kube", "keys/tls.Key", "x/.env.prod"):
         path = tmp_path / rel
@@ -168,7 +168,7 @@ def test_the_rule_book_matches_secrets_at_any_depth_and_in_any_case(tmp_path: Pa
         with pytest.raises(nsbox.PolicyError) as info:
             nsbox.run(["true"], Policy(mounts=DEFAULT_MOUNTS + (Bind(str(link), "/s"),)))
         assert info.value.rule == "secret-dir", rel
-    assert Policy().project_secrets == nsbox.rules.SECRETS  # one list for both
+    assert Policy().project_secrets == nsbox.policy.rules.SECRETS  # one list for both
 
 
 # --- what git holds of a file, read without git (nsbox/host/gitstore.py) ---------------------

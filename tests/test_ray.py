@@ -25,7 +25,7 @@ import pytest
 from conftest import processes_with, require
 
 import nsbox
-from nsbox.policy import DEFAULT_MOUNTS, Bind, MiB
+from nsbox.policy.policy import DEFAULT_MOUNTS, Bind, MiB
 
 # Every test here starts or uses a Ray cluster: processes that the fast tier must not leave.
 pytestmark = pytest.mark.sandbox

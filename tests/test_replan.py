@@ -26,7 +26,7 @@ DRIVER = textwrap.dedent("""\
     spec = json.loads(sys.argv[1])
     sys.path.insert(0, spec["path"])
     import nsbox
-    from nsbox.policy import DEFAULT_MOUNTS, Bind, Policy
+    from nsbox.policy.policy import DEFAULT_MOUNTS, Bind, Policy
 
     tmp = spec["tmp"]
 
@@ -169,9 +169,9 @@ def test_mountinfo_is_read_again_after_a_mount_and_in_a_forked_child(tmp_path: P
 def test_an_answer_is_remembered_only_for_the_same_rules_lifted(tmp_path: Path,
                                                                 allow: tuple[str, ...]) -> None:
     """What a place passed with a rule lifted does not carry over to a policy without it."""
-    from nsbox import plan
     from nsbox.errors import PolicyError
-    from nsbox.policy import DEFAULT_MOUNTS, Bind, Policy
+    from nsbox.plan import plan
+    from nsbox.policy.policy import DEFAULT_MOUNTS, Bind, Policy
 
     (tmp_path / "tree").mkdir()
     os.mkfifo(tmp_path / "tree" / "pipe")

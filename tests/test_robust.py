@@ -16,9 +16,9 @@ import pytest
 from sessiontools import UserRunner, sleepers, user_runner
 
 import nsbox
-from nsbox import launcher
 from nsbox.errors import PolicyError
-from nsbox.policy import DEFAULT_MOUNTS, Bind, File, Limits, Policy, Tmpfs
+from nsbox.launch import launcher
+from nsbox.policy.policy import DEFAULT_MOUNTS, Bind, File, Limits, Policy, Tmpfs
 from nsbox.result import Status
 
 
@@ -30,8 +30,9 @@ def as_user(request: pytest.FixtureRequest, public_tree: Path) -> UserRunner:
 # Every bad call of the hostile pass that reached the helper or the host's pipes. Each must end
 # in a Result or a documented nsbox error; "raw" collects anything else.
 BAD_CALLS = """
-from nsbox import Policy, File, launcher
-from nsbox.policy import DEFAULT_MOUNTS
+from nsbox import Policy, File
+from nsbox.launch import launcher
+from nsbox.policy.policy import DEFAULT_MOUNTS
 
 def bad_calls():
     big_file = Policy(mounts=DEFAULT_MOUNTS + (File("/big", "x" * 300_000),))
@@ -64,7 +65,7 @@ def bad_calls():
     ]
 
 def wire(**changes):
-    from nsbox import plan as planmod
+    from nsbox.plan import plan as planmod
     policy = Policy()
     w = planmod.build(policy, ["true"]).to_wire()
     w.update(host_uid=policy.host_uid, host_gid=policy.host_gid, **changes)
@@ -308,7 +309,7 @@ import signal, threading, time
 results = []
 nsbox.run(["true"])
 from nsbox.host import engine  # the launch process: the engine's where it runs the launch
-helper = nsbox.launcher._helper._pid or engine.client.pid
+helper = nsbox.launch.launcher._helper._pid or engine.client.pid
 assert helper > 0
 started = time.monotonic()
 t = threading.Thread(target=lambda: results.append(nsbox.run(["sleep", "{marker}"], timeout=2)))
@@ -381,7 +382,7 @@ def test_the_helper_survives_a_failing_launch_and_reports_it(monkeypatch: pytest
     nsbox.run(["true"])
     helper = launcher._helper._pid
     policy = Policy()
-    from nsbox import plan as planmod
+    from nsbox.plan import plan as planmod
 
     wire = planmod.build(policy, ["true"]).to_wire()
     wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid, cgroup=None)
@@ -403,7 +404,7 @@ def test_a_launch_that_fails_after_pinning_its_binds_lets_go_of_them(unprivilege
     nsbox.run(["true"])
     helper = launcher._helper._pid
     policy = Policy(mounts=DEFAULT_MOUNTS + (Bind(str(out), "/out", writable=True),))
-    from nsbox import plan as planmod
+    from nsbox.plan import plan as planmod
 
     wire = planmod.build(policy, ["true"]).to_wire()
     wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
@@ -536,7 +537,7 @@ def test_a_session_backstop_needs_neither_its_init_nor_the_helper(as_user: UserR
     out = as_user.script(f"""
 import signal, threading, time
 with nsbox.Session(timeout=1) as s:
-    helper = nsbox.launcher._helper._pid
+    helper = nsbox.launch.launcher._helper._pid
     results = []
     t = threading.Thread(target=lambda: results.append(s.run(["sleep", "{marker}"])))
     started = time.monotonic()

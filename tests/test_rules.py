@@ -1,4 +1,4 @@
-"""The rule book (nsbox/rules.py): every door refuses the same binds with the same rule.
+"""The rule book (nsbox/policy/rules.py): every door refuses the same binds with the same rule.
 
 A table of refused sources goes through every door (the API's Policy, run(workspace=),
 Session, Pool, a profile file, --set, the CLI's options, the MCP server's --input), each as
@@ -27,13 +27,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nsbox
-from nsbox import rules
 from nsbox.errors import PolicyError
 from nsbox.host import codepaths, pathrules
-from nsbox.policy import DEFAULT_MOUNTS, Bind, File, Policy, Symlink, Tmpfs
-from nsbox.pool import Pool
+from nsbox.launch.pool import Pool
+from nsbox.policy import rules
+from nsbox.policy.policy import DEFAULT_MOUNTS, Bind, File, Policy, Symlink, Tmpfs
 from nsbox.profiles import apply_overrides, load_profile
-from nsbox.session import Session
+from nsbox.session.session import Session
 
 # (id, source, writable, rule). "{ipc}" is a test directory holding a unix socket and a FIFO.
 CASES = [
@@ -238,9 +238,9 @@ ALIAS_DRIVER = textwrap.dedent("""\
     import json, os, subprocess, sys
     sys.path.insert(0, sys.argv[1])
     import nsbox
-    from nsbox.policy import DEFAULT_MOUNTS, Bind, Policy
-    from nsbox.pool import Pool
-    from nsbox.session import Session
+    from nsbox.policy.policy import DEFAULT_MOUNTS, Bind, Policy
+    from nsbox.launch.pool import Pool
+    from nsbox.session.session import Session
     cases = json.loads(sys.argv[2])
     out = {}
     for name, source, writable, alias in cases:

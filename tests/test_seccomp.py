@@ -27,7 +27,7 @@ import nsbox
 from nsbox.errors import PolicyError, SetupError
 from nsbox.host import seccomp as sc
 from nsbox.host import seccomp_compile
-from nsbox.policy import Bind, Policy, Seccomp, SeccompArg, SeccompRule
+from nsbox.policy.policy import Bind, Policy, Seccomp, SeccompArg, SeccompRule
 
 PROBE_SRC = Path(__file__).parent / "probes" / "seccomp_probe.c"
 X86_64 = os.uname().machine == "x86_64"
@@ -324,8 +324,8 @@ def test_two_filters_are_applied_after_no_new_privs(sandbox: Runner) -> None:
 
 def test_a_filter_the_kernel_refuses_stops_the_launch(unprivileged_tmp: Path) -> None:
     """Fail closed: with a program the kernel rejects, the command never runs."""
-    from nsbox import launcher
-    from nsbox import plan as planmod
+    from nsbox.launch import launcher
+    from nsbox.plan import plan as planmod
 
     policy = Policy(workspace=str(unprivileged_tmp))
     wire = planmod.build(policy, ["/bin/touch", "/workspace/ran"]).to_wire()
@@ -468,7 +468,7 @@ def test_a_cache_hit_does_not_import_pyseccomp(cache_home: Path) -> None:
     program_for(CUSTOM)
     code = (
         "import sys, nsbox; from nsbox.host import seccomp; "
-        "from nsbox.policy import Policy, Seccomp, SeccompRule; "
+        "from nsbox.policy.policy import Policy, Seccomp, SeccompRule; "
         "custom = Seccomp(rules=(SeccompRule('getppid', 'errno:EACCES'),)); "
         "r = nsbox.run(['/bin/true'], Policy(seccomp=custom)); assert r.ok, r; "
         "print(seccomp.stats.compiled + seccomp.stats.setid_compiled, seccomp.stats.disk_hits, "
@@ -712,7 +712,7 @@ PLANT = r'''
 import json, hashlib, os, struct, sys
 import nsbox
 from nsbox.host import seccomp as sc
-from nsbox.policy import Bind, Policy, Seccomp, SeccompRule
+from nsbox.policy.policy import Bind, Policy, Seccomp, SeccompRule
 
 home = sys.argv[1]
 os.environ["XDG_CACHE_HOME"] = home
@@ -746,7 +746,7 @@ LATER = r'''
 import sys
 import nsbox
 from nsbox.host import seccomp as sc
-from nsbox.policy import Policy, Seccomp, SeccompRule
+from nsbox.policy.policy import Policy, Seccomp, SeccompRule
 
 probe = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
          "print(libc.unshare(0x10000000), ctypes.get_errno(), end=' '); "

@@ -18,7 +18,7 @@ import nsbox
 from nsbox.errors import PolicyError
 from nsbox.host import landlock_filter, seccomp_compile
 from nsbox.host import seccomp as sc
-from nsbox.policy import Bind, Policy, Seccomp, SeccompArg, SeccompRule
+from nsbox.policy.policy import Bind, Policy, Seccomp, SeccompArg, SeccompRule
 from nsbox.profiles import programs
 
 SHIPPED = Path(sc.SHIPPED_DIR)

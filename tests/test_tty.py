@@ -27,7 +27,7 @@ import pytest
 from conftest import PYTHON, require
 from sessiontools import UserRunner, user_runner
 
-from nsbox import launcher
+from nsbox.launch import launcher
 from nsbox.sandbox import native
 
 PS1 = "sbx-prompt> "
@@ -324,7 +324,7 @@ def test_both_cores_take_the_terminal_in_the_same_steps(monkeypatch: pytest.Monk
 
 
 def test_a_terminal_in_the_landlock_mode(terminals: list[Terminal], as_user: UserRunner):
-    from nsbox import _landlock
+    from nsbox._sys import landlock as _landlock
 
     abi = _landlock.abi_version()
     require(abi >= _landlock.MIN_ABI, f"the kernel has Landlock ABI {abi}, the mode needs 4")

@@ -28,9 +28,9 @@ from conftest import PYTHON, require
 from sessiontools import UserRunner, sleepers, user_runner, wait_until
 from test_tty import PROMPT, SHELL, Terminal, cli
 
-from nsbox import launcher
 from nsbox.host import terminal as host_terminal
 from nsbox.host.terminal import Relay
+from nsbox.launch import launcher
 from nsbox.sandbox import native
 
 __all__ = ["Terminal"]  # the fixture's type, from test_tty
@@ -451,7 +451,7 @@ def test_in_the_landlock_mode_the_callers_terminal_is_out_of_reach(terminals: li
                                                                    with_tty: bool):
     # No mount namespace there: the host's devpts is the sandbox's. The caller's terminal
     # is a node of it, of the same user, and the Landlock layer still refuses it by name.
-    from nsbox import _landlock
+    from nsbox._sys import landlock as _landlock
 
     abi = _landlock.abi_version()
     require(abi >= _landlock.MIN_ABI, f"the kernel has Landlock ABI {abi}, the mode needs 4")

@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nsbox import launcher  # noqa: E402
-from nsbox.policy import Bind, Dir, File, Network, Policy, Symlink, Tmpfs  # noqa: E402
+from nsbox.launch import launcher  # noqa: E402
+from nsbox.policy.policy import Bind, Dir, File, Network, Policy, Symlink, Tmpfs  # noqa: E402
 from nsbox.sandbox import native  # noqa: E402
 
 CFLAGS = ["-std=gnu11", "-O1", "-g", "-fno-omit-frame-pointer",
@@ -82,7 +82,7 @@ def engine_request(wire: dict[str, object], bound: list[int]) -> bytes:
     """The launch engine's request for ``wire`` (nsbox/host/engine.py, encode), with the
     cgroup files of this host and a mapper's id maps."""
     from nsbox.host import engine
-    from nsbox.identity import SandboxIds
+    from nsbox.policy.identity import SandboxIds
 
     plan = {**wire, "cgroup": dict(wire["cgroup"], memory=64 << 20, pids=32, cpus=0.5,  # type: ignore[call-overload]
                                    cpu_time=2.0)}

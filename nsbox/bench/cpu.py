@@ -24,11 +24,11 @@ from collections.abc import Callable
 from typing import Any
 
 import nsbox
-from nsbox import launcher
 from nsbox.bench import meter
 from nsbox.bench.measure import add_ratios
 from nsbox.bench.methods import BWRAP_FLAGS, _checked
 from nsbox.host import engine
+from nsbox.launch import launcher
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -17,7 +17,7 @@ import time
 
 import nsbox
 from nsbox import cgroups
-from nsbox.policy import Policy
+from nsbox.policy.policy import Policy
 
 
 def _summary(name: str, samples: list[float]) -> None:

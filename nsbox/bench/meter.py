@@ -119,7 +119,7 @@ def cpu_of(name: str, launches: int, warmup: int, pool_size: int) -> dict[str, A
 
 def _stop_launch_processes() -> None:
     """End what the launcher keeps running, so that its CPU is reaped and counted."""
-    from nsbox import launcher
+    from nsbox.launch import launcher
 
     helper = getattr(launcher, "_helper", None)
     if helper is not None:

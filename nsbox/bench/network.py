@@ -18,7 +18,7 @@ import threading
 import time
 
 import nsbox
-from nsbox.policy import Network, Policy
+from nsbox.policy.policy import Network, Policy
 
 SIZE = 64 * 1024 * 1024
 BLOCK = b"x" * (1024 * 1024)

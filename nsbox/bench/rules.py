@@ -1,4 +1,4 @@
-"""Measure what the rule book (nsbox/rules.py) adds to a launch.
+"""Measure what the rule book (nsbox/policy/rules.py) adds to a launch.
 
     python -m nsbox.bench.rules [rounds]
 
@@ -19,9 +19,9 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from nsbox import plan
 from nsbox.host import pathrules, socketscan
-from nsbox.policy import Policy
+from nsbox.plan import plan
+from nsbox.policy.policy import Policy
 
 
 def make_tree(root: str, files: int, per_dir: int = 20) -> None:

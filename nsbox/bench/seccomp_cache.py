@@ -19,7 +19,7 @@ _CHILD = r"""
 import sys, time
 t0 = time.perf_counter()
 from nsbox.host import seccomp, seccomp_compile
-from nsbox.policy import Seccomp, SeccompRule
+from nsbox.policy.policy import Seccomp, SeccompRule
 custom = Seccomp(rules=(SeccompRule("getppid", "errno:EACCES"),))  # not a shipped profile's
 t1 = time.perf_counter()
 if sys.argv[1] == "compile":

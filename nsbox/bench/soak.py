@@ -13,10 +13,11 @@ import time
 from typing import Any
 
 import nsbox
-from nsbox import _mountinfo, launcher
+from nsbox._sys import mountinfo as _mountinfo
 from nsbox.cgroups import _fs, _names
 from nsbox.helper.spawner import READY
 from nsbox.host import engine
+from nsbox.launch import launcher
 
 
 def _cgroup_dirs() -> list[str]:

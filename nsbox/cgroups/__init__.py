@@ -120,7 +120,7 @@ def describe_host(layout: Layout | None = None, view: HostView = THIS_HOST) -> d
 
     blocking = info.get("blocking_processes")
     if blocking and isinstance(backend, V2Backend):
-        # What a run then gets (nsbox.limits.RunLimits): creating its cgroup fails with this
+        # What a run then gets (nsbox.policy.limits.RunLimits): creating its cgroup fails with this
         # reason, and every limit falls back to an rlimit.
         info["supports"], info["missing"] = [], sorted(ALL_FEATURES)
         info["reason"] = backend.blocking_reason(blocking)

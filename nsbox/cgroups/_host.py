@@ -12,7 +12,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from nsbox import _mountinfo
+from nsbox._sys import mountinfo as _mountinfo
 
 # The v1 controllers nsbox uses. cpu and cpuacct are often co-mounted ("cpu,cpuacct").
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")

@@ -18,12 +18,12 @@ from typing import Any, NoReturn
 
 import click
 
-from nsbox import limittable
 from nsbox.cli import options as _options
 from nsbox.cli import run as _cli_run
 from nsbox.cli.run import fail_code
 from nsbox.errors import NsboxError
-from nsbox.policy import Policy
+from nsbox.policy import limittable
+from nsbox.policy.policy import Policy
 
 
 def _fail(error: NsboxError, given: dict[str, Any] | None = None, policy: Policy | None = None,
@@ -52,7 +52,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 
 
 # --- resource limit options (limits.py; docs/limits.md) ---------------------------------------
-# Declared in nsbox/limittable.py and nsbox/cli/options.py; a bad value (``--memory 0``,
+# Declared in nsbox/policy/limittable.py and nsbox/cli/options.py; a bad value (``--memory 0``,
 # ``--memory lots``) is a usage error that names the option and says what to write.
 _LIMIT_PARSERS: dict[str, Any] = {spec.name: spec.parse_option for spec in limittable.OPTION_LIMITS}
 _limit_options = _options.click_options(_options.START, lambda option: option.limit is not None)
@@ -213,7 +213,7 @@ def bench(args: tuple[str, ...]) -> None:
 # --- end bench ---
 
 
-# --- nsbox mcp: a code-execution tool for coding agents (nsbox/mcp_server.py) ----------------
+# --- nsbox mcp: a code-execution tool for coding agents (nsbox/mcp/server.py) ----------------
 
 
 @main.command("mcp")
@@ -233,14 +233,14 @@ def mcp_command(review_id: str | None, **values: Any) -> None:
     Example:
       nsbox mcp --profile python --memory 1G --time 60 --input data.csv
     """
-    from nsbox import mcp_server
+    from nsbox.mcp import server as mcp_server
 
     # The options are nsbox run's (nsbox/cli/options.py), and so is the policy they make.
     options = {**_options.defaults(_options.RUN), **values}
     policy = None
     try:
         if review_id is not None:
-            from nsbox.mcp_review import serve_review
+            from nsbox.mcp.review import serve_review
 
             serve_review(review_id)
             return

@@ -3,8 +3,8 @@
 Three doors read this table: the click commands (``click_options``), the hand-written fast path
 of nsbox/cli/fast.py (``for_door``, ``convert``), and nsbox/cli/run.py, which turns the values
 into overrides of the profile's keys (``Option.key``). The limit options come from the table of
-limits in nsbox/limittable.py. An option added here appears in every door that lists it, with the
-same flags, value checks and default; tests/test_cli_options.py checks that.
+limits in nsbox/policy/limittable.py. An option added here appears in every door that lists it, with
+the same flags, value checks and default; tests/test_cli_options.py checks that.
 
 This module is imported by the fast path on every ``nsbox run``: no click at import time (it is
 imported inside ``click_options`` and the callbacks, which only click calls).
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-from nsbox import limittable
-from nsbox.units import parse_duration, parse_size
+from nsbox.policy import limittable
+from nsbox.policy.units import parse_duration, parse_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--allow-rule",), "allow_rules", MULTIPLE, metavar="NAME", key="allow_rules",
            doors=(RUN, MCP), help="Lift one rule of the rule book for a trusted use (a refusal "
            "names its rule). Repeatable."),
-    # limits (nsbox/limittable.py)
+    # limits (nsbox/policy/limittable.py)
     *(_limit_option(spec) for spec in limittable.OPTION_LIMITS),
     # sessions: data in and out, audit (nsbox/cli/session.py)
     Option(("--input",), "inputs", MULTIPLE, metavar="HOST_PATH[:NAME]", doors=(RUN, MCP),

@@ -19,7 +19,7 @@ from nsbox.errors import NsboxError, PolicyError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from nsbox.policy import Policy
+    from nsbox.policy.policy import Policy
 
 _MOUNT_KEY = re.compile(r"mounts\[(\d+)\](?:\.\w+)?")
 # Keys the library uses for what has no profile key (the option table's ``key``).
@@ -74,7 +74,7 @@ class Origins:
 def _lift_hint(error: PolicyError) -> str | None:
     """The hint of a refusal by a rule of the rule book, saying how to lift it with the
     option (the library's names the profile key too)."""
-    from nsbox import rules
+    from nsbox.policy import rules
 
     rule = rules.RULES.get(error.rule or "")
     if rule is None or not rule.can_allow or error.hint != rules.refuse(rule.name, "").hint:
@@ -86,7 +86,7 @@ def _mount_origins(values: dict[str, Any], policy: Policy, extra_inputs: bool
                    ) -> dict[int, str]:
     """Index in the policy's mounts -> the --ro-bind, --bind or --input that made it, or the
     mount's target for one of the profile's."""
-    from nsbox.sessionpolicy import input_mount
+    from nsbox.session.policy import input_mount
 
     by_target: dict[str, str] = {}
     for flag, name in (("--ro-bind", "ro_bind"), ("--bind", "rw_bind")):

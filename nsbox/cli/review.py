@@ -2,7 +2,7 @@
 
 A session started with ``--project DIR`` sees DIR copy-on-write at /workspace; what its
 commands change reaches DIR only through ``apply`` (docs/sessions.md). The commands ask the
-session's supervisor (nsbox/supervisor.py); ``nsbox session`` registers them
+session's supervisor (nsbox/session/supervisor.py); ``nsbox session`` registers them
 (nsbox/cli/session.py).
 """
 
@@ -14,10 +14,10 @@ from typing import Any, NoReturn
 import click
 
 from nsbox import visible
-from nsbox._wire import SupervisorReply
+from nsbox._sys.wire import SupervisorReply
 from nsbox.cli.run import fail_code
 from nsbox.errors import NsboxError
-from nsbox.supervisor import request
+from nsbox.session.supervisor import request
 
 
 def _fail(error: NsboxError) -> NoReturn:

@@ -18,7 +18,7 @@ import nsbox
 from nsbox import visible
 from nsbox.errors import CommandNotFound, NsboxError, PolicyError, SetupError
 from nsbox.host.network import from_options
-from nsbox.policy import Policy
+from nsbox.policy.policy import Policy
 from nsbox.result import Result, Status
 
 EXIT_OUTPUT_LIMIT = 123
@@ -63,7 +63,8 @@ def exit_code(result: Result) -> int:
     return result.exit_code or 0
 
 
-# The one limit that is not the host's doing says its own way out (nsbox/limits.py, note_disk).
+# The one limit that is not the host's doing says its own way out (nsbox/policy/limits.py,
+# note_disk).
 _SHORT = {"disk": "disk (/workspace is a host directory; --workspace-size none accepts that)"}
 
 
@@ -203,8 +204,8 @@ def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ..
 def _check_bind(policy: Policy) -> None:
     """The rule book on the bind just added, now, so that a refusal names the option
     (``--ro-bind /root: refused by rule secret-dir``), not the policy's ``mounts[9]``."""
-    from nsbox import plan
     from nsbox.host.pathrules import HostView
+    from nsbox.plan import plan
 
     mount = policy.mounts[-1]
     plan.MOUNT_OPS[mount.kind](mount, "bind", policy.allow_rules, HostView.current())
@@ -233,7 +234,7 @@ def execute(options: dict[str, Any]) -> int:
     its launch socket (the helper kills the sandbox at that end-of-file), then the helper
     itself is ended and reaped; one line is printed and the exit code is 128 + the signal."""
     check(options)
-    from nsbox import launcher
+    from nsbox.launch import launcher
 
     launcher.use_forked_helper()  # one launch: a second interpreter would cost more
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
@@ -248,7 +249,7 @@ def execute(options: dict[str, Any]) -> int:
 
 
 def _stopped(signum: int) -> int:
-    from nsbox import launcher
+    from nsbox.launch import launcher
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -347,7 +348,7 @@ def overrides_from_options(o: dict[str, Any]) -> dict[str, Any]:
 
 def policy_from_options(o: dict[str, Any]) -> Policy:
     """The profile with the options applied: keys, binds, limits, then the network."""
-    from nsbox import limittable
+    from nsbox.policy import limittable
 
     binds = [("--ro-bind", spec, False) for spec in o["ro_bind"]]
     binds += [("--bind", spec, True) for spec in o["rw_bind"]]
@@ -367,7 +368,7 @@ def _with_inputs(policy: Policy, specs: tuple[str, ...]) -> Policy:
     """--input: each host path mounted read-only at /input/NAME."""
     if not specs:
         return policy
-    from nsbox.session import input_mount
+    from nsbox.session.session import input_mount
 
     return policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in specs))
 
@@ -401,8 +402,8 @@ def _launch(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
 
 def _launch_on_terminal(o: dict[str, Any], policy: Policy) -> Result:
     """--tty: the command on a pty of the sandbox's own, relayed to this terminal."""
-    from nsbox import launcher
     from nsbox.host.terminal import Relay
+    from nsbox.launch import launcher
 
     if policy.project is not None or o.get("ask") or o["collect"] or o["audit"]:
         raise OptionError("--tty does not go with --project, --ask, --collect or --audit",

@@ -2,8 +2,8 @@
 
 A command-line session outlives ``nsbox session start``: a detached supervisor process holds it
 (nsbox/cli/supervisor.py); the other subcommands talk to that supervisor over a unix socket in
-the user's private runtime directory (nsbox/supervisor.py documents the protocol). The project
-review commands (diff, apply, discard) are in nsbox/cli/review.py.
+the user's private runtime directory (nsbox/session/supervisor.py documents the protocol). The
+project review commands (diff, apply, discard) are in nsbox/cli/review.py.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from typing import Any
 import click
 
 from nsbox import errors, visible
-from nsbox._wire import FileEntry, SupervisorReply, SupervisorRequest, SupervisorStart
+from nsbox._sys.wire import FileEntry, SupervisorReply, SupervisorRequest, SupervisorStart
 from nsbox.cli import options as _options
 from nsbox.cli import review
 from nsbox.cli import run as _cli_run
 from nsbox.errors import NsboxError
-from nsbox.policy import Policy
+from nsbox.policy.policy import Policy
 from nsbox.result import Result, Status
-from nsbox.session import Session, input_mount
-from nsbox.supervisor import forget_stale, records, request, runtime_dir
+from nsbox.session.session import Session, input_mount
+from nsbox.session.supervisor import forget_stale, records, request, runtime_dir
 
 REMOTE_RE = re.compile(r"^([0-9a-f]{12}):(.*)$", re.S)
 

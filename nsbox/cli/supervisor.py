@@ -3,7 +3,7 @@
 ``nsbox session start`` starts it with a ``_wire.SupervisorStart`` pickled on stdin (not in
 argv, which every user can read in /proc) and reads one line back: ``ok ID`` or ``error
 {"error": ...}``. It then serves the session until ``nsbox session stop``, the idle timeout, or
-the end of the session's sandbox; nsbox/supervisor.py holds the protocol and both its ends.
+the end of the session's sandbox; nsbox/session/supervisor.py holds the protocol and both its ends.
 Its command line is how a client knows it still runs (``supervisor.TITLES``): keep the name.
 """
 
@@ -14,10 +14,10 @@ import os
 import pickle
 import sys
 
-from nsbox._wire import SupervisorStart
+from nsbox._sys.wire import SupervisorStart
 from nsbox.errors import NsboxError
-from nsbox.session import Session
-from nsbox.supervisor import error_reply, publish
+from nsbox.session.session import Session
+from nsbox.session.supervisor import error_reply, publish
 
 
 def main() -> int:

@@ -18,7 +18,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import identity
 from nsbox.cgroups import HostView, describe_host
 from nsbox.cgroups._host import Layout, read_layout
 from nsbox.doctor import isolation
@@ -46,7 +45,8 @@ from nsbox.doctor.verdicts import (
     verdicts_of_run,
 )
 from nsbox.errors import HostError
-from nsbox.policy import Policy
+from nsbox.policy import identity
+from nsbox.policy.policy import Policy
 from nsbox.sandbox import native
 
 __all__ = [
@@ -152,7 +152,7 @@ def check_userns(facts: HostFacts, policy: Policy) -> list[Check]:
 
 def check_identity(facts: HostFacts, policy: Policy) -> list[Check]:
     """Who the sandbox will be on the host, decided as the launch helper decides it
-    (nsbox/identity.py), and who will make its binds."""
+    (nsbox/policy/identity.py), and who will make its binds."""
     held = facts.holdings()
     if held is None:
         return [Check("identity", "info", "cannot read this process's ids and capabilities")]
@@ -398,7 +398,7 @@ def check_probe(facts: HostFacts, policy: Policy) -> list[Check]:
                       "seccomp filter all worked in a child process")]
     affects, remedy = PROBE_ADVICE.get(str(failed), ([FILESYSTEM], "see the checks above"))
     if str(failed) in ("user namespace", "mount, pid, net, ipc, uts and cgroup namespaces"):
-        from nsbox.launcher import namespace_hint
+        from nsbox.launch.launcher import namespace_hint
 
         # The cause a run would name for the same errno (disabled, or a seccomp filter).
         remedy = namespace_hint(int(str(outcome.get("errno") or 0))) or remedy

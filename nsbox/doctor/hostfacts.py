@@ -16,10 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nsbox import _mountinfo
-from nsbox._mountinfo import MountEntry
+from nsbox._sys import mountinfo as _mountinfo
+from nsbox._sys.mountinfo import MountEntry
 from nsbox.cgroups import HostView
-from nsbox.identity import Holdings
+from nsbox.policy.identity import Holdings
 
 PROBE_TIMEOUT = 10.0  # seconds; the probe itself takes about 50 ms
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import sys
 
-from nsbox import _landlock
+from nsbox._sys import landlock as _landlock
 from nsbox.doctor.hostfacts import HostFacts
 from nsbox.doctor.report import FILESYSTEM, NETWORK, PROCESSES, Check
 from nsbox.host import isolation
-from nsbox.policy import Policy
+from nsbox.policy.policy import Policy
 
 # The checks that find a refusal of namespaces, and the probe's steps that show one.
 _NAMESPACE_CHECKS = ("user namespaces", "live probe", "/proc mounts")
@@ -31,7 +31,7 @@ _FILE = "/etc/apparmor.d/nsbox"
 
 def launcher_executable() -> str:
     """The program that creates nsbox's namespaces: the interpreter its launch helper runs in
-    (nsbox/launcher.py starts the helper with it; the command line forks it)."""
+    (nsbox/launch/launcher.py starts the helper with it; the command line forks it)."""
     return os.path.realpath(sys.executable or "/usr/bin/python3")
 
 

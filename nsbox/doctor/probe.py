@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import _libc
+from nsbox._sys import libc as _libc
 
 NAMESPACES = (_libc.CLONE_NEWNS | _libc.CLONE_NEWPID | _libc.CLONE_NEWNET | _libc.CLONE_NEWIPC
               | _libc.CLONE_NEWUTS | _libc.CLONE_NEWCGROUP)

@@ -13,7 +13,7 @@ from typing import Any
 
 from nsbox.doctor.report import FILESYSTEM, NETWORK, PRIVILEGE, PROCESSES, SYSCALLS, Check
 from nsbox.errors import CommandNotFound, HostError, NsboxError
-from nsbox.policy import Policy
+from nsbox.policy.policy import Policy
 from nsbox.result import Result
 
 # Per failed probe step: the guarantees lost and what to do.
@@ -44,7 +44,8 @@ PROBE_ADVICE: dict[str, tuple[list[str], str]] = {
 GUARANTEES = ("isolation", "namespaces", "seccomp", "identity", "memory", "pids", "cpus",
               "cpu_time")
 LIMITS = ("memory", "pids", "cpus", "cpu_time")
-# The guarantee of each cgroup feature, and what replaces it without the cgroup (nsbox/limits.py).
+# The guarantee of each cgroup feature, and what replaces it without the cgroup
+# (nsbox/policy/limits.py).
 _LIMIT_OF = {"memory": "memory", "pids": "pids", "cpus": "cpus", "cpu_accounting": "cpu_time"}
 _WITHOUT_CGROUP = {"memory": "rlimit", "pids": "rlimit", "cpus": "none", "cpu_time": "rlimit"}
 # The checks whose failure stops every run; a failed cgroups check stops only runs with limits.
@@ -77,7 +78,8 @@ def predict(checks: list[Check], policy: Policy) -> dict[str, str]:
 def verdicts_of_run(outcome: Result | Exception, policy: Policy,
                     limits: tuple[str, ...] = LIMITS) -> dict[str, str]:
     """What one run reported per guarantee: its Result (``degraded`` names each limit that an
-    rlimit replaced, nsbox/limits.py) or the error it raised. ``limits``: those it asked for."""
+    rlimit replaced, nsbox/policy/limits.py) or the error it raised. ``limits``: those it asked
+    for."""
     if isinstance(outcome, HostError) and outcome.feature == "cgroup":
         verdicts = {"isolation": "refused", "namespaces": "enforced", "identity": "enforced",
                     "seccomp": "enforced" if policy.seccomp.enabled else "off"}
@@ -97,7 +99,7 @@ def verdicts_of_run(outcome: Result | Exception, policy: Policy,
 
 def _trial_policy(policy: Policy) -> Policy:
     """``policy`` with every limit set, so that one run shows how each is enforced."""
-    from nsbox.policy import MiB
+    from nsbox.policy.policy import MiB
 
     limits = dataclasses.replace(
         policy.limits, memory=policy.limits.memory or 256 * MiB, pids=policy.limits.pids or 64,
@@ -106,8 +108,8 @@ def _trial_policy(policy: Policy) -> Policy:
     return dataclasses.replace(policy, limits=limits)
 
 
-# A launch step without a hint of its own (nsbox/launcher.py gives the known ones), by the probe
-# step that does the same work.
+# A launch step without a hint of its own (nsbox/launch/launcher.py gives the known ones), by the
+# probe step that does the same work.
 _LAUNCH_STEPS = {
     "create namespaces": "mount, pid, net, ipc, uts and cgroup namespaces",
     "make mounts private": "private mounts", "mount tmpfs root": "tmpfs root",
@@ -126,7 +128,7 @@ def check_launch(policy: Policy, predicted: dict[str, str]) -> Check:
     """A real launch through the production path (nsbox.run of ``true`` with the profile and
     every limit set): it fails at the step a run would fail at, with that run's hint, and its
     Result says which limits the cgroups enforce. Compared with the prediction."""
-    from nsbox.launcher import run
+    from nsbox.launch.launcher import run
 
     trial = _trial_policy(policy)
     outcome: Result | Exception

@@ -13,8 +13,8 @@ import os
 import selectors
 import socket
 
-from nsbox import _wire
-from nsbox._wire import WirePlan
+from nsbox._sys import wire as _wire
+from nsbox._sys.wire import WirePlan
 from nsbox.helper.launch import Launch
 from nsbox.helper.seccomp_notify import DeniedSyscalls
 from nsbox.sandbox import netns as _netns

@@ -36,8 +36,9 @@ import signal
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-from nsbox import _libc, cgroups
-from nsbox._wire import WirePlan
+from nsbox import cgroups
+from nsbox._sys import libc as _libc
+from nsbox._sys.wire import WirePlan
 from nsbox.helper import spawner as _spawner
 from nsbox.helper.launch import NAMESPACES, ChildFds
 from nsbox.sandbox import child as _child

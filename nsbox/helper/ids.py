@@ -1,17 +1,18 @@
 """Who the sandbox is on the host, the helper's side: the sandbox's id maps, and the user
 namespaces that idmapped mounts take their mapping from.
 
-The decision itself (which host uid, who opens bind sources) is nsbox/identity.py's; here it is
-written into /proc (user_namespaces(7)).
+The decision itself (which host uid, who opens bind sources) is nsbox/policy/identity.py's; here it
+is written into /proc (user_namespaces(7)).
 """
 
 from __future__ import annotations
 
 import os
 
-from nsbox import _libc, identity
-from nsbox._wire import WirePlan
+from nsbox._sys import libc as _libc
+from nsbox._sys.wire import WirePlan
 from nsbox.errors import HostError
+from nsbox.policy import identity
 
 
 def write_id_maps(held: identity.Holdings, pid: int, plan: WirePlan) -> None:

@@ -1,5 +1,5 @@
 """A Landlock launch, the helper's side: the clone strategy of a plan whose ``isolation`` is
-``landlock`` (nsbox/landlockplan.py).
+``landlock`` (nsbox/plan/landlock.py).
 
 The launch goes through the same steps as any (nsbox/helper/start.py): the run's cgroup with its
 limits, the pipes, the clone, the watch, the deadline, the report. What differs is here:
@@ -9,7 +9,7 @@ limits, the pipes, the clone, the watch, the deadline, the report. What differs 
   and removed once the sandbox has ended, before the caller hears;
 - the clone has no namespace flag (on cgroup v2 it is still born in the run's cgroup with
   clone3, otherwise attached before it is released); there are no id maps to write, the child
-  changes its uid itself (nsbox/sandbox/landlocked.py), to the one nsbox/identity.py decides;
+  changes its uid itself (nsbox/sandbox/landlocked.py), to the one nsbox/policy/identity.py decides;
 - a kill is ``TREE_SIGNAL`` to the sandbox's init, which ends every process of the sandbox and
   then itself: without a pid namespace, a SIGKILL of the init would leave the rest running.
 """
@@ -24,10 +24,12 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, NoReturn
 
-from nsbox import _libc, cgroups, identity
-from nsbox._wire import WirePlan
+from nsbox import cgroups
+from nsbox._sys import libc as _libc
+from nsbox._sys.wire import WirePlan
 from nsbox.helper.clone import Cloner
 from nsbox.helper.launch import ChildFds, Launch
+from nsbox.policy import identity
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import landlocked as _sandbox
 

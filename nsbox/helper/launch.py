@@ -17,15 +17,15 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nsbox import _libc
-from nsbox._wire import ExitReport, SetupErrorInfo
+from nsbox._sys import libc as _libc
+from nsbox._sys.wire import ExitReport, SetupErrorInfo
 from nsbox.errors import HostError
 
 if TYPE_CHECKING:
-    from nsbox import limits as _limits
     from nsbox.helper import pool as _helper_pool
     from nsbox.helper import spawner as _spawner
     from nsbox.helper.seccomp_notify import DeniedSyscalls
+    from nsbox.policy import limits as _limits
 
 NAMESPACES = (
     _libc.CLONE_NEWUSER | _libc.CLONE_NEWNS | _libc.CLONE_NEWPID | _libc.CLONE_NEWNET

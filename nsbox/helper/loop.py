@@ -8,7 +8,7 @@ Here is the event loop; a launch's steps up to a released sandbox are in nsbox/h
 the ways to clone it in clone.py, its end in report.py.
 
 Protocol (SOCK_SEQPACKET, one JSON object per message; one too large for a datagram travels in
-a memfd, nsbox/_wire.py):
+a memfd, nsbox/_sys/wire.py):
 
   host -> helper, control socket:  {"plan": {...}}  with SCM_RIGHTS
                                    [launch socket, stdin, stdout, stderr]
@@ -63,8 +63,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from nsbox import _libc, _wire, identity
-from nsbox._wire import ExitReport, WirePlan
+from nsbox._sys import libc as _libc
+from nsbox._sys import wire as _wire
+from nsbox._sys.wire import ExitReport, WirePlan
 from nsbox.helper import channels as _channels
 from nsbox.helper import clone as _clone
 from nsbox.helper import landlocked as _landlocked
@@ -73,6 +74,7 @@ from nsbox.helper import report as _report
 from nsbox.helper import start as _start
 from nsbox.helper.launch import Launch, StepFailed, failure_info, failure_report
 from nsbox.helper.sources import Sources, release_pins
+from nsbox.policy import identity
 from nsbox.sandbox import child as _child
 
 MAX_FDS = 8
@@ -86,7 +88,7 @@ class Helper:
         self.selector.register(control, selectors.EVENT_READ, self.on_control)
         self.launches: set[Launch] = set()
         # What this process holds decides the sandbox's identity and who opens bind sources
-        # (nsbox/identity.py); read once, credentials do not change under a process.
+        # (nsbox/policy/identity.py); read once, credentials do not change under a process.
         self.identity = identity.Holdings.read()
         self.sources = Sources(self.identity)
         self.cap_last = _libc.last_cap()

@@ -1,4 +1,4 @@
-"""The launch helper's side of a warm pool (the host's side is nsbox/pool.py).
+"""The launch helper's side of a warm pool (the host's side is nsbox/launch/pool.py).
 
 A pool keeps ``size`` sandboxes prepared ahead: cloned with all namespaces, id maps written,
 ``_child.build_sandbox`` done (mounts, root, hostname, network), each blocked on its command
@@ -30,8 +30,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from nsbox import _wire
-from nsbox._wire import SetupErrorInfo, WirePlan
+from nsbox._sys import wire as _wire
+from nsbox._sys.wire import SetupErrorInfo, WirePlan
 from nsbox.errors import HostError
 from nsbox.sandbox import native as _native_core
 
@@ -78,7 +78,7 @@ class HelperPool:
             # A copy: the launch keeps its own plan (the helper sets its rlimits in it).
             self.helper.start(launch, self.plan.copy(),
                               [theirs.fileno(), self.devnull, self.devnull])
-        except HostError as exc:  # e.g. no unprivileged identity (nsbox/identity.py)
+        except HostError as exc:  # e.g. no unprivileged identity (nsbox/policy/identity.py)
             ours.close()
             self.fail({"step": exc.feature, "errno": 0, "message": str(exc)})
             return

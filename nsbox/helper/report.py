@@ -1,12 +1,12 @@
 """The end of a launch on the helper's side: the run's usage read from its cgroup, the exit
-report (``{"event": "exit", ...}``, nsbox/_wire.py's ExitReport) and the cgroup's removal."""
+report (``{"event": "exit", ...}``, nsbox/_sys/wire.py's ExitReport) and the cgroup's removal."""
 
 from __future__ import annotations
 
 import resource
 from typing import Any
 
-from nsbox._wire import ExitReport
+from nsbox._sys.wire import ExitReport
 from nsbox.helper.launch import Launch
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import diskfull

@@ -3,17 +3,18 @@
 detached mount (idmapped for a writable bind as root) that the child moves into place.
 
 Without CAP_SYS_ADMIN of the initial user namespace (a regular user, root in a container) the
-child binds each source by path with its own identity instead (nsbox/identity.py).
+child binds each source by path with its own identity instead (nsbox/policy/identity.py).
 """
 
 from __future__ import annotations
 
 import os
 
-from nsbox import _libc, identity
-from nsbox._wire import WirePlan
+from nsbox._sys import libc as _libc
+from nsbox._sys.wire import WirePlan
 from nsbox.helper.ids import MountNamespaces
 from nsbox.helper.launch import Launch, StepFailed
+from nsbox.policy import identity
 
 TREE_FLAGS = _libc.OPEN_TREE_CLONE | _libc.OPEN_TREE_CLOEXEC | _libc.AT_RECURSIVE
 

@@ -39,8 +39,10 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
-from nsbox import _libc, _wire, cgroups
-from nsbox._wire import WirePlan
+from nsbox import cgroups
+from nsbox._sys import libc as _libc
+from nsbox._sys import wire as _wire
+from nsbox._sys.wire import WirePlan
 from nsbox.cgroups import _names
 from nsbox.helper.launch import NAMESPACES, ChildFds
 from nsbox.sandbox import native as _native_core

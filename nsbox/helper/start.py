@@ -19,11 +19,11 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from nsbox import limits as _limits
-from nsbox._wire import WirePlan
+from nsbox._sys.wire import WirePlan
 from nsbox.helper import channels, ids, landlocked, report
 from nsbox.helper.clone import Cloner
 from nsbox.helper.launch import ChildFds, Launch, StepFailed
+from nsbox.policy import limits as _limits
 
 if TYPE_CHECKING:
     from nsbox.helper.loop import Helper
@@ -212,7 +212,7 @@ def start_deadline(launch: Launch, plan: WirePlan) -> None:
 
 def tell_pid(launch: Launch) -> None:
     # With the pid, a descriptor for it: the host process kills the sandbox by it should this
-    # helper not get to run at the deadline (nsbox/launcher.py, the second guard).
+    # helper not get to run at the deadline (nsbox/launch/launcher.py, the second guard).
     message: dict[str, int | str] = {"event": "pid", "pid": launch.pid}
     if launch.kill_signal != signal.SIGKILL:  # a Landlock sandbox's (nsbox/helper/landlocked.py)
         message["kill_signal"] = launch.kill_signal

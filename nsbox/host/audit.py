@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from nsbox.errors import NsboxError
-from nsbox.policy import Policy
+from nsbox.policy.policy import Policy
 from nsbox.result import Result
 
 HEAD = 1024  # bytes of stdin, outputs and written files kept in the record

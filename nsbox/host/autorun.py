@@ -20,7 +20,7 @@ import os
 import posixpath
 import re
 
-from nsbox.rules import secret_matcher
+from nsbox.policy.rules import secret_matcher
 
 # (pattern, what runs it): matched as rules.SECRETS are (any depth, any case; a directory
 # stands for what it holds).

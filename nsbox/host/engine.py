@@ -4,13 +4,13 @@ The engine (nsbox/native/engine.c, the executable ``nsbox-engine`` in the packag
 is a small C program that runs the per-launch loop of the Python helper (nsbox/helper/loop.py)
 for one-shot launches: posix_spawned once per host process, so it is never a copy of a Python
 address space, and single-threaded, so that it may clone. Every decision stays here, in
-Python: the plan and the rule book (nsbox/plan.py), the identity and the id maps
-(nsbox/identity.py), the bind sources (nsbox/helper/sources.py, opened in this process, which
+Python: the plan and the rule book (nsbox/plan/plan.py), the identity and the id maps
+(nsbox/policy/identity.py), the bind sources (nsbox/helper/sources.py, opened in this process, which
 holds what the engine holds), the run's cgroup as the directories to make, the files to write
 and the files to read (the backend's view, nsbox/cgroups), and what the limits that cannot be
-had fall back on (nsbox/limits.py). The engine only carries them out, in order, and sends back
-its raw figures, which ``Submission.report`` turns into the Python helper's report, field for
-field, so that nsbox/launcher.py builds the Result the same way for both.
+had fall back on (nsbox/policy/limits.py). The engine only carries them out, in order, and sends
+back its raw figures, which ``Submission.report`` turns into the Python helper's report, field for
+field, so that nsbox/launch/launcher.py builds the Result the same way for both.
 
 The engine takes every launch it can (``why_not`` says which it cannot); ``NSBOX_ENGINE=0`` in
 the caller's environment: the Python helper for every launch (CI runs the security, limits and
@@ -30,13 +30,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import _libc, _wire, cgroups, identity
-from nsbox._wire import ExitReport, WirePlan
+from nsbox import cgroups
+from nsbox._sys import libc as _libc
+from nsbox._sys import wire as _wire
+from nsbox._sys.wire import ExitReport, WirePlan
 from nsbox.cgroups import _names
 from nsbox.errors import HostError, LaunchError
 from nsbox.helper.launch import Launch, StepFailed, failure_report
 from nsbox.helper.sources import Sources
 from nsbox.host.output import out_of_descriptors
+from nsbox.policy import identity
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import diskfull
 from nsbox.sandbox import native as _native
@@ -197,7 +200,7 @@ class _Writer(_native._Writer):
 class _RunCgroup:
     """The run's cgroup as the engine gets it, from this host's backend (nsbox/cgroups/_v1.py
     does the same in Python), and the rlimits and degraded notes of what it cannot limit
-    (nsbox/limits.py, RunLimits)."""
+    (nsbox/policy/limits.py, RunLimits)."""
 
     def __init__(self, spec: dict[str, Any], rlimits: list[list[int]]) -> None:
         backend = cgroups.get_backend()
@@ -211,7 +214,7 @@ class _RunCgroup:
                 f"cgroup limits are required, but {', '.join(sorted(missing))} cannot be "
                 f"limited here: {backend.reason}", feature="cgroup",
                 hint="run `nsbox doctor`; or drop require_cgroup to accept rlimits instead")
-        from nsbox import limits as _limits
+        from nsbox.policy import limits as _limits
 
         why = backend.reason or "this host's cgroups lack the controller"
         self.degraded = [f"{_limits._DEGRADED[f]} [{why}]" for f in sorted(missing)]
@@ -319,7 +322,7 @@ class _RunCgroup:
         return out
 
     def outcome(self, usage: dict[str, int | None], exceeded: bool) -> dict[str, Any]:
-        """nsbox/limits.py, RunLimits.finish, from the engine's figures."""
+        """nsbox/policy/limits.py, RunLimits.finish, from the engine's figures."""
         outcome: dict[str, Any] = {"degraded": self.degraded, "cpu_time": self.cpu_time,
                                    "cpu_time_exceeded": exceeded, "accounting": "rusage"}
         if not self.made:
@@ -346,7 +349,7 @@ def _seconds(usage: dict[str, int | None], name: str) -> float | None:
 
 
 def _wanted(spec: dict[str, Any]) -> set[str]:
-    from nsbox import limits as _limits
+    from nsbox.policy import limits as _limits
 
     return _limits._wanted(spec)
 

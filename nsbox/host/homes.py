@@ -1,6 +1,6 @@
 """The host's home directories and the secrets at their top, as the rule book sees them.
 
-A bound tree that holds a home's credentials is refused (rule secret-dir, nsbox/rules.py):
+A bound tree that holds a home's credentials is refused (rule secret-dir, nsbox/policy/rules.py):
 nsbox/host/pathrules.py asks here which homes there are and which of rules.SECRETS each one
 holds, at its top and in the folders those names go into (``.config/gcloud``).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from nsbox.rules import SECRETS, UNSCANNED_TREES, secret_in
+from nsbox.policy.rules import SECRETS, UNSCANNED_TREES, secret_in
 
 
 def home_dirs() -> list[str]:

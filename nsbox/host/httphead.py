@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from nsbox.netrules import (
+from nsbox.policy.netrules import (
     DEFAULT_CONNECT_PORT,
     DEFAULT_HTTP_PORT,
     normalize_host,

@@ -23,9 +23,9 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from nsbox import _landlock
+from nsbox._sys import landlock as _landlock
 from nsbox.errors import HostError, SetupError
-from nsbox.policy import Policy
+from nsbox.policy.policy import Policy
 
 NAMESPACES, LANDLOCK = "namespaces", "landlock"
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """The seccomp filter of the Landlock mode: what Landlock does not govern, refused.
 
 Without namespaces the sandbox shares the host's network stack, IPC, keyrings and processes;
-Landlock (nsbox/_landlock.py) covers files, TCP bind and connect, and (ABI 6) signals and
+Landlock (nsbox/_sys/landlock.py) covers files, TCP bind and connect, and (ABI 6) signals and
 abstract unix sockets. These rules close the rest. Like the set-id filter they are a filter of
 their own, loaded in every Landlock sandbox after the set-id filter and before the policy's: the
 policy cannot lift them (stacked filters all run, the strictest answer wins, seccomp(2)).
@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from nsbox.host import seccomp as seccompmod
 from nsbox.host import seccomp_compile as compiler
 from nsbox.host.seccomp_rules import _not_in, sha256_hex
-from nsbox.policy import SeccompArg, SeccompRule
+from nsbox.policy.policy import SeccompArg, SeccompRule
 
 _EACCES, _EPERM, _ENOSYS = "errno:EACCES", "errno:EPERM", "errno:ENOSYS"
 _AF_UNIX, _AF_INET, _AF_INET6 = 1, 2, 10

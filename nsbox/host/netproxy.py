@@ -9,7 +9,7 @@ there by the sandbox's setup and passed out as a file descriptor — so the sand
   ``Connection: close`` so one client connection is one upstream request.
 
 The request's head is parsed by nsbox/host/httphead.py. The host must match the allow-list
-(nsbox.netrules). The proxy resolves the name itself and connects to an address it has
+(nsbox.policy.netrules). The proxy resolves the name itself and connects to an address it has
 checked, never to the name again, so a DNS answer that changes between check and connect
 (rebinding) cannot steer it elsewhere. Denials get an HTTP error with
 a short reason; every attempt is recorded. One accept thread plus one thread per connection, all
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nsbox.host.httphead import MAX_HEAD, Denied, error_response, parse_head
-from nsbox.netrules import (
+from nsbox.policy.netrules import (
     AllowEntry,
     IPAddress,
     forbidden_reason,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nsbox.errors import PolicyError
-from nsbox.policy import Network
+from nsbox.policy.policy import Network
 
 if TYPE_CHECKING:
     from nsbox.host.netproxy import NetworkProxy
@@ -58,7 +58,7 @@ class RunNetwork:
             return
         # The proxy and the rules load only for runs that use them.
         from nsbox.host.netproxy import NetworkProxy, ProxyLimits
-        from nsbox.netrules import parse_allow_list
+        from nsbox.policy.netrules import parse_allow_list
 
         limits = ProxyLimits(
             max_connections=self.network.max_connections,

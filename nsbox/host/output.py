@@ -1,7 +1,8 @@
 """The host's side of one run's output and control socket: the output copied under its cap,
 the helper's messages followed until its report, the host's own kill past the deadline.
 
-Used by ``nsbox.run`` and pools (nsbox/launcher.py) and by sessions (nsbox/session.py).
+Used by ``nsbox.run`` and pools (nsbox/launch/launcher.py) and by sessions
+(nsbox/session/session.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import _wire
+from nsbox._sys import wire as _wire
 from nsbox.errors import LaunchError
 from nsbox.host.network import RunNetwork
 

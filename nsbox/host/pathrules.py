@@ -1,10 +1,10 @@
 """The rule book on resolved host paths: what a bind source or a workspace *is*.
 
-``check_source`` runs when the plan is built (nsbox/plan.py) and the project workspace is
+``check_source`` runs when the plan is built (nsbox/plan/plan.py) and the project workspace is
 opened (nsbox/host/project.py). It asks what the path is (which filesystem, which directory of
 it, after every symlink and through bind-mounted aliases: /proc/self/mountinfo), not how it is
 spelled, and looks inside the tree for unix sockets and FIFOs. The rules themselves, their
-names and their refusals are in nsbox/rules.py; docs/rules.md is the reference.
+names and their refusals are in nsbox/policy/rules.py; docs/rules.md is the reference.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nsbox import _mountinfo
-from nsbox._mountinfo import MountEntry
+from nsbox._sys import mountinfo as _mountinfo
+from nsbox._sys.mountinfo import MountEntry
 from nsbox.host import codepaths
 from nsbox.host.homes import SECRET_PARENTS, home_dirs, home_secrets
 from nsbox.host.socketscan import find_host_socket, find_watched
-from nsbox.rules import (
+from nsbox.policy.rules import (
     BELOW_AREAS,
     EXACT_AREAS,
     KERNEL_FS,

@@ -30,14 +30,15 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nsbox import rules, visible
-from nsbox._paths import open_dir_beneath
+from nsbox import visible
+from nsbox._sys.paths import open_dir_beneath
 from nsbox.errors import FileTransferError, PolicyError, SetupError
 from nsbox.host import autorun, pathrules, projectmasks
 from nsbox.host.projectmasks import Entry
+from nsbox.policy import rules
 
 if TYPE_CHECKING:
-    from nsbox.policy import Policy
+    from nsbox.policy.policy import Policy
 
 UPPER = "/.nsbox-project/upper"  # the sandbox's upper layer (nsbox/sandbox/projectfs.py UPPER)
 MAX_CHANGES = 20_000  # changed entries listed

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from nsbox.errors import SetupError
 from nsbox.host import gitstore
-from nsbox.rules import secret_matcher
+from nsbox.policy.rules import secret_matcher
 
 MAX_ENTRIES = 200_000  # project entries recorded at start; more is refused
 MAX_GIT_DIRS = 256  # .git entries made read-only (each one mount); more is refused

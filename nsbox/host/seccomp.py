@@ -14,7 +14,7 @@ Where a program comes from, in order:
 3. for a root caller only (disk_cache_allowed), a disk cache under
    ``$XDG_CACHE_HOME/nsbox/seccomp`` (or ``~/.cache/nsbox/seccomp``): root's own files in a
    directory only root may write, which no sandbox can write since none ever runs as host uid
-   0 (nsbox/identity.py); checked before use (_read_entry);
+   0 (nsbox/policy/identity.py); checked before use (_read_entry);
 4. compiled by nsbox/host/seccomp_compile.py (from the rules of nsbox/host/seccomp_rules.py),
    which imports pyseccomp, whose import runs ldconfig.
 
@@ -38,7 +38,7 @@ from typing import Any
 
 from nsbox.host.seccomp_compile import MAX_INSNS, Program, compile_program, compile_setid
 from nsbox.host.seccomp_rules import BUILTIN_DIGEST, SETID_DIGEST, sha256_hex
-from nsbox.policy import Seccomp, SeccompArg, SeccompRule
+from nsbox.policy.policy import Seccomp, SeccompArg, SeccompRule
 
 _FORMAT = 2  # of the entries; bump when their layout or the key's inputs change
 # The programs built with the package (nsbox/profiles/programs.py writes them).
@@ -282,7 +282,7 @@ def disk_cache_allowed() -> bool:
     """Only a root caller keeps programs on disk.
 
     What keeps every sandbox from writing root's cache: a root caller's sandboxes never run as
-    host uid 0 (nsbox/identity.py: the sandbox's user never maps to an id that is 0 in the
+    host uid 0 (nsbox/policy/identity.py: the sandbox's user never maps to an id that is 0 in the
     launcher's namespace or its parent), and an entry is read only from a directory owned by
     root that nobody else may write, and only when the entry itself is root's file
     (_trusted_dir, _read_entry). A sandbox given a writable bind over the cache's parent can

@@ -15,7 +15,7 @@ from typing import Any
 
 from nsbox.errors import HostError, PolicyError
 from nsbox.host.seccomp_rules import SETID_RULES, U64, effective_rules
-from nsbox.policy import Seccomp, SeccompArg, SeccompRule
+from nsbox.policy.policy import Seccomp, SeccompArg, SeccompRule
 
 # Return values of a seccomp filter, <linux/seccomp.h>.
 RET_KILL_PROCESS = 0x80000000

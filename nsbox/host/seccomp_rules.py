@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from nsbox.policy import Seccomp, SeccompArg, SeccompRule
+from nsbox.policy.policy import Seccomp, SeccompArg, SeccompRule
 
 try:  # CPython's own SHA-256: hashlib would load OpenSSL's _hashlib, 3 ms of every `nsbox run`
     from _sha256 import sha256 as _sha256  # Python 3.11

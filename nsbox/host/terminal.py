@@ -42,7 +42,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from nsbox import _wire
+from nsbox._sys import wire as _wire
 from nsbox.sandbox.terminal import TAG
 
 TIOCGPTN = 0x80045430  # _IOR('T', 0x30, unsigned int): only a pty master answers it

@@ -82,7 +82,7 @@ void send_trace(struct child *c);
 void fail(struct child *c, int err, const char *message) __attribute__((noreturn));
 /* The same with errno and strerror(errno), as an OSError from the os module reads. */
 void fail_errno(struct child *c) __attribute__((noreturn));
-/* "<call>: <strerror>", as the ctypes bindings of nsbox/_libc.py name a failed call. */
+/* "<call>: <strerror>", as the ctypes bindings of nsbox/_sys/libc.py name a failed call. */
 void fail_call(struct child *c, const char *call, const char *arg) __attribute__((noreturn));
 /* Fail with the message ``before`` ``what`` ``after``: a path or a name between two texts. */
 void fail_about(struct child *c, int err, const char *before, const char *what, const char *after)
@@ -150,10 +150,10 @@ int sys_openat2(int dirfd, const char *path, unsigned long long flags,
                 unsigned long long resolve);
 int sys_close_range(unsigned first, unsigned last, unsigned flags);
 
-/* Messages from the helper (nsbox/_wire.py): a datagram of at most MESSAGE_MAX bytes, or
+/* Messages from the helper (nsbox/_sys/wire.py): a datagram of at most MESSAGE_MAX bytes, or
  * {"memfd": SIZE} with the message in a memfd passed last among its descriptors. */
-#define MESSAGE_MAX (64 * 1024)  /* nsbox/_wire.py, INLINE_MAX */
-#define MEMFD_MESSAGE_MAX (256 * 1024 * 1024)  /* nsbox/_wire.py, MAX_MESSAGE */
+#define MESSAGE_MAX (64 * 1024)  /* nsbox/_sys/wire.py, INLINE_MAX */
+#define MEMFD_MESSAGE_MAX (256 * 1024 * 1024)  /* nsbox/_sys/wire.py, MAX_MESSAGE */
 #define MEMFD_TAG "{\"memfd\": "
 #define RECEIVE_MAX_FDS 254      /* SCM_MAX_FD (253), and the memfd of a large message */
 /* One datagram and at most ``max_fds`` descriptors (close-on-exec): its length, or -1 with

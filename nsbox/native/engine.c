@@ -51,7 +51,7 @@
 #define ERR_KEEP 50000          /* the error pipe's last bytes kept (the report is at most
                                  * REPORT_MAX, child.h, and the status line comes after it) */
 #define REPORT_LIMIT 65536      /* the datagram the host reads (nsbox/host/output.py) */
-#define CPU_POLL_NS 50000000LL  /* as nsbox/limits.py, RunLimits.poll_interval */
+#define CPU_POLL_NS 50000000LL  /* as nsbox/policy/limits.py, RunLimits.poll_interval */
 #define REMOVE_FOR_NS 10000000000LL  /* a cgroup still busy after this is left to reclaim */
 #define CONTROL_TAG 0xffffffffffffffffULL
 
@@ -782,14 +782,18 @@ static void reap(int slot)
     unwatch(&l->pidfd);
     read_errors(l, 1);
     /* What outlived the main process (daemons, orphans) is killed first, so that the usage
-     * read next is final (nsbox/limits.py, RunLimits.finish). */
+     * read next is final (nsbox/policy/limits.py, RunLimits.finish). */
     cgroup_kill_all(&l->cg);
     report(l, status, &ru, wall);
-    unwatch(&l->sock);
     unwatch(&l->err_fd);
     close_fd(&l->mnt_ns);  /* the sandbox's mounts are torn down now */
     close_fd(&l->sync_fd);
-    if (cgroup_remove(&l->cg) == 1) {
+    /* The cgroup goes before the launch's socket closes: the host's run ends at that EOF, and
+     * its caller may count on the cgroup being gone (a cancelled arun, nsbox/aio.py). One still
+     * busy is retried after the close, so the host never waits for it. */
+    int busy = cgroup_remove(&l->cg) == 1;
+    unwatch(&l->sock);
+    if (busy) {
         l->removing = 1;
         l->remove_until_ns = now_ns() + REMOVE_FOR_NS;
         return;

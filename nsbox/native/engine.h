@@ -5,7 +5,7 @@
  * cgroup as a list of directories, file writes and files to read, the id maps as their text.
  * The engine executes them in order, clones the sandbox with the native core's child
  * (child.c), supervises it and reports. Its messages, host -> engine (control socket, one
- * datagram, or {"memfd": SIZE} and a memfd last, as nsbox/_wire.py sends large ones), in the
+ * datagram, or {"memfd": SIZE} and a memfd last, as nsbox/_sys/wire.py sends large ones), in the
  * flat plan's item format ('i' + int64 little-endian, 's' + uint32 length + bytes + NUL):
  *
  *   i ENGINE_FORMAT

@@ -55,7 +55,7 @@ struct plan {
     int stdio[3];
     int sync_fd, err_fd, notify_fd, net_fd;
     int uid, gid, cap_last, trace;
-    int pooled;              /* built ahead: waits on fd 0 for its command (nsbox/pool.py) */
+    int pooled;              /* built ahead: waits on fd 0 for its command (nsbox/launch/pool.py) */
     uint64_t ignored_signals;  /* put back to SIG_DFL before the exec: bit N-1 for signal N */
     const char *comm;        /* the process name to show (a spawner's child), or "" */
     const char *hostname;

@@ -335,7 +335,7 @@ int sys_close_range(unsigned first, unsigned last, unsigned flags)
  * (<= RECEIVE_MAX_FDS) descriptors, rounded up by CMSG_SPACE; a datagram cut short (MSG_TRUNC),
  * descriptors the kernel could not pass (MSG_CTRUNC: more than the buffer holds, or none left
  * here: EMFILE) or more than ``max_fds`` in any number of SCM_RIGHTS messages fail with
- * EMSGSIZE, all that came closed: a message is taken whole or not at all (nsbox/_wire.py,
+ * EMSGSIZE, all that came closed: a message is taken whole or not at all (nsbox/_sys/wire.py,
  * receive_fds). */
 ssize_t receive_with_fds(int sock, char *buf, size_t size, int *fds, int max_fds, int *nfds)
 {

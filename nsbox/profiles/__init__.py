@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsbox import rules as rule_book
 from nsbox.errors import PolicyError
-from nsbox.policy import MOUNT_KINDS, Mount, Policy, SeccompRule
+from nsbox.policy import rules as rule_book
+from nsbox.policy.policy import MOUNT_KINDS, Mount, Policy, SeccompRule
 from nsbox.profiles import schema, writers
 from nsbox.profiles import tomltext as _tomltext
 

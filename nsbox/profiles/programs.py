@@ -18,7 +18,7 @@ import os
 import sys
 
 from nsbox.host import seccomp, seccomp_compile
-from nsbox.policy import Policy, Seccomp
+from nsbox.policy.policy import Policy, Seccomp
 
 
 def shipped_policies() -> list[Seccomp]:

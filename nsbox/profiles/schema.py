@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox import limittable, rules, units
 from nsbox.errors import PolicyError, suggest
 from nsbox.host import seccomp_compile
-from nsbox.limittable import LimitSpec
-from nsbox.policy import MOUNT_KINDS, Bind, Mount, SeccompArg, SeccompRule
+from nsbox.policy import limittable, rules, units
+from nsbox.policy.limittable import LimitSpec
+from nsbox.policy.policy import MOUNT_KINDS, Bind, Mount, SeccompArg, SeccompRule
 from nsbox.profiles.writers import _none_or, format_duration, format_size
 
 # --- where an error is reported ------------------------------------------------------------------
@@ -165,7 +165,7 @@ def pattern(regex: re.Pattern[str], what: str) -> Parser:
 
 
 def identity_text(which: str) -> Parser:
-    """A user or host name, as the rule identity-text of nsbox/rules.py takes it."""
+    """A user or host name, as the rule identity-text of nsbox/policy/rules.py takes it."""
     def parse(origin: Origin, key: str, raw: Any) -> str:
         expect(origin, key, raw, str, "a string")  # NUL too is the rule's business
         value = str(raw)
@@ -211,7 +211,7 @@ def env_table(origin: Origin, key: str, raw: Any) -> dict[str, str]:
 
 def target_path(origin: Origin, key: str, raw: Any, kind: str = "bind") -> str:
     """A path inside the sandbox: absolute, without "..", not the root or a reserved tree
-    (rules target-path, target-reserved, nsbox-files of nsbox/rules.py)."""
+    (rules target-path, target-reserved, nsbox-files of nsbox/policy/rules.py)."""
     value = string(origin, key, raw)
     return ruled(origin, rules.check_target, value, key, kind)
 
@@ -244,7 +244,7 @@ def host_path(origin: Origin, key: str, raw: Any) -> str:
 
 def host_dir(origin: Origin, key: str, raw: Any) -> str:
     """A host directory the sandbox may write, resolved. What it may be is the rule book's
-    business (nsbox/rules.py), checked with the policy's allow_rules when it is applied, and
+    business (nsbox/policy/rules.py), checked with the policy's allow_rules when it is applied, and
     then that it is a directory (check_dir)."""
     return str(ruled(origin, rules.resolve, host_path(origin, key, raw), key))
 
@@ -412,9 +412,9 @@ def rule_arg(origin: Origin, key: str, raw: Any) -> SeccompArg:
 # --- network -------------------------------------------------------------------------------------
 
 def allow_list(origin: Origin, key: str, raw: Any) -> tuple[str, ...]:
-    """``host[:port]`` entries, checked one by one by the proxy's own rules (nsbox/netrules.py),
-    so an error names the entry's index and line."""
-    from nsbox import netrules  # loads ipaddress; only profiles with an allow-list need it
+    """``host[:port]`` entries, checked one by one by the proxy's own rules
+    (nsbox/policy/netrules.py), so an error names the entry's index and line."""
+    from nsbox.policy import netrules  # loads ipaddress; only profiles with an allow-list need it
 
     expect(origin, key, raw, list, 'an array of "host[:port]"')
     for i, entry in enumerate(raw):
@@ -436,7 +436,7 @@ class Field:
     to_toml: Callable[[Any], Any] = lambda value: value
 
 
-# The parser and TOML form of each kind of limit in nsbox/limittable.py.
+# The parser and TOML form of each kind of limit in nsbox/policy/limittable.py.
 _LIMIT_KINDS: dict[str, tuple[Callable[[LimitSpec], Parser], Callable[[Any], Any]]] = {
     limittable.SIZE: (lambda spec: size(spec.low), format_size),
     limittable.DURATION: (lambda spec: duration, format_duration),

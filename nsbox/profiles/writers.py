@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from nsbox.policy import Mount, SeccompRule
+from nsbox.policy.policy import Mount, SeccompRule
 
 
 def mount_to_toml(item: Mount) -> dict[str, Any]:

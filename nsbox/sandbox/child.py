@@ -22,8 +22,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from nsbox import _libc, _wire
-from nsbox._wire import SetupErrorInfo, WirePlan
+from nsbox._sys import libc as _libc
+from nsbox._sys import wire as _wire
+from nsbox._sys.wire import SetupErrorInfo, WirePlan
 from nsbox.sandbox import diskfull
 from nsbox.sandbox import netns as _netns
 from nsbox.sandbox import terminal as _terminal
@@ -65,7 +66,7 @@ def main(ctx: Context) -> NoReturn:
     """One command: build the sandbox, then become the command."""
     try:
         build_sandbox(ctx)
-        # A pooled sandbox waits here, fully built, for its one command (nsbox/pool.py).
+        # A pooled sandbox waits here, fully built, for its one command (nsbox/launch/pool.py).
         command = await_command(ctx) if ctx.plan.get("pooled") else ctx.plan
         finish_and_exec(ctx, command)
     except OSError as exc:
@@ -360,7 +361,7 @@ def await_command(ctx: Context) -> dict[str, Any]:
     ctx.step = "wait for command"
     sock = socket.socket(fileno=0)
     sock.send(b"ready")
-    msg, fds = _wire.receive(sock, 3)  # a command of any size (nsbox/_wire.py)
+    msg, fds = _wire.receive(sock, 3)  # a command of any size (nsbox/_sys/wire.py)
     if not msg or len(fds) != 3:
         raise OSError(0, "the pool closed before this sandbox got a command")
     sock.detach()

@@ -17,8 +17,8 @@ import signal
 import stat
 from typing import Any
 
-from nsbox import _libc
-from nsbox._paths import open_dir_beneath
+from nsbox._sys import libc as _libc
+from nsbox._sys.paths import open_dir_beneath
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import projectfs
 

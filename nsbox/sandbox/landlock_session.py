@@ -21,7 +21,7 @@ import os
 import signal
 from typing import Any, NoReturn
 
-from nsbox import _libc
+from nsbox._sys import libc as _libc
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import fileworker, sessioninit
 from nsbox.sandbox import landlocked as _landlocked

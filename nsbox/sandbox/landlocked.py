@@ -35,7 +35,8 @@ import signal
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from nsbox import _landlock, _libc
+from nsbox._sys import landlock as _landlock
+from nsbox._sys import libc as _libc
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import terminal as _terminal
 
@@ -77,7 +78,7 @@ def become_sandbox_user(ctx: _child.Context) -> None:
 
 
 def set_identity(ctx: _child.Context) -> None:
-    """A root caller's sandbox becomes the unprivileged host uid nsbox/identity.py decided
+    """A root caller's sandbox becomes the unprivileged host uid nsbox/policy/identity.py decided
     (the helper put it in the plan); anyone else's stays the caller's uid."""
     uid, gid, mapper = ctx.plan["landlock"]["ids"]
     if mapper:
@@ -196,7 +197,7 @@ def become_keeper(ctx: _child.Context, parent: int) -> None:
 
 def restrict(landlock: Mapping[str, Any]) -> None:
     """The command's layer: the policy's trees read-only, its workspace, temporary directory
-    and writable binds read-write, the devices of nsbox/plan.py, no TCP port, both scopes."""
+    and writable binds read-write, the devices of nsbox/plan/plan.py, no TCP port, both scopes."""
     abi = int(landlock["abi"])
     ruleset = _landlock.create_ruleset(abi, fs=True, net=True,
                                        scoped=abi >= _landlock.SCOPES_ABI)

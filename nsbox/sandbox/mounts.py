@@ -13,7 +13,8 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import _libc, _paths
+from nsbox._sys import libc as _libc
+from nsbox._sys import paths as _paths
 from nsbox.sandbox import projectfs
 
 # The staging tmpfs is mounted over /tmp (privately, in the new mount namespace) and becomes the
@@ -406,7 +407,7 @@ def mask_host_files(proc: str, null: str, empty: str | None) -> None:
                             | _libc.MOUNT_ATTR_NODEV | _libc.MOUNT_ATTR_NOEXEC, recursive=False)
 
 
-# The mount kinds and their handlers: a new kind is its plan operation (nsbox/plan.py) and a
+# The mount kinds and their handlers: a new kind is its plan operation (nsbox/plan/plan.py) and a
 # handler here.
 HANDLERS: dict[str, Callable[[int, dict[str, Any], int | None], None]] = {
     "bind": bind, "tmpfs": _tmpfs, "file": _file, "symlink": _symlink, "dir": _dir,

@@ -44,7 +44,7 @@ _RESOURCE_MAX = 63
 _CAP_LAST_MAX = 63
 _INT_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
-_ALL_SIGNALS = 2**64 - 1  # signals 1 to 64, bit N-1 for signal N (nsbox/_libc.py, ALL_SIGNALS)
+_ALL_SIGNALS = 2**64 - 1  # signals 1 to 64, bit N-1 for signal N (nsbox/_sys/libc.py, ALL_SIGNALS)
 _DEFAULT_PATH = "/usr/bin:/bin"  # as nsbox/sandbox/child.py, execute
 
 

@@ -17,7 +17,7 @@ import os
 import socket
 import struct
 
-from nsbox._wire import receive_fds  # the one SCM_RIGHTS receiver (also for session.py)
+from nsbox._sys.wire import receive_fds  # the one SCM_RIGHTS receiver (also for session.py)
 
 # <linux/sockios.h>, <net/if.h>; netdevice(7)
 SIOCGIFFLAGS = 0x8913

@@ -27,7 +27,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from nsbox import _libc
+from nsbox._sys import libc as _libc
 
 UPPER = "/.nsbox-project"  # in the sandbox: the tmpfs holding upper/ and work/
 LOWER_STAGE = "/project-lower"  # in the staging root (gone at pivot_root)

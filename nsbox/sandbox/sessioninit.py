@@ -47,8 +47,9 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from nsbox import _libc, _wire
-from nsbox._wire import ExitReport, InitEvent, InitRequest, KillRequest
+from nsbox._sys import libc as _libc
+from nsbox._sys import wire as _wire
+from nsbox._sys.wire import ExitReport, InitEvent, InitRequest, KillRequest
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import diskfull, mounts
 from nsbox.sandbox.fileworker import run_file_op
@@ -177,7 +178,7 @@ class Init:
 
     def on_control(self, sock: socket.socket) -> None:
         try:
-            msg, fds = _wire.receive(sock, 8)  # a command of any size (nsbox/_wire.py)
+            msg, fds = _wire.receive(sock, 8)  # a command of any size (nsbox/_sys/wire.py)
         except ValueError:
             return  # its memfd did not arrive: the request fails alone (its socket is gone)
         if not msg:

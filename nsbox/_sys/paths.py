@@ -1,0 +1,59 @@
+"""A directory reached one component at a time, never through a symlink.
+
+Used where a tree that a sandbox can write is read or written by path: a project workspace on
+the host side (nsbox/host/project.py) and a session's file operations inside the sandbox
+(nsbox/sandbox/fileworker.py). Each component is opened with O_NOFOLLOW relative to the one
+before (openat(2)), so a symlink planted anywhere on the way fails with ELOOP instead of being
+followed out of the tree, and a file in the way with ENOTDIR; the OSError's filename is the
+component that failed. ``walk`` is the loop itself, which the Python child's mount targets
+(nsbox/sandbox/mounts.py) and a bind source without openat2 (nsbox/_sys/libc.py) take too.
+Imported by every side: nothing here may import more than the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def walk(start: int, parts: Iterable[str], open_next: Callable[[int, int, str], int], *,
+         close_start: bool = False) -> int:
+    """The descriptor of the last of ``parts``, each opened by ``open_next(fd, index, name)``
+    relative to the one before, from ``start``: the one loop of every no-symlink walk (this
+    module's, the Python child's mount targets in nsbox/sandbox/mounts.py, a bind source's in
+    nsbox/_sys/libc.py). ``open_next`` opens one component (with O_NOFOLLOW and its own flags, made
+    first if the caller makes what is missing) or raises. Each descriptor on the way is closed,
+    also on failure; ``start`` only with ``close_start``. No parts: ``start`` itself."""
+    fd = start
+    try:
+        for index, name in enumerate(parts):
+            next_fd = open_next(fd, index, name)
+            if fd != start or close_start:
+                os.close(fd)
+            fd = next_fd
+    except BaseException:
+        if fd != start or close_start:
+            os.close(fd)
+        raise
+    return fd
+
+
+def open_dir_beneath(root: str, parts: Iterable[str], *, create: bool = False) -> int:
+    """A descriptor of the directory ``root/parts[0]/parts[1]/...`` (``root`` itself must not
+    be a symlink either). With ``create``, a missing component is made (mode 0755) first."""
+
+    def open_next(fd: int, _index: int, part: str) -> int:
+        try:
+            return os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+        try:
+            os.mkdir(part, 0o755, dir_fd=fd)
+        except FileExistsError:
+            pass  # made meanwhile: opened below like any other, no symlink followed
+        return os.open(part, _DIR_FLAGS, dir_fd=fd)
+
+    return walk(os.open(root, _DIR_FLAGS), parts, open_next, close_start=True)

@@ -1,0 +1,85 @@
+"""``Session.run``: a command of a session, with the arguments ``subprocess.run`` has too.
+
+The session's own part, one command of its init (``Session._run_command``), is in
+nsbox/session/session.py; this is the door: ``input``, ``text``, ``check`` and ``capture_output``
+checked (nsbox/policy/inputs.py, ``call_args``), and the Result decoded or raised as ``nsbox.run``
+does (nsbox/result.py, ``finish``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+from nsbox.policy import inputs
+from nsbox.result import Result, finish
+
+if TYPE_CHECKING:
+    from nsbox.launch.launcher import Cancel
+
+
+class SessionRun:
+    """The ``run`` method of nsbox.Session."""
+
+    timeout: float | None  # the session's default deadline (Session's)
+
+    def _run_command(self, argv: Sequence[str], *, stdin: bytes | str | int | None = None,
+                    timeout: float | None = None, output_limit: int | None = None,
+                    env: dict[str, str] | None = None, cwd: str | None = None,
+                    passthrough: bool = False,
+                    _sinks: tuple[int | None, int | None] | None = None,
+                    cancel: Cancel | None = None) -> Result[bytes]:
+        raise NotImplementedError  # Session._run_command
+
+    @overload
+    def run(self, argv: Sequence[str], *, input: bytes | str | None = None,
+            stdin: bytes | str | int | None = None, text: Literal[False] = False,
+            encoding: None = None, errors: None = None, check: bool = False,
+            capture_output: bool | None = None, timeout: float | None = None,
+            output_limit: int | None = None, env: dict[str, str] | None = None,
+            cwd: str | None = None, passthrough: bool = False,
+            _sinks: tuple[int | None, int | None] | None = None) -> Result[bytes]: ...
+    @overload
+    def run(self, argv: Sequence[str], *, input: bytes | str | None = None,
+            stdin: bytes | str | int | None = None, text: Literal[True],
+            encoding: str | None = None, errors: str | None = None, check: bool = False,
+            capture_output: bool | None = None, timeout: float | None = None,
+            output_limit: int | None = None, env: dict[str, str] | None = None,
+            cwd: str | None = None, passthrough: bool = False,
+            _sinks: tuple[int | None, int | None] | None = None) -> Result[str]: ...
+    def run(self, argv: Sequence[str], *, input: bytes | str | None = None,
+            stdin: bytes | str | int | None = None, text: bool = False,
+            encoding: str | None = None, errors: str | None = None, check: bool = False,
+            capture_output: bool | None = None, timeout: float | None = None,
+            output_limit: int | None = None, env: dict[str, str] | None = None,
+            cwd: str | None = None, passthrough: bool = False,
+            _sinks: tuple[int | None, int | None] | None = None) -> Result[Any]:
+        """Run ``argv`` in the session and return its Result.
+
+        The arguments are ``nsbox.run``'s (``input``, ``text``, ``check``, ``capture_output``
+        as ``subprocess.run``'s; docs/api.md), less the policy and the workspace, which are the
+        session's. ``timeout`` and ``output_limit`` default to the session's. A timeout (TO)
+        or output limit (OL) ends this command and everything it started, never the session.
+        """
+        return self._run_cancellable(
+            argv, input=input, stdin=stdin, text=text, encoding=encoding, errors=errors,
+            check=check, capture_output=capture_output, timeout=timeout,
+            output_limit=output_limit, env=env, cwd=cwd, passthrough=passthrough,
+            _sinks=_sinks)
+
+    def _run_cancellable(self, argv: Any, *, input: Any = None, stdin: Any = None,
+                        text: Any = False, encoding: Any = None, errors: Any = None,
+                        check: Any = False, capture_output: Any = None, timeout: Any = None,
+                        output_limit: Any = None, env: Any = None, cwd: Any = None,
+                        passthrough: Any = False,
+                        _sinks: tuple[int | None, int | None] | None = None,
+                        cancel: Cancel | None = None) -> Result[Any]:
+        """``run``, which ``cancel`` can kill from another thread (nsbox/aio.py)."""
+        call = inputs.call_args(input_=input, stdin_=stdin, text_=text, encoding=encoding,
+                                errors=errors, check=check, capture_output=capture_output,
+                                passthrough=passthrough)
+        result = self._run_command(argv, stdin=call.stdin, timeout=timeout,
+                                  output_limit=output_limit, env=env, cwd=cwd,
+                                  passthrough=call.passthrough, _sinks=_sinks, cancel=cancel)
+        deadline = timeout if isinstance(timeout, (int, float)) else self.timeout
+        return finish(result, call.text, call.check, list(argv), deadline)
