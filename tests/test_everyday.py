@@ -401,7 +401,7 @@ def test_set_comes_after_every_option_the_limits_own_too(door: str):
     assert 'wall_time = "none"' in text and 'memory = "200M"' in text and "pids = 50" in text
     # nsbox session start takes the same rule.
     from nsbox import Policy
-    from nsbox.cli.commands import _with_limits
+    from nsbox.cli.shared import with_limits
 
-    started = _with_limits(Policy(), {"memory": 100 << 20, "pids": 50}, ("limits.memory=1G",))
+    started = with_limits(Policy(), {"memory": 100 << 20, "pids": 50}, ("limits.memory=1G",))
     assert (started.limits.memory, started.limits.pids) == (Policy().limits.memory, 50)

@@ -277,7 +277,8 @@ def test_a_first_run_with_no_descriptor_left_is_a_clean_error(as_user: UserRunne
     # OSError must come out as the run's error with the hint, and the next run, with room, works.
     out = as_user.script("""
 import errno, resource
-import nsbox.api, nsbox.launch.launcher, nsbox.host.engine  # what a run imports: no room for it later
+# What a run imports: no room for it later.
+import nsbox.api, nsbox.launch.launcher, nsbox.host.engine
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 held = []
 while True:

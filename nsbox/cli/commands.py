@@ -14,33 +14,14 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
 from nsbox.cli import options as _options
 from nsbox.cli import run as _cli_run
-from nsbox.cli.run import fail_code
+from nsbox.cli import shared
 from nsbox.errors import NsboxError
-from nsbox.policy import limittable
-from nsbox.policy.policy import Policy
-
-
-def _fail(error: NsboxError, given: dict[str, Any] | None = None, policy: Policy | None = None,
-          extra_inputs: bool = False) -> NoReturn:
-    """Print ``nsbox: <step>: <reason>`` (and the hint) and exit with the matching code. With
-    the options ``given`` (named as in nsbox/cli/options.py) and the ``policy`` they made, the
-    error names the option rather than the policy's key (nsbox/cli/origins.py)."""
-    if given is not None:
-        from nsbox.cli.origins import Origins
-
-        error = Origins.of(given, policy, extra_inputs).translate(error)
-    sys.exit(fail_code(error))
-
-
-# The checks of the option table, for the session commands' own options.
-_size = _options.click_callback("size")
-_duration = _options.click_callback("duration")
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -51,23 +32,6 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
         ctx.exit()
 
 
-# --- resource limit options (limits.py; docs/limits.md) ---------------------------------------
-# Declared in nsbox/policy/limittable.py and nsbox/cli/options.py; a bad value (``--memory 0``,
-# ``--memory lots``) is a usage error that names the option and says what to write.
-_LIMIT_PARSERS: dict[str, Any] = {spec.name: spec.parse_option for spec in limittable.OPTION_LIMITS}
-_limit_options = _options.click_options(_options.START, lambda option: option.limit is not None)
-
-
-def _with_limits(policy: Policy, values: dict[str, Any], settings: tuple[str, ...] = ()
-                 ) -> Policy:
-    # --set comes last, for the limits' own options too (nsbox/cli/run.py, policy_from_options).
-    set_keys = {item.partition("=")[0].strip() for item in settings}
-    changes = limittable.limit_changes({
-        k: v for k, v in values.items()
-        if k in _LIMIT_PARSERS and limittable.BY_NAME[k].key not in set_keys})
-    return policy.with_limits(**changes) if changes else policy
-
-# --- end of resource limit options ---------------------------------------------------------------
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -111,19 +75,6 @@ def run(command: tuple[str, ...], **values: Any) -> None:
 # --- profiles and doctor (nsbox/profiles.py, nsbox/doctor.py); imported only when used ---------
 
 
-def _load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ...],
-                 binds: list[tuple[str, str, bool]]) -> Policy:
-    """The profile with the options applied (nsbox/cli/run.py, shared with the fast path of
-    nsbox run); a malformed --set or bind is a usage error."""
-    try:
-        _cli_run.check({"ro_bind": (), "rw_bind": (), "env": (), "settings": settings})
-        for _option, spec, writable in binds:
-            _cli_run.bind_override(spec, writable)
-    except _cli_run.OptionError as exc:
-        raise click.BadParameter(str(exc), param_hint=exc.param_hint) from None
-    return _cli_run.load_policy(profile, overrides, settings, binds)
-
-
 @main.group(invoke_without_command=True)
 @click.pass_context
 def profiles(ctx: click.Context) -> None:
@@ -156,7 +107,7 @@ def profiles_show(name: str) -> None:
     try:
         click.echo(to_toml(load_profile(name)), nl=False)
     except NsboxError as error:
-        _fail(error)
+        shared.fail(error)
 
 
 @main.command()
@@ -186,7 +137,7 @@ def doctor(as_json: bool, profile: str, apparmor_profile: bool) -> None:
     try:
         report = run_doctor(policy=load_profile(profile))
     except NsboxError as error:
-        _fail(error)
+        shared.fail(error)
         return
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format_table())
     sys.exit(0 if report.ok else 1)
@@ -252,7 +203,7 @@ def mcp_command(review_id: str | None, **values: Any) -> None:
     except _cli_run.OptionError as exc:
         raise click.BadParameter(str(exc), param_hint=exc.param_hint) from None
     except NsboxError as error:
-        _fail(error, options, policy, extra_inputs=True)  # the session adds the inputs
+        shared.fail(error, options, policy, extra_inputs=True)  # the session adds the inputs
 
 
 if __name__ == "__main__":

@@ -386,11 +386,11 @@ def _launch(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
                               "passthrough": not as_json, "audit": o["audit"]}
     command = list(o["command"])
     if policy.project is not None or o.get("ask"):
-        from nsbox.cli.session import run_in_project
+        from nsbox.cli.oneshot import run_in_project
 
         return run_in_project(command, policy, ask=bool(o.get("ask")), **common), []
     if o["collect"]:
-        from nsbox.cli.session import run_and_collect
+        from nsbox.cli.oneshot import run_and_collect
 
         result, collected, skipped = run_and_collect(
             command, policy, patterns=o["collect"], dest=o["collect_dir"], **common)

@@ -1,4 +1,4 @@
-"""``nsbox session ...`` and the session-backed parts of ``nsbox run`` (--collect, --project).
+"""``nsbox session ...``: the commands of a session that outlives one command line.
 
 A command-line session outlives ``nsbox session start``: a detached supervisor process holds it
 (nsbox/cli/supervisor.py); the other subcommands talk to that supervisor over a unix socket in
@@ -23,21 +23,14 @@ import click
 from nsbox import errors, visible
 from nsbox._sys.wire import FileEntry, SupervisorReply, SupervisorRequest, SupervisorStart
 from nsbox.cli import options as _options
-from nsbox.cli import review
+from nsbox.cli import review, shared
 from nsbox.cli import run as _cli_run
 from nsbox.errors import NsboxError
-from nsbox.policy.policy import Policy
 from nsbox.result import Result, Status
-from nsbox.session.session import Session, input_mount
+from nsbox.session.session import input_mount
 from nsbox.session.supervisor import forget_stale, records, request, runtime_dir
 
 REMOTE_RE = re.compile(r"^([0-9a-f]{12}):(.*)$", re.S)
-
-
-def _cli() -> Any:
-    from nsbox.cli import commands as cli  # the shared helpers (_fail, option parsers)
-
-    return cli
 
 
 def _supervisor_env() -> dict[str, str] | None:
@@ -82,17 +75,16 @@ def _parse_env(items: tuple[str, ...]) -> dict[str, str]:
 
 
 def _duration_opt(ctx: Any, param: click.Parameter, value: str | None) -> float | None:
-    return _cli()._duration(ctx, param, value)  # type: ignore[no-any-return]
+    return shared.duration(ctx, param, value)  # type: ignore[no-any-return]
 
 
 def _size_opt(ctx: Any, param: click.Parameter, value: str | None) -> int | None:
-    return _cli()._size(ctx, param, value)  # type: ignore[no-any-return]
+    return shared.size(ctx, param, value)  # type: ignore[no-any-return]
 
 
 def _start_options(command: Any) -> Any:
     """The options of ``nsbox session start``: those of ``nsbox run`` that describe the sandbox
     (applied over the profile the same way), and the session's own."""
-    cli = _cli()
     options = [
         click.option("-p", "--profile", default="default", show_default=True,
                      metavar="NAME|FILE", help="A shipped profile's name or a profile file."),
@@ -133,7 +125,7 @@ def _start_options(command: Any) -> Any:
     ]
     for option in reversed(options):
         command = option(command)
-    return cli._limit_options(command)
+    return shared.limit_options(command)
 
 
 @session.command()
@@ -154,7 +146,6 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
     """
     from nsbox.host.network import from_options
 
-    cli = _cli()
     overrides: dict[str, Any] = {
         "limits.wall_time": wall_time, "limits.output": output_limit,
         "workspace.path": os.path.abspath(workspace) if workspace else None,
@@ -169,14 +160,14 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
              "project": project, "inputs": inputs, "ro_bind": ro_bind, "rw_bind": rw_bind,
              "env": env, "pass_env": pass_env}  # for errors in these options' terms
     try:
-        policy = cli._with_limits(cli._load_policy(profile, overrides, settings, binds),
+        policy = shared.with_limits(shared.load_policy(profile, overrides, settings, binds),
                                   limit_values, settings)
         policy = policy.replace(network=from_options(policy.network, net_mode, allow_host))
         policy = policy.replace(mounts=policy.mounts + tuple(input_mount(s) for s in inputs))
         runtime_dir()
         forget_stale()
     except NsboxError as error:
-        cli._fail(error, given)
+        shared.fail(error, given)
     settings_for_supervisor: SupervisorStart = {
         "policy": policy, "idle_timeout": idle_timeout,
         "audit": os.path.abspath(audit) if audit else None,
@@ -197,8 +188,8 @@ def start(profile: str, settings: tuple[str, ...], allow_rules: tuple[str, ...],
         return
     proc.wait()
     if line.startswith("error "):
-        cli._fail(errors.from_wire(json.loads(line[6:])["error"]), given, policy)
-    cli._fail(NsboxError("the session supervisor failed to start"))
+        shared.fail(errors.from_wire(json.loads(line[6:])["error"]), given, policy)
+    shared.fail(NsboxError("the session supervisor failed to start"))
 
 
 def _exec_on_terminal(session_id: str, message: SupervisorRequest) -> SupervisorReply:
@@ -246,7 +237,6 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
     Example:
       nsbox session exec $ID -- python3 main.py
     """
-    cli = _cli()
     if command[:1] == ("--",):
         # Option parsing stopped at ID, so click leaves the separator in the command.
         command = command[1:]
@@ -282,7 +272,7 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
     except NsboxError as error:
         if as_json:
             click.echo(visible.json_text(_cli_run.failure_json(error)))
-        cli._fail(error)
+        shared.fail(error)
         return
     data = reply["result"]
     result = Result(**{**data, "status": Status(data["status"])})
@@ -316,7 +306,6 @@ def cp(source: str, dest: str) -> None:
     Example:
       nsbox session cp main.py $ID:main.py
     """
-    cli = _cli()
     remote_src, remote_dest = REMOTE_RE.match(source), REMOTE_RE.match(dest)
     try:
         if remote_src and not remote_dest:
@@ -346,7 +335,7 @@ def cp(source: str, dest: str) -> None:
         else:
             raise click.UsageError("exactly one of SOURCE and DEST must be ID:PATH")
     except NsboxError as error:
-        cli._fail(error)
+        shared.fail(error)
 
 
 @session.command(name="ls")
@@ -360,7 +349,6 @@ def ls_(session_id: str | None, patterns: tuple[str, ...]) -> None:
     Example:
       nsbox session ls $ID
     """
-    cli = _cli()
     try:
         if session_id:
             reply = request(session_id, {"op": "files", "patterns": list(patterns) or ["*"]})
@@ -376,7 +364,7 @@ def ls_(session_id: str | None, patterns: tuple[str, ...]) -> None:
             click.echo(f"{record['id']}  pid {record['pid']}  started {started}  "
                        f"workspace {record.get('workspace') or 'tmpfs'}")
     except NsboxError as error:
-        cli._fail(error)
+        shared.fail(error)
 
 
 @session.command()
@@ -395,7 +383,7 @@ def collect(session_id: str, patterns: tuple[str, ...], dest: str) -> None:
         reply = request(session_id, {"op": "collect", "dest": os.path.abspath(dest),
                                      "patterns": list(patterns) or ["*"]})
     except NsboxError as error:
-        _cli()._fail(error)
+        shared.fail(error)
         return
     for item in reply["files"]:
         click.echo(_file_line(item))
@@ -416,7 +404,7 @@ def stop(session_id: str) -> None:
     try:
         request(session_id, {"op": "stop"})
     except NsboxError as error:
-        _cli()._fail(error)
+        shared.fail(error)
 
 
 def _file_line(item: FileEntry) -> str:
@@ -426,72 +414,3 @@ def _file_line(item: FileEntry) -> str:
 
 for _command in (review.diff, review.apply, review.discard):
     session.add_command(_command)
-
-
-def terminal_ask(host: str, port: int) -> bool:
-    """``nsbox run --ask``: the question on the controlling terminal (never on the sandbox's
-    stdin or stdout); without a terminal the answer is no."""
-    try:
-        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    with os.fdopen(fd, "r+b", buffering=0) as tty:
-        # ``host`` is the proxy's checked, canonical form (printable ASCII); escaped all the
-        # same, as everything shown of the sandbox's making is.
-        tty.write(f"\nnsbox: the sandbox asks to reach {visible.name(host)}:{int(port)}, which "
-                  "is not on the allow-list. Allow it for this run? [y/N] ".encode())
-        answer = tty.readline(64)
-    return answer.strip().lower() in (b"y", b"yes")
-
-
-def run_in_project(command: list[str], policy: Policy, *, stdin: int | None, cwd: str | None,
-                   passthrough: bool, audit: str | None, ask: bool = False) -> Result:
-    """``nsbox run --project`` or ``--ask``: one command in a session of its own. What it
-    changed in the project is listed on stderr and dropped with the sandbox (review and apply
-    need a session: ``nsbox session start --project``)."""
-    with Session(policy, audit=audit, idle_timeout=None,
-                 ask=terminal_ask if ask else None) as s:
-        result = s.run(command, stdin=stdin, cwd=cwd, passthrough=passthrough)
-        found = s.changes(diff=False) if policy.project is not None else []
-        notes = s.project_notes
-    for note in notes:
-        click.echo(f"nsbox: project: {visible.name(note)}", err=True)
-    if found:
-        click.echo(f"nsbox: {len(found)} change(s) to the project, not applied "
-                   "(use `nsbox session start --project` to review and apply):", err=True)
-        for change in found:
-            mark = " (runs on the host)" if change.runs_on_host else ""
-            click.echo(f"nsbox:   {change.kind} {visible.name(change.path)}{mark}", err=True)
-    return result
-
-
-# --- nsbox run --collect ---------------------------------------------------------------------
-
-
-def run_and_collect(command: list[str], policy: Policy, *, patterns: tuple[str, ...],
-                    dest: str, stdin: int | None, cwd: str | None, passthrough: bool,
-                    audit: str | None
-                    ) -> tuple[Result, list[FileEntry], list[tuple[str, str]]]:
-    """Run one command in a session of its own and copy out what matches ``patterns``."""
-    _check_destination(dest)
-    with Session(policy, audit=audit, idle_timeout=None) as s:
-        result = s.run(command, stdin=stdin, cwd=cwd, passthrough=passthrough)
-        skipped: list[tuple[str, str]] = []
-        copied = s.copy_out(dest, patterns, skipped=skipped)
-    return result, [f.to_dict() for f in copied], skipped
-
-
-def _check_destination(dest: str) -> None:
-    """Before the run: the directory for --collect can be made and its filesystem has room (a
-    full disk would otherwise fail only after the command ran)."""
-    try:
-        os.makedirs(dest, exist_ok=True)
-        fs = os.statvfs(dest)
-    except OSError as exc:
-        raise errors.FileTransferError(
-            dest, f"cannot use it for --collect: {exc.strerror}") from None
-    free = fs.f_bfree if os.geteuid() == 0 else fs.f_bavail  # root may use the reserved blocks
-    if free == 0 or not os.access(dest, os.W_OK):
-        raise errors.FileTransferError(dest, "cannot use it for --collect: "
-                                + ("no space left on its filesystem" if free == 0
-                                   else "not writable"))
