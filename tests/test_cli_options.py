@@ -16,6 +16,7 @@ from nsbox.cli import fast as _fastcli
 from nsbox.cli import options as _options
 from nsbox.cli import run as _cli_run
 from nsbox.cli import session as _cli_session
+from nsbox.cli import shared
 from nsbox.errors import PolicyError
 from nsbox.policy import limittable
 from nsbox.policy.policy import Limits
@@ -111,7 +112,7 @@ def test_the_schema_and_the_options_come_from_the_table_of_limits():
     flagged = {spec.flag: spec.name for spec in limittable.LIMITS if spec.flag}
     run_limits = {o.flags[0]: o.name for o in _options.for_door(_options.RUN) if o.limit}
     assert run_limits == flagged
-    assert cli._LIMIT_PARSERS.keys() == set(flagged.values())
+    assert shared.LIMIT_PARSERS.keys() == set(flagged.values())
 
 
 def test_a_limit_added_to_the_table_gets_its_profile_key(monkeypatch: pytest.MonkeyPatch):

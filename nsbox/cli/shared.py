@@ -39,7 +39,7 @@ duration = _options.click_callback("duration")
 # --- resource limit options (nsbox/policy/limits.py; docs/limits.md) ---------------------------
 # Declared in nsbox/policy/limittable.py and nsbox/cli/options.py; a bad value (``--memory 0``,
 # ``--memory lots``) is a usage error that names the option and says what to write.
-_LIMIT_PARSERS: dict[str, Any] = {spec.name: spec.parse_option for spec in limittable.OPTION_LIMITS}
+LIMIT_PARSERS: dict[str, Any] = {spec.name: spec.parse_option for spec in limittable.OPTION_LIMITS}
 limit_options = _options.click_options(_options.START, lambda option: option.limit is not None)
 
 
@@ -49,7 +49,7 @@ def with_limits(policy: Policy, values: dict[str, Any], settings: tuple[str, ...
     set_keys = {item.partition("=")[0].strip() for item in settings}
     changes = limittable.limit_changes({
         k: v for k, v in values.items()
-        if k in _LIMIT_PARSERS and limittable.BY_NAME[k].key not in set_keys})
+        if k in LIMIT_PARSERS and limittable.BY_NAME[k].key not in set_keys})
     return policy.with_limits(**changes) if changes else policy
 
 
