@@ -70,7 +70,7 @@ def run_changed_plan(argv: list, policy: nsbox.Policy, wire_changes: dict,
             if op["target"] == target:
                 op.update(op_changes)
     wire.update(wire_changes)
-    return launcher._launch(wire, None, policy.limits.output, False, RunNetwork(policy.network))
+    return launcher.launch_wire(wire, None, policy.limits.output, False, RunNetwork(policy.network))
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ def wire(argv: list[str]) -> dict[str, object]:
 
 
 def still_serves(helper: launcher._HelperClient) -> None:
-    result = launcher._launch(wire(["/bin/echo", "still here"]), None, 1 << 20, False,
+    result = launcher.launch_wire(wire(["/bin/echo", "still here"]), None, 1 << 20, False,
                               submit=helper.submit)
     assert (result.status, result.stdout) == (Status.OK, b"still here\n")
 

@@ -261,7 +261,7 @@ def test_a_hand_made_plan_with_host_uid_0_does_not_run(tmp_path: Path) -> None:
     wire = planmod.build(Policy(), ["/bin/sh", "-c", f"touch {tmp_path}/ran"]).to_wire()
     wire.update(host_uid=0, host_gid=0)
     with pytest.raises(HostError) as info:
-        launcher._launch(wire, None, 1 << 20, False)
+        launcher.launch_wire(wire, None, 1 << 20, False)
     assert info.value.feature == "identity"
     assert "the policy's host_uid/host_gid is uid 0" in str(info.value)
     assert not (tmp_path / "ran").exists()

@@ -58,10 +58,10 @@ def bad_calls():
         lambda: nsbox.run(["true"], output_limit=-1),
         lambda: nsbox.run(["/nonexistent"]),
         # Malformed plans sent to the helper as they are: its checks, not the door's.
-        lambda: launcher._launch(wire(wall_time=[5]), None, 1024, False),
-        lambda: launcher._launch(wire(mounts=None), None, 1024, False),
-        lambda: launcher._launch(wire(cgroup=None), None, 1024, False),
-        lambda: launcher._launch(wire(rlimits="x"), None, 1024, False),
+        lambda: launcher.launch_wire(wire(wall_time=[5]), None, 1024, False),
+        lambda: launcher.launch_wire(wire(mounts=None), None, 1024, False),
+        lambda: launcher.launch_wire(wire(cgroup=None), None, 1024, False),
+        lambda: launcher.launch_wire(wire(rlimits="x"), None, 1024, False),
     ]
 
 def wire(**changes):
@@ -87,7 +87,7 @@ def test_bad_calls_never_harm_concurrent_good_runs(as_user: UserRunner):
 import threading
 nsbox.run(["true"])
 from nsbox.host import engine  # one-shot runs take the launch engine; bad plans the helper
-helper = (launcher._helper._pid, engine.client.pid)
+helper = (launcher.helper_client._pid, engine.client.pid)
 good, failed, outcomes = [], [], []
 
 def good_runs():
@@ -108,7 +108,7 @@ for t in threads:
 for t in threads:
     t.join()
 emit(good=sorted(set(map(tuple, good))), count=len(good), failed=failed, outcomes=outcomes,
-     same_helper=engine.client.pid == helper[1] and helper[0] in (0, launcher._helper._pid))
+     same_helper=engine.client.pid == helper[1] and helper[0] in (0, launcher.helper_client._pid))
 """)
     assert out["failed"] == []
     assert out["count"] == 64 and out["good"] == [["OK", "ok\n"]]
@@ -220,16 +220,16 @@ def test_descriptors_and_memory_stay_the_same_after_1000_failing_calls():
                 elif i % 10 == 2:
                     nsbox.run(["cat"], stdin=9999)
                 elif i % 10 == 3:
-                    launcher._launch({"plan": "not a plan"}, b"text", 1024, False)
+                    launcher.launch_wire({"plan": "not a plan"}, b"text", 1024, False)
                 else:
                     nsbox.run("echo hi", timeout=float("nan"))
 
     failing_calls(100)  # the helper started, caches warm
-    helper = launcher._helper._pid
+    helper = launcher.helper_client._pid
     fds, helper_fds, memory = (len(os.listdir("/proc/self/fd")),
                                len(os.listdir(f"/proc/{helper}/fd")), rss())
     failing_calls(1000)
-    assert launcher._helper._pid == helper
+    assert launcher.helper_client._pid == helper
     assert len(os.listdir("/proc/self/fd")) == fds
     # The helper's count moves by the spare spawners it keeps (cgroup v1): one socket each.
     assert len(os.listdir(f"/proc/{helper}/fd")) <= helper_fds + 2
@@ -310,7 +310,7 @@ import signal, threading, time
 results = []
 nsbox.run(["true"])
 from nsbox.host import engine  # the launch process: the engine's where it runs the launch
-helper = nsbox.launch.launcher._helper._pid or engine.client.pid
+helper = nsbox.launch.launcher.helper_client._pid or engine.client.pid
 assert helper > 0
 started = time.monotonic()
 t = threading.Thread(target=lambda: results.append(nsbox.run(["sleep", "{marker}"], timeout=2)))
@@ -381,18 +381,18 @@ def test_a_pool_takes_a_long_timeout():
 def test_the_helper_survives_a_failing_launch_and_reports_it(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("NSBOX_ENGINE", "0")  # the helper's; tests/test_engine.py: the engine's
     nsbox.run(["true"])
-    helper = launcher._helper._pid
+    helper = launcher.helper_client._pid
     policy = Policy()
     from nsbox.plan import plan as planmod
 
     wire = planmod.build(policy, ["true"]).to_wire()
     wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid, cgroup=None)
     with pytest.raises(nsbox.SetupError) as info:
-        launcher._launch(wire, None, 1024, False)
+        launcher.launch_wire(wire, None, 1024, False)
     assert info.value.step == "helper"
     assert "could not carry out this launch" in info.value.message
     assert nsbox.run(["echo", "fine"]).stdout == b"fine\n"
-    assert launcher._helper._pid == helper
+    assert launcher.helper_client._pid == helper
 
 
 def test_a_launch_that_fails_after_pinning_its_binds_lets_go_of_them(unprivileged_tmp: Path):
@@ -403,7 +403,7 @@ def test_a_launch_that_fails_after_pinning_its_binds_lets_go_of_them(unprivilege
     if os.geteuid() == 0:
         os.chown(out, 1234, 1234)  # an owner the sandbox may be idmapped to as root
     nsbox.run(["true"])
-    helper = launcher._helper._pid
+    helper = launcher.helper_client._pid
     policy = Policy(mounts=DEFAULT_MOUNTS + (Bind(str(out), "/out", writable=True),))
     from nsbox.plan import plan as planmod
 
@@ -411,11 +411,11 @@ def test_a_launch_that_fails_after_pinning_its_binds_lets_go_of_them(unprivilege
     wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
     del wire["net"]  # the launch breaks after its sources are open (its side channels)
     with pytest.raises(nsbox.SetupError) as info:
-        launcher._launch(wire, None, 1024, False)
+        launcher.launch_wire(wire, None, 1024, False)
     assert info.value.step == "helper"
     assert info.value.message.endswith("KeyError: 'net'"), info.value.message
     assert str(out) not in open_files(helper)
-    assert launcher._helper._pid == helper
+    assert launcher.helper_client._pid == helper
 
 
 def open_files(pid: int) -> list[str]:
@@ -538,7 +538,7 @@ def test_a_session_backstop_needs_neither_its_init_nor_the_helper(as_user: UserR
     out = as_user.script(f"""
 import signal, threading, time
 with nsbox.Session(timeout=1) as s:
-    helper = nsbox.launch.launcher._helper._pid
+    helper = nsbox.launch.launcher.helper_client._pid
     results = []
     t = threading.Thread(target=lambda: results.append(s.run(["sleep", "{marker}"])))
     started = time.monotonic()

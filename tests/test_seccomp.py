@@ -332,7 +332,7 @@ def test_a_filter_the_kernel_refuses_stops_the_launch(unprivileged_tmp: Path) ->
     wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
     wire["seccomp_bpf"] = struct.pack("=HBBI", 0xFFFF, 0, 0, 0).hex()  # no such BPF opcode
     with pytest.raises(SetupError) as info:
-        launcher._launch(wire, None, 1 << 20, False)
+        launcher.launch_wire(wire, None, 1 << 20, False)
     assert (info.value.step, info.value.errno) == ("seccomp", errno.EINVAL)
     assert "seccomp" in info.value.message
     assert not (unprivileged_tmp / "ran").exists()

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # names for the types only: nothing more is imported before a
 
 class SetupErrorInfo(TypedDict):
     """A named step that failed: sandbox child -> helper (error pipe) -> host (exit report),
-    raised on the host as a SetupError (launcher._setup_error)."""
+    raised on the host as a SetupError (launcher.setup_error_from)."""
 
     step: str
     errno: int

@@ -253,7 +253,7 @@ def _stopped(signum: int) -> int:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    launcher._helper.stop()  # every sandbox is dead once the helper is reaped
+    launcher.helper_client.stop()  # every sandbox is dead once the helper is reaped
     echo(f"nsbox: stopped by {signal.Signals(signum).name}: the sandbox was killed", err=True)
     return 128 + signum
 

@@ -35,7 +35,7 @@ def out_of_descriptors(what: str, exc: OSError) -> LaunchError:
 
 
 @dataclass
-class _Stream:
+class Stream:
     fd: int
     sink: int | None  # pass through to this fd as it arrives (CLI); None: keep in memory
     kept: bytearray = field(default_factory=bytearray)
@@ -50,7 +50,7 @@ class _Stream:
 HOST_GRACE = 0.3
 
 
-def _supervise(sock: socket.socket, streams: list[_Stream], cap: int, net: RunNetwork,
+def supervise(sock: socket.socket, streams: list[Stream], cap: int, net: RunNetwork,
                wall_time: float | None = None) -> tuple[dict[str, Any], int]:
     """Copy the run's output under the cap and follow the helper's messages until its report;
     returns the report and the sandbox's host pid."""
@@ -85,7 +85,7 @@ def _supervise(sock: socket.socket, streams: list[_Stream], cap: int, net: RunNe
 
 @dataclass
 class _Watch:
-    """What the supervision of one run has seen so far (see _supervise)."""
+    """What the supervision of one run has seen so far (see supervise)."""
 
     sock: socket.socket
     selector: selectors.BaseSelector
@@ -162,7 +162,7 @@ class _Watch:
             self.host_deadline = None
             self.drain_until = time.monotonic() + 2.0
 
-    def on_output(self, stream: _Stream) -> None:
+    def on_output(self, stream: Stream) -> None:
         chunk = os.read(stream.fd, _READ_CHUNK)
         if not chunk:
             self.selector.unregister(stream.fd)
@@ -173,7 +173,7 @@ class _Watch:
             chunk = chunk[:room]
             if not stream.truncated:
                 stream.truncated = True
-                _send_kill(self.sock, "output")
+                send_kill(self.sock, "output")
         self.kept += len(chunk)
         if stream.sink is not None:
             _write_all(stream.sink, chunk)
@@ -212,7 +212,7 @@ class Cancel:
         with self._lock:
             self._sock = sock
             if self.cancelled:
-                _send_kill(sock, "cancelled")
+                send_kill(sock, "cancelled")
 
     def detach(self) -> None:
         with self._lock:
@@ -222,10 +222,10 @@ class Cancel:
         with self._lock:
             self.cancelled = True
             if self._sock is not None:
-                _send_kill(self._sock, "cancelled")
+                send_kill(self._sock, "cancelled")
 
 
-def _send_kill(sock: socket.socket, reason: str) -> None:
+def send_kill(sock: socket.socket, reason: str) -> None:
     try:
         sock.send(json.dumps({"cmd": "kill", "reason": reason}).encode())
     except OSError:

@@ -19,13 +19,13 @@ from nsbox._sys import wire as _wire
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
 from nsbox.host import engine, isolation
 from nsbox.host.network import RunNetwork
-from nsbox.host.output import (  # noqa: F401 (_Stream, _send_kill: sessions use them from here)
+from nsbox.host.output import (  # noqa: F401 (Stream, send_kill: sessions use them from here)
     HOST_GRACE,
     Cancel,
-    _send_kill,
-    _Stream,
-    _supervise,
+    Stream,
     out_of_descriptors,
+    send_kill,
+    supervise,
 )
 from nsbox.plan import landlock as landlockplan
 from nsbox.plan import plan as planmod
@@ -148,15 +148,15 @@ class _HelperClient:
                 pass
 
 
-_helper = _HelperClient()
+helper_client = _HelperClient()
 
 
 def use_forked_helper() -> None:
     """Start the helper by forking this process rather than as a new interpreter (about
     20 ms sooner). Only for a small process that stays single-threaded until then, such as the
     command line: a clone of a big process costs every launch more."""
-    _helper.fork = True
-    _helper.reap_at_exit()
+    helper_client.fork = True
+    helper_client.reap_at_exit()
 
 
 def _stdin_fd(stdin: bytes | int | None) -> tuple[int, bool]:
@@ -218,7 +218,7 @@ def run(
     (CommandNotFound when the command does not exist inside it). A bad argument raises
     PolicyError naming it (nsbox/policy/inputs.py), before anything starts.
     """
-    trace = _trace_start()
+    trace = trace_start()
     cmd = inputs.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
                          env_=env, cwd=cwd, passthrough=passthrough)
     workspace = inputs.optional_path(workspace, "workspace")
@@ -233,7 +233,7 @@ def run(
         wire.update(host_uid=policy.host_uid, host_gid=policy.host_gid)
         if tty is not None:
             wire["tty"] = list(tty)
-        return _launch(wire, cmd.stdin, cap, passthrough, RunNetwork(policy.network),
+        return launch_wire(wire, cmd.stdin, cap, passthrough, RunNetwork(policy.network),
                        trace=trace, cancel=cancel)
 
     result = isolation.with_fallback(policy, attempt)
@@ -277,7 +277,7 @@ def _descriptors_exhausted() -> bool:
 # --- NSBOX_TRACE=1: where the time of a launch goes (docs/performance.md) ----------------------
 
 
-def _trace_start() -> list[tuple[str, int]] | None:
+def trace_start() -> list[tuple[str, int]] | None:
     if os.environ.get("NSBOX_TRACE") != "1":
         return None
     return [("host: build plan", time.monotonic_ns())]
@@ -296,9 +296,9 @@ def _trace_steps(events: list[Any]) -> list[dict[str, Any]]:
 # -----------------------------------------------------------------------------------------------
 
 
-def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrough: bool,
-            net: RunNetwork | None = None, *, submit: Any = None,
-            trace: list[tuple[str, int]] | None = None, cancel: Cancel | None = None) -> Result:
+def launch_wire(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrough: bool,
+                net: RunNetwork | None = None, *, submit: Any = None,
+                trace: list[tuple[str, int]] | None = None, cancel: Cancel | None = None) -> Result:
     """One launch through ``submit(wire, fds)``: the helper (run) or a pool (Pool.run)."""
     started = time.monotonic()
     net = net or RunNetwork(Network())
@@ -308,21 +308,21 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
         wire["trace"] = True
         trace.append(("host: send to helper", time.monotonic_ns()))
     by_engine = None if submit else engine.submission(wire)  # nsbox/host/engine.py: which
-    submit = submit or by_engine or _helper.submit
+    submit = submit or by_engine or helper_client.submit
     try:
-        out_r, err_r, ours = _submit_with_streams(submit, wire, stdin)
+        out_r, err_r, ours = submit_with_streams(submit, wire, stdin)
     except BaseException:
         net.close()
         raise
-    streams = [_Stream(out_r, 1 if passthrough else None),
-               _Stream(err_r, 2 if passthrough else None)]
+    streams = [Stream(out_r, 1 if passthrough else None),
+               Stream(err_r, 2 if passthrough else None)]
     if trace is not None:
         trace.append(("host: wait for the report", time.monotonic_ns()))
     with ours:
         if cancel is not None:
             cancel.attach(ours)
         try:
-            report, pid = _supervise(ours, streams, cap, net, wall_time=wire.get("wall_time"))
+            report, pid = supervise(ours, streams, cap, net, wall_time=wire.get("wall_time"))
             report = by_engine.report(report) if by_engine else report
         finally:
             if cancel is not None:
@@ -333,7 +333,7 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     if trace is not None:
         trace.append(("host: report received, build result", time.monotonic_ns()))
     try:
-        result = _result(report, pid, streams, cap, time.monotonic() - started)
+        result = result_from(report, pid, streams, cap, time.monotonic() - started)
         landlockplan.mark_result(result, wire)
     except SetupError as exc:
         if exc.step != "working directory":
@@ -351,8 +351,8 @@ def _launch(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passthrou
     return result
 
 
-def _submit_with_streams(submit: Any, wire: dict[str, Any], stdin: bytes | int | None
-                         ) -> tuple[int, int, socket.socket]:
+def submit_with_streams(submit: Any, wire: dict[str, Any], stdin: bytes | int | None
+                        ) -> tuple[int, int, socket.socket]:
     """Open the run's pipes and launch socket and submit the request with the helper's ends
     (closed here once sent). Returns our ends; on any failure nothing stays open."""
     with contextlib.ExitStack() as ours, contextlib.ExitStack() as theirs:
@@ -418,7 +418,7 @@ def namespace_hint(err: int) -> str | None:
     return None
 
 
-def _setup_error(info: _wire.SetupErrorInfo) -> SetupError:
+def setup_error_from(info: _wire.SetupErrorInfo) -> SetupError:
     step, err, message = info["step"], int(info.get("errno") or 0), info["message"]
     hint = _HINTS.get((step, err))
     if step == "create namespaces":
@@ -450,10 +450,10 @@ def _setup_error(info: _wire.SetupErrorInfo) -> SetupError:
     return SetupError(step, err, message, hint=hint)
 
 
-def _result(report: dict[str, Any], pid: int, streams: list[_Stream], cap: int,
-            wall: float) -> Result:
+def result_from(report: dict[str, Any], pid: int, streams: list[Stream], cap: int,
+                wall: float) -> Result:
     if report.get("setup_error"):
-        raise _setup_error(report["setup_error"])
+        raise setup_error_from(report["setup_error"])
     if report.get("host_error"):
         info = report["host_error"]
         raise HostError(info["message"], feature=info["feature"], hint=info.get("hint"))

@@ -73,7 +73,7 @@ class Pool:
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             spec: PoolSpec = {"plan": cast(WirePlan, wire), "size": size}
-            launcher._helper.send_request({"pool": spec}, [theirs.fileno()])
+            launcher.helper_client.send_request({"pool": spec}, [theirs.fileno()])
         except BaseException:
             self._sock.close()
             raise
@@ -98,7 +98,7 @@ class Pool:
             return
         if not answer:
             raise LaunchError("the pool is closed, or its launch helper is gone")
-        raise launcher._setup_error(json.loads(answer))
+        raise launcher.setup_error_from(json.loads(answer))
 
     def __enter__(self) -> Pool:
         return self
@@ -148,7 +148,7 @@ class Pool:
                         passthrough: Any = False, cancel: launcher.Cancel | None = None
                         ) -> Result[Any]:
         """``run``, which ``cancel`` can kill from another thread (nsbox/aio.py)."""
-        trace = launcher._trace_start()
+        trace = launcher.trace_start()
         call = inputs.call_args(input_=input, stdin_=stdin, text_=text, encoding=encoding,
                                 errors=errors, check=check, capture_output=capture_output,
                                 passthrough=passthrough)
@@ -157,7 +157,7 @@ class Pool:
                              passthrough=call.passthrough)
         command = self._command(cmd.argv, cmd.env, cmd.cwd, cmd.timeout)
         cap = cmd.output_limit if cmd.output_limit is not None else self.policy.limits.output
-        result = launcher._launch(dict(command), cmd.stdin, cap, call.passthrough,
+        result = launcher.launch_wire(dict(command), cmd.stdin, cap, call.passthrough,
                                   submit=self._submit, trace=trace, cancel=cancel)
         limits.note_disk(result, self.policy.workspace, self.policy.limits.workspace_size)
         return finish(result, call.text, call.check, cmd.argv, command["wall_time"])

@@ -162,7 +162,7 @@ class Session(SessionRun, ProjectReview):
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         try:
             # The control socket is the init's fd 0 (nsbox/sandbox/sessioninit.py).
-            launcher._helper.submit(wire, [launch_theirs.fileno(), ctl_theirs.fileno(), null,
+            launcher.helper_client.submit(wire, [launch_theirs.fileno(), ctl_theirs.fileno(), null,
                                            null])
         except BaseException:
             ctl.close()
@@ -203,7 +203,7 @@ class Session(SessionRun, ProjectReview):
                             raise LaunchError("the launch helper died while starting a session")
                         if message.get("event") == "exit":
                             if message.get("setup_error") or message.get("host_error"):
-                                launcher._result(message, 0, [], 0, 0.0)  # raises the error
+                                launcher.result_from(message, 0, [], 0, 0.0)  # raises the error
                             raise LaunchError("the session's sandbox ended while starting")
                     else:
                         event: InitEvent | None = _message(ctl.recv(65536))
@@ -351,11 +351,11 @@ class Session(SessionRun, ProjectReview):
                  cancel: launcher.Cancel | None = None) -> Result:
         self._check_open()
         started = time.monotonic()
-        out_r, err_r, ours = launcher._submit_with_streams(self._send_command, dict(request),
+        out_r, err_r, ours = launcher.submit_with_streams(self._send_command, dict(request),
                                                            stdin)
         head = auditmod.HEAD if self._audit else 0
-        streams = [launcher._Stream(out_r, sinks[0], head_limit=head),
-                   launcher._Stream(err_r, sinks[1], head_limit=head)]
+        streams = [launcher.Stream(out_r, sinks[0], head_limit=head),
+                   launcher.Stream(err_r, sinks[1], head_limit=head)]
         timer = None
         if timeout is not None:
             timer = threading.Timer(timeout + BACKSTOP, self._kill_overdue)
@@ -366,7 +366,7 @@ class Session(SessionRun, ProjectReview):
             cancel.attach(ours)
         try:
             with ours:
-                report, pid = launcher._supervise(ours, streams, cap, self._net)
+                report, pid = launcher.supervise(ours, streams, cap, self._net)
         except (LaunchError, ValueError, KeyError, OSError):  # ECONNRESET: the init died
             if self._overdue:
                 self._ended_reason = ("the session was killed: a command outlived its deadline "
@@ -381,7 +381,7 @@ class Session(SessionRun, ProjectReview):
                 cancel.detach()
             if timer is not None:
                 timer.cancel()
-        result = launcher._result(report, pid, streams, cap, time.monotonic() - started)
+        result = launcher.result_from(report, pid, streams, cap, time.monotonic() - started)
         launcher.landlockplan.mark_result(result, self._wire)
         if result.isolation != "namespaces":  # its init sees the host's /tmp, not the sandbox's
             result.disk_full = []
@@ -428,7 +428,7 @@ class Session(SessionRun, ProjectReview):
         its Result has status SG. The session goes on."""
         current = self._current
         if current is not None:
-            launcher._send_kill(current, "cancelled")
+            launcher.send_kill(current, "cancelled")
 
     def _kill_overdue(self) -> None:
         self._overdue = True
