@@ -104,7 +104,7 @@ async def arun(argv: Sequence[str], policy: Policy | None = None, *,
         capture_output=capture_output, timeout=timeout, output_limit=output_limit, env=env,
         workspace=workspace, cwd=cwd, passthrough=passthrough, audit=audit, profile=profile)
     return await _in_thread(
-        lambda: api._run_cancellable(argv, policy, cancel=cancel, **arguments), cancel)
+        lambda: api.run_cancellable(argv, policy, cancel=cancel, **arguments), cancel)
 
 
 class AsyncSession:

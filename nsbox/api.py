@@ -70,20 +70,20 @@ def run(argv: Sequence[str], policy: Policy | None = None, *, input: bytes | str
     the sandbox, SetupError when the sandbox cannot be built, and PolicyError naming the
     argument for a bad value (docs/api.md, "Errors"), before anything starts.
     """
-    return _run_cancellable(
+    return run_cancellable(
         argv, policy, input=input, stdin=stdin, text=text, encoding=encoding, errors=errors,
         check=check, capture_output=capture_output, timeout=timeout, output_limit=output_limit,
         env=env, workspace=workspace, cwd=cwd, passthrough=passthrough, audit=audit,
         profile=profile)
 
 
-def _run_cancellable(argv: Any, policy: Any = None, *, input: Any = None, stdin: Any = None,
-                    text: Any = False, encoding: Any = None, errors: Any = None,
-                    check: Any = False, capture_output: Any = None, timeout: Any = None,
-                    output_limit: Any = None, env: Any = None, workspace: Any = None,
-                    cwd: Any = None, passthrough: Any = False, audit: Any = None,
-                    profile: Any = None, cancel: launcher.Cancel | None = None
-                    ) -> Result[Any]:
+def run_cancellable(argv: Any, policy: Any = None, *, input: Any = None, stdin: Any = None,
+                   text: Any = False, encoding: Any = None, errors: Any = None,
+                   check: Any = False, capture_output: Any = None, timeout: Any = None,
+                   output_limit: Any = None, env: Any = None, workspace: Any = None,
+                   cwd: Any = None, passthrough: Any = False, audit: Any = None,
+                   profile: Any = None, cancel: launcher.Cancel | None = None
+                   ) -> Result[Any]:
     """``run``, which ``cancel`` can kill from another thread (nsbox/aio.py)."""
     call = inputs.call_args(input_=input, stdin_=stdin, text_=text, encoding=encoding,
                             errors=errors, check=check, capture_output=capture_output,

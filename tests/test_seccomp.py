@@ -722,7 +722,7 @@ allow = struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000).hex()
 entries = [{"format": sc._FORMAT, "key": key,
             "sha256": hashlib.sha256(bytes.fromhex(allow)).hexdigest(), "bpf": allow,
             "listener": False, "notify": None, "source": {}}
-           for key in (sc.cache_key(Seccomp()), sc.cache_key(custom), sc._setid_key())]
+           for key in (sc.cache_key(Seccomp()), sc.cache_key(custom), sc.setid_key())]
 # Overwrite the entries if it can, else move the directory aside and make a new one.
 writer = ("import json, os, sys\n"
           "d = '/cache/nsbox/seccomp'\n"
@@ -796,7 +796,7 @@ def test_a_sandbox_cannot_plant_a_program_for_a_later_run(public_tree: Path,
     assert out == ""  # the files were the caller's own: written without a refusal
     planted = sorted(p.name for p in (home / "nsbox" / "seccomp").iterdir())
     assert planted == sorted([sc.cache_key(Seccomp()) + ".json", sc.cache_key(CUSTOM) + ".json",
-                              sc._setid_key() + ".json"])
+                              sc.setid_key() + ".json"])
     _denied_as_the_rules_say(later)
 
 

@@ -48,11 +48,11 @@ def test_the_shipped_programs_are_what_the_compiler_makes_now() -> None:
     assert entries
     for stored in entries:
         if stored["source"].get("setid"):
-            key = sc._setid_key()
+            key = sc.setid_key()
             fresh = seccomp_compile.compile_setid(key)
         elif stored["source"].get("landlock"):
-            key = landlock_filter._key()
-            fresh = landlock_filter._compile(key)
+            key = landlock_filter.filter_key()
+            fresh = landlock_filter.compile_filter(key)
         else:
             policy = _seccomp(stored["source"]["seccomp"])
             key = sc.cache_key(policy)
@@ -66,7 +66,7 @@ def test_the_shipped_programs_are_what_the_compiler_makes_now() -> None:
 def test_every_shipped_profile_has_its_programs_in_learning_mode_too() -> None:
     from nsbox.profiles import load_profile, shipped_profiles
 
-    wanted = {sc._setid_key(), landlock_filter._key()}
+    wanted = {sc.setid_key(), landlock_filter.filter_key()}
     for name in shipped_profiles():
         policy = load_profile(name).seccomp
         wanted |= {sc.cache_key(policy),

@@ -351,7 +351,7 @@ def _seconds(usage: dict[str, int | None], name: str) -> float | None:
 def _wanted(spec: dict[str, Any]) -> set[str]:
     from nsbox.policy import limits as _limits
 
-    return _limits._wanted(spec)
+    return _limits.wanted_features(spec)
 
 
 class Submission:

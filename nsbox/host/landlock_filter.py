@@ -102,9 +102,9 @@ def rules() -> tuple[SeccompRule, ...]:
     return tuple(found)
 
 
-def _compile(key: str) -> compiler.Program:
+def compile_filter(key: str) -> compiler.Program:
     """Allow by default, the native architecture only (another's syscalls are killed)."""
-    pyseccomp = compiler._import_pyseccomp()
+    pyseccomp = compiler.import_pyseccomp()
     flt = pyseccomp.SyscallFilter(compiler.RET_ALLOW)
     flt.set_attr(pyseccomp.Attr.ACT_BADARCH, compiler.RET_KILL_PROCESS)
     flt.set_attr(pyseccomp.Attr.CTL_NNP, 0)
@@ -118,11 +118,11 @@ def _compile(key: str) -> compiler.Program:
         conditions = [pyseccomp.Arg(a.index, compiler.OPS[a.op],
                                     *((a.mask, a.value) if a.op == "masked_eq" else (a.value,)))
                       for a in rule.args]
-        flt.add_rule(compiler._action_value(kind, number, False), nr, *conditions)
-    return compiler.Program(compiler._export(flt), key)
+        flt.add_rule(compiler.action_value(kind, number, False), nr, *conditions)
+    return compiler.Program(compiler.export_program(flt), key)
 
 
-def _key() -> str:
+def filter_key() -> str:
     """The rules' digest, with the architecture and nsbox's version as every program's key
     has them (nsbox/host/seccomp.py): the filter built with the package is found by it."""
     return seccompmod.program_key({"landlock": sha256_hex(repr(rules()).encode())})
@@ -134,5 +134,5 @@ _keys: list[str] = []  # worked out once: nothing in it changes in a process
 def load(untrusted_dirs: Iterable[str] = ()) -> compiler.Program:
     """The compiled filter, cached like the others (nsbox/host/seccomp.py)."""
     if not _keys:
-        _keys.append(_key())
-    return seccompmod.cached(_keys[0], untrusted_dirs, lambda: _compile(_keys[0]))
+        _keys.append(filter_key())
+    return seccompmod.cached(_keys[0], untrusted_dirs, lambda: compile_filter(_keys[0]))

@@ -80,7 +80,7 @@ def load(seccomp: Seccomp, *, untrusted_dirs: Iterable[str] = ()) -> Program:
 
 def load_setid(*, untrusted_dirs: Iterable[str] = ()) -> Program:
     """The set-id filter (SETID_RULES), compiled once and cached like the policy's program."""
-    key = _setid_key()
+    key = setid_key()
 
     def compile_() -> Program:
         stats.setid_compiled += 1
@@ -172,7 +172,7 @@ def architecture() -> str:
 
 
 def cache_key(seccomp: Seccomp) -> str:
-    return program_key({"seccomp": _plain(seccomp), "builtin": BUILTIN_DIGEST})
+    return program_key({"seccomp": plain_source(seccomp), "builtin": BUILTIN_DIGEST})
 
 
 def program_key(inputs: dict[str, Any]) -> str:
@@ -188,7 +188,7 @@ def program_key(inputs: dict[str, Any]) -> str:
     return sha256_hex(blob.encode())
 
 
-# The fields _plain writes out; a class with other fields goes through dataclasses.asdict.
+# The fields plain_source writes out; a class with other fields goes through dataclasses.asdict.
 _SHAPES = {Seccomp: ("enabled", "default_action", "rules", "log_denied"),
            SeccompRule: ("syscall", "action", "args"),
            SeccompArg: ("index", "op", "value", "mask")}
@@ -196,7 +196,7 @@ _PLAIN_FITS = all(tuple(f.name for f in dataclasses.fields(cls)) == names
                   for cls, names in _SHAPES.items())
 
 
-def _plain(seccomp: Seccomp) -> Any:
+def plain_source(seccomp: Seccomp) -> Any:
     """``dataclasses.asdict(seccomp)`` for a well-formed policy, without asdict's copying of
     every value (two thirds of the key's cost); anything else goes through asdict itself."""
     rules = seccomp.rules
@@ -216,7 +216,7 @@ def _plain(seccomp: Seccomp) -> Any:
 _setid_key_memo = ""
 
 
-def _setid_key() -> str:
+def setid_key() -> str:
     """Everything in it is fixed for the life of the process: worked out once."""
     global _setid_key_memo
     if not _setid_key_memo:

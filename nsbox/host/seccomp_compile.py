@@ -109,7 +109,7 @@ def _check_arg(arg: SeccompArg, key: str) -> None:
         raise PolicyError(f"a mask is only for masked_eq, not {arg.op!r}", key=key)
 
 
-def _action_value(kind: str, number: int, listener: bool) -> int:
+def action_value(kind: str, number: int, listener: bool) -> int:
     if kind == "allow":
         return RET_ALLOW
     if kind == "kill":
@@ -120,10 +120,10 @@ def _action_value(kind: str, number: int, listener: bool) -> int:
 def compile_program(seccomp: Seccomp, key: str = "") -> Program:
     """Compile with libseccomp. Raises PolicyError naming a bad rule. ``key`` is the cache's
     (nsbox/host/seccomp.py), kept with the program."""
-    pyseccomp = _import_pyseccomp()
+    pyseccomp = import_pyseccomp()
     listener = seccomp.log_denied
     default_kind, default_errno = parse_action(seccomp.default_action, "seccomp.default_action")
-    default = _action_value(default_kind, default_errno, listener)
+    default = action_value(default_kind, default_errno, listener)
     notify_rules: dict[str, list[Any]] = {}
 
     flt = pyseccomp.SyscallFilter(default)
@@ -153,7 +153,7 @@ def compile_program(seccomp: Seccomp, key: str = "") -> Program:
         kind, number = parse_action(rule.action, where)
         if nr < 0:
             continue  # a syscall of another architecture (vm86 on x86_64): nothing to filter
-        action = _action_value(kind, number, listener)
+        action = action_value(kind, number, listener)
         if action == default:
             continue  # libseccomp refuses a rule that repeats the default; it changes nothing
         conditions = [
@@ -174,7 +174,7 @@ def compile_program(seccomp: Seccomp, key: str = "") -> Program:
             conds = [[a.index, a.op, a.value, a.mask] for a in rule.args]
             notify_rules.setdefault(str(nr), []).append([conds, number])
 
-    bpf = _export(flt)
+    bpf = export_program(flt)
     if len(bpf) // 8 > MAX_INSNS:
         raise PolicyError(
             f"the seccomp program has {len(bpf) // 8} instructions; the kernel takes at most "
@@ -194,7 +194,7 @@ def compile_program(seccomp: Seccomp, key: str = "") -> Program:
 def compile_setid(key: str = "") -> Program:
     """Compile SETID_RULES: allow by default, the native architecture only (as the policy's
     program: another architecture's syscalls are killed, they would bypass the numbers here)."""
-    pyseccomp = _import_pyseccomp()
+    pyseccomp = import_pyseccomp()
     flt = pyseccomp.SyscallFilter(RET_ALLOW)
     flt.set_attr(pyseccomp.Attr.ACT_BADARCH, RET_KILL_PROCESS)
     flt.set_attr(pyseccomp.Attr.CTL_NNP, 0)
@@ -208,11 +208,11 @@ def compile_setid(key: str = "") -> Program:
             continue  # not a syscall of this architecture (open on aarch64)
         kind, number = parse_action(rule.action, "set-id rule")
         conditions = [pyseccomp.Arg(a.index, OPS[a.op], a.mask, a.value) for a in rule.args]
-        flt.add_rule(_action_value(kind, number, False), nr, *conditions)
-    return Program(_export(flt), key)
+        flt.add_rule(action_value(kind, number, False), nr, *conditions)
+    return Program(export_program(flt), key)
 
 
-def _import_pyseccomp() -> Any:
+def import_pyseccomp() -> Any:
     """Here alone: its import runs ldconfig. Missing pieces fail closed, with what to install."""
     try:
         import pyseccomp
@@ -231,7 +231,7 @@ def _import_pyseccomp() -> Any:
     return pyseccomp
 
 
-def _export(flt: Any) -> bytes:
+def export_program(flt: Any) -> bytes:
     fd = os.memfd_create("nsbox-seccomp", os.MFD_CLOEXEC)
     try:
         with open(fd, "wb", closefd=False) as f:

@@ -103,7 +103,7 @@ def plan_limits(limits: Limits) -> dict[str, Any]:
     }
 
 
-def _wanted(spec: dict[str, Any]) -> set[str]:
+def wanted_features(spec: dict[str, Any]) -> set[str]:
     wanted = set()
     if spec.get("memory") is not None:
         wanted.add(cgroups.MEMORY)
@@ -129,7 +129,7 @@ class RunLimits:
         the launch helper passes one that takes a cgroup made ahead (nsbox/helper/spawner.py)."""
         backend = backend if backend is not None else cgroups.get_backend()
         self.cpu_time: float | None = spec.get("cpu_time")
-        wanted = _wanted(spec)
+        wanted = wanted_features(spec)
         supported = backend.supports()
         reason = backend.reason
         self.cgroup: cgroups.RunCgroup | None = None

@@ -204,7 +204,7 @@ def _check_depth(data: Any, display: str) -> None:
             stack.extend((v, depth + 1, key) for v in value)
 
 
-def _shipped(name: str) -> _Source:
+def shipped_source(name: str) -> _Source:
     path = os.path.join(os.path.dirname(__file__), f"{name}.toml")
     return _Source(f"profiles/{name}.toml", path, None)
 
@@ -229,8 +229,8 @@ def _locate(ref: str, origin: schema.Origin | None, key: str) -> _Source:
         path = os.path.realpath(path)
         return _Source(path, path, os.path.dirname(path))
     # A name is only ever a file of the package: no "/", no "..", nothing else searched.
-    if _NAME.match(ref) and _exists(_shipped(ref)):
-        return _shipped(ref)
+    if _NAME.match(ref) and _exists(shipped_source(ref)):
+        return shipped_source(ref)
     names = shipped_profiles()
     hint = schema.suggest(ref, names) or f"shipped profiles: {', '.join(names)}; or give a path"
     message = f"no shipped profile named {ref!r}"
@@ -349,7 +349,7 @@ def load_profile(ref: str, overrides: Mapping[str, Any] | None = None) -> Policy
 
 def profile_description(name: str) -> str:
     """The first line of a shipped profile's description (its parents are not loaded)."""
-    data, _ = _read(_shipped(name))
+    data, _ = _read(shipped_source(name))
     lines = str(data.get("description", "")).strip().splitlines()
     return lines[0] if lines else ""
 

@@ -47,19 +47,19 @@ def build(directory: str) -> list[str]:
         if name.endswith(".json"):
             os.unlink(os.path.join(directory, name))
     keys = []
-    setid = seccomp_compile.compile_setid(seccomp._setid_key())
+    setid = seccomp_compile.compile_setid(seccomp.setid_key())
     seccomp.write_entry(directory, setid, {"setid": True})
     keys.append(setid.key)
     from nsbox.host import (
         landlock_filter,  # the Landlock mode's own filter, in every one of its runs
     )
 
-    landlock = landlock_filter._compile(landlock_filter._key())
+    landlock = landlock_filter.compile_filter(landlock_filter.filter_key())
     seccomp.write_entry(directory, landlock, {"landlock": True})
     keys.append(landlock.key)
     for policy in shipped_policies():
         program = seccomp_compile.compile_program(policy, seccomp.cache_key(policy))
-        seccomp.write_entry(directory, program, {"seccomp": seccomp._plain(policy)})
+        seccomp.write_entry(directory, program, {"seccomp": seccomp.plain_source(policy)})
         keys.append(program.key)
     return keys
 
@@ -72,7 +72,7 @@ def build_parsed(path: str) -> list[str]:
 
     parsed = {}
     for name in profiles.shipped_profiles():
-        source = profiles._shipped(name)
+        source = profiles.shipped_source(name)
         text = source.read_text()
         parsed[source.display] = {"text": text, "data": profiles.toml().loads(text)}
     tmp = path + ".tmp"

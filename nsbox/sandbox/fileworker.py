@@ -58,18 +58,18 @@ def perform(ctx: _child.Context, op: dict[str, Any]) -> int:
         elif op["kind"] == "list":
             list_files(op)
         elif op["kind"] == "changes":
-            _write_all(1, projectfs.run_changes(op))
+            write_all(1, projectfs.run_changes(op))
         elif op["kind"] == "getmany":
             for path in op["paths"]:  # one after the other; the host splits by the sizes
                 get_file(path, op["max_size"])
         else:
             raise FileOpError("", f"unknown file operation {op['kind']!r}")
     except FileOpError as exc:
-        _write_all(2, json.dumps({"path": exc.path, "reason": exc.reason}).encode())
+        write_all(2, json.dumps({"path": exc.path, "reason": exc.reason}).encode())
         return 1
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        _write_all(2, json.dumps({"path": op.get("path", ""), "reason": reason,
+        write_all(2, json.dumps({"path": op.get("path", ""), "reason": reason,
                                   "errno": exc.errno or 0}).encode())
         return 1
     return 0
@@ -145,7 +145,7 @@ def get_file(path: str, max_size: int) -> None:
         if st.st_size > max_size:
             raise FileOpError(path, f"too large: {st.st_size} bytes, the limit is {max_size}")
         os.set_blocking(fd, True)
-        projectfs.read_exactly(fd, st.st_size, lambda chunk: _write_all(1, chunk))
+        projectfs.read_exactly(fd, st.st_size, lambda chunk: write_all(1, chunk))
     finally:
         os.close(fd)
 
@@ -175,7 +175,7 @@ def put_file(path: str, mode: int) -> None:
         os.ftruncate(fd, 0)
         os.fchmod(fd, mode & 0o777)
         while chunk := os.read(0, _CHUNK):
-            _write_all(fd, chunk)
+            write_all(fd, chunk)
     finally:
         os.close(fd)
 
@@ -250,7 +250,7 @@ def list_files(op: dict[str, Any]) -> None:
         walk(root_fd, "", 0)
     finally:
         os.close(root_fd)
-    _write_all(1, json.dumps({"files": files, "skipped": skipped}).encode())
+    write_all(1, json.dumps({"files": files, "skipped": skipped}).encode())
 
 
 class _Skipped(list):  # type: ignore[type-arg]
@@ -271,7 +271,7 @@ class _Skipped(list):  # type: ignore[type-arg]
             super().append({"path": "...", "reason": "more files skipped, not listed"})
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]

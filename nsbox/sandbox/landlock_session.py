@@ -63,7 +63,7 @@ class LandlockInit(sessioninit.Init):
         for path in paths:
             if in_workspace(path, workspace) is None:
                 reason = "the Landlock mode reaches the workspace only (a relative path)"
-                fileworker._write_all(2, json.dumps({"path": path, "reason": reason}).encode())
+                fileworker.write_all(2, json.dumps({"path": path, "reason": reason}).encode())
                 return 1
         op = dict(op)
         if "path" in op:
