@@ -121,7 +121,7 @@ def _check_run(argv: Any, kwargs: dict[str, Any]) -> None:
 
 def _run_property(cases: int) -> None:
     nsbox.run(["true"])
-    helper = launcher.helper_client._pid
+    helper = launcher.helper_client.pid
 
     @seed(SEED)
     @_settings(cases)
@@ -130,7 +130,7 @@ def _run_property(cases: int) -> None:
         _check_run(argv, kwargs)
 
     prop()
-    assert launcher.helper_client._pid == helper
+    assert launcher.helper_client.pid == helper
 
 
 def test_run_arguments():

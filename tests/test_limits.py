@@ -342,7 +342,7 @@ def test_spawners_killed_while_waiting_are_cleaned_up_and_runs_keep_their_cgroup
     monkeypatch.setenv("NSBOX_ENGINE", "0")  # the Python helper's spawners
     require(backend.kind == "v1", "spawners exist on v1 hosts only (v2 clones into the cgroup)")
     nsbox.run(["true"])
-    helper = launcher.helper_client._pid
+    helper = launcher.helper_client.pid
 
     def spawners() -> list[int]:
         # Every process; the helper's spawners are picked out.

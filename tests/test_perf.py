@@ -39,7 +39,7 @@ def helper_children(helper: int | None = None, sandboxes_only: bool = True) -> l
     spawners too (nsbox/helper/spawner.py)."""
     from nsbox.bench.soak import children_of
 
-    helper = helper if helper is not None else launcher.helper_client._pid
+    helper = helper if helper is not None else launcher.helper_client.pid
     found = []
     for pid, state in children_of({helper}):
         try:
@@ -149,7 +149,7 @@ def test_pooled_sandboxes_die_with_a_killed_host(public_tree: Path):
     code = (
         f"import sys, os; sys.path.insert(0, {str(public_tree)!r}); import nsbox\n"
         "pool = nsbox.Pool(size=3); pool.wait_ready()\n"
-        "from nsbox.launch import launcher; print(launcher.helper_client._pid, flush=True)\n"
+        "from nsbox.launch import launcher; print(launcher.helper_client.pid, flush=True)\n"
         f"pool.run(['sleep', '{marker}'])\n"
     )
     host = subprocess.Popen([PYTHON, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -287,7 +287,7 @@ def test_cli_launches_through_the_public_run(tmp_path: Path):
         "real = launcher.run\n"
         "import gc\n"
         "def spy(argv, *args, **kwargs):\n"
-        "    calls.append([argv, kwargs.get('passthrough'), launcher.helper_client._pid,\n"
+        "    calls.append([argv, kwargs.get('passthrough'), launcher.helper_client.pid,\n"
         "                  gc.isenabled()])\n"
         "    return real(argv, *args, **kwargs)\n"
         "launcher.run = spy\n"

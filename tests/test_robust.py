@@ -87,7 +87,7 @@ def test_bad_calls_never_harm_concurrent_good_runs(as_user: UserRunner):
 import threading
 nsbox.run(["true"])
 from nsbox.host import engine  # one-shot runs take the launch engine; bad plans the helper
-helper = (launcher.helper_client._pid, engine.client.pid)
+helper = (launcher.helper_client.pid, engine.client.pid)
 good, failed, outcomes = [], [], []
 
 def good_runs():
@@ -108,7 +108,7 @@ for t in threads:
 for t in threads:
     t.join()
 emit(good=sorted(set(map(tuple, good))), count=len(good), failed=failed, outcomes=outcomes,
-     same_helper=engine.client.pid == helper[1] and helper[0] in (0, launcher.helper_client._pid))
+     same_helper=engine.client.pid == helper[1] and helper[0] in (0, launcher.helper_client.pid))
 """)
     assert out["failed"] == []
     assert out["count"] == 64 and out["good"] == [["OK", "ok\n"]]
@@ -225,11 +225,11 @@ def test_descriptors_and_memory_stay_the_same_after_1000_failing_calls():
                     nsbox.run("echo hi", timeout=float("nan"))
 
     failing_calls(100)  # the helper started, caches warm
-    helper = launcher.helper_client._pid
+    helper = launcher.helper_client.pid
     fds, helper_fds, memory = (len(os.listdir("/proc/self/fd")),
                                len(os.listdir(f"/proc/{helper}/fd")), rss())
     failing_calls(1000)
-    assert launcher.helper_client._pid == helper
+    assert launcher.helper_client.pid == helper
     assert len(os.listdir("/proc/self/fd")) == fds
     # The helper's count moves by the spare spawners it keeps (cgroup v1): one socket each.
     assert len(os.listdir(f"/proc/{helper}/fd")) <= helper_fds + 2
@@ -310,7 +310,7 @@ import signal, threading, time
 results = []
 nsbox.run(["true"])
 from nsbox.host import engine  # the launch process: the engine's where it runs the launch
-helper = nsbox.launch.launcher.helper_client._pid or engine.client.pid
+helper = nsbox.launch.launcher.helper_client.pid or engine.client.pid
 assert helper > 0
 started = time.monotonic()
 t = threading.Thread(target=lambda: results.append(nsbox.run(["sleep", "{marker}"], timeout=2)))
@@ -381,7 +381,7 @@ def test_a_pool_takes_a_long_timeout():
 def test_the_helper_survives_a_failing_launch_and_reports_it(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("NSBOX_ENGINE", "0")  # the helper's; tests/test_engine.py: the engine's
     nsbox.run(["true"])
-    helper = launcher.helper_client._pid
+    helper = launcher.helper_client.pid
     policy = Policy()
     from nsbox.plan import plan as planmod
 
@@ -392,7 +392,7 @@ def test_the_helper_survives_a_failing_launch_and_reports_it(monkeypatch: pytest
     assert info.value.step == "helper"
     assert "could not carry out this launch" in info.value.message
     assert nsbox.run(["echo", "fine"]).stdout == b"fine\n"
-    assert launcher.helper_client._pid == helper
+    assert launcher.helper_client.pid == helper
 
 
 def test_a_launch_that_fails_after_pinning_its_binds_lets_go_of_them(unprivileged_tmp: Path):
@@ -403,7 +403,7 @@ def test_a_launch_that_fails_after_pinning_its_binds_lets_go_of_them(unprivilege
     if os.geteuid() == 0:
         os.chown(out, 1234, 1234)  # an owner the sandbox may be idmapped to as root
     nsbox.run(["true"])
-    helper = launcher.helper_client._pid
+    helper = launcher.helper_client.pid
     policy = Policy(mounts=DEFAULT_MOUNTS + (Bind(str(out), "/out", writable=True),))
     from nsbox.plan import plan as planmod
 
@@ -415,7 +415,7 @@ def test_a_launch_that_fails_after_pinning_its_binds_lets_go_of_them(unprivilege
     assert info.value.step == "helper"
     assert info.value.message.endswith("KeyError: 'net'"), info.value.message
     assert str(out) not in open_files(helper)
-    assert launcher.helper_client._pid == helper
+    assert launcher.helper_client.pid == helper
 
 
 def open_files(pid: int) -> list[str]:
@@ -538,7 +538,7 @@ def test_a_session_backstop_needs_neither_its_init_nor_the_helper(as_user: UserR
     out = as_user.script(f"""
 import signal, threading, time
 with nsbox.Session(timeout=1) as s:
-    helper = nsbox.launch.launcher.helper_client._pid
+    helper = nsbox.launch.launcher.helper_client.pid
     results = []
     t = threading.Thread(target=lambda: results.append(s.run(["sleep", "{marker}"])))
     started = time.monotonic()

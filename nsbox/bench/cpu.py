@@ -112,7 +112,7 @@ def main() -> None:
     launches = int(sys.argv[1]) if len(sys.argv) > 1 else 400
     policy = nsbox.Policy()
     nsbox.run(["/bin/true"], policy)  # starts the helper
-    helper = launcher.helper_client._pid or engine.client.pid  # or the launch engine
+    helper = launcher.helper_client.pid or engine.client.pid  # or the launch engine
     bwrap = shutil.which("bwrap")
     for threads in (1, 2):
         measure("nsbox", lambda: nsbox.run(["/bin/true"], policy), launches, threads, helper)

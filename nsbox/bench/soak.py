@@ -119,7 +119,7 @@ def _launch_processes_kib() -> int:
 def snapshot() -> dict[str, int]:
     # The launch processes this process keeps: the launch helper and the launch engine, either
     # or both (sessions and pools take the helper, one-shot runs the engine).
-    keepers = {pid for pid in (launcher.helper_client._pid, engine.client.pid) if pid}
+    keepers = {pid for pid in (launcher.helper_client.pid, engine.client.pid) if pid}
     with open("/proc/self/mountinfo") as f:
         mounts = sum(1 for _ in f)
     zombies, live, spawners = _children({os.getpid(), *keepers})

@@ -26,7 +26,6 @@ import json
 import os
 import signal
 import socket
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +37,7 @@ from nsbox.cgroups import _names
 from nsbox.errors import HostError, LaunchError
 from nsbox.helper.launch import Launch, StepFailed, failure_report
 from nsbox.helper.sources import Sources
+from nsbox.host.launchprocess import LaunchProcess
 from nsbox.host.output import out_of_descriptors
 from nsbox.policy import identity
 from nsbox.sandbox import child as _child
@@ -103,24 +103,15 @@ def submission(plan: dict[str, Any]) -> Submission | None:
         raise out_of_descriptors("cannot prepare the launch", exc) from None
 
 
-class _Client:
+class _Client(LaunchProcess):
     """One engine per host process, started on first use, restarted if it died."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self.pid = 0
+        super().__init__()
         self.held: identity.Holdings | None = None
         self.sources: Sources | None = None
         self._exit_registered = False
         self.sent = 0  # launches handed to the engine by this process (the tests' evidence)
-        os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-        self._sock, self.pid = None, 0
-        self._lock = threading.Lock()
 
     def _start(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -138,15 +129,6 @@ class _Client:
         finally:
             theirs.close()
         return ours
-
-    def _alive(self) -> bool:
-        if not self.pid:
-            return False
-        try:
-            pid, _status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        return pid == 0
 
     def send(self, build: Callable[[int], tuple[bytes, list[int]]]) -> None:
         """Send the request ``build(engine_pid)`` makes (its cgroup names the engine as its
@@ -174,19 +156,6 @@ class _Client:
             self.held = identity.Holdings.read()
             self.sources = Sources(self.held)
         return self.held, self.sources
-
-    def stop(self) -> None:
-        """End the engine and reap it: every sandbox it still runs is killed first."""
-        with self._lock:
-            sock, pid = self._sock, self.pid
-            self._sock, self.pid = None, 0
-        if sock is not None:
-            sock.close()
-        if pid:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
 
 
 client = _Client()

@@ -18,6 +18,7 @@ from nsbox import cgroups, errors
 from nsbox._sys import wire as _wire
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
 from nsbox.host import engine, isolation
+from nsbox.host.launchprocess import LaunchProcess
 from nsbox.host.network import RunNetwork
 from nsbox.host.output import (  # noqa: F401 (Stream, send_kill: sessions use them from here)
     HOST_GRACE,
@@ -41,29 +42,19 @@ def _helper_environment() -> dict[str, str]:
     return env
 
 
-class _HelperClient:
+class _HelperClient(LaunchProcess):
     """One launch helper per host process, started on first use, restarted if it died."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._pid = 0
+        super().__init__()
         self.fork = False  # use_forked_helper()
         self._reap_registered = False
-        os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        # A forked child must not share its parent's helper: it would keep it alive.
-        if self._sock is not None:
-            self._sock.close()
-        self._sock, self._pid = None, 0
-        self._lock = threading.Lock()
 
     def _start(self) -> socket.socket:
         if self.fork and threading.active_count() == 1:
             from nsbox.helper.fork import fork_helper
 
-            sock, self._pid = fork_helper()
+            sock, self.pid = fork_helper()
             return sock
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # nsbox/launch/..
@@ -76,7 +67,7 @@ class _HelperClient:
                 "from nsbox.helper.loop import main; main()")
         python = sys.executable or "/usr/bin/python3"
         try:
-            self._pid = os.posix_spawn(
+            self.pid = os.posix_spawn(
                 python, [python, "-I", "-S", "-c", boot, "3"], _helper_environment(),
                 file_actions=[(os.POSIX_SPAWN_DUP2, theirs.fileno(), 3)],
                 setsid=True,
@@ -90,16 +81,7 @@ class _HelperClient:
     def adopt(self, sock: socket.socket, pid: int) -> None:
         """Use a helper already started (the command line forks one at its very start)."""
         with self._lock:
-            self._sock, self._pid = sock, pid
-
-    def _alive(self) -> bool:
-        if not self._pid:
-            return False
-        try:
-            pid, _status = os.waitpid(self._pid, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        return pid == 0
+            self._sock, self.pid = sock, pid
 
     def submit(self, wire_plan: dict[str, Any], fds: list[int]) -> None:
         self.send_request({"plan": wire_plan}, fds)
@@ -136,16 +118,7 @@ class _HelperClient:
         """End the helper and reap it (the command line, before it exits): every sandbox it
         still runs is killed first (end-of-file on its control socket)."""
         engine.client.stop()  # the launch engine's sandboxes too (nsbox/host/engine.py)
-        with self._lock:
-            sock, pid = self._sock, self._pid
-            self._sock, self._pid = None, 0
-        if sock is not None:
-            sock.close()
-        if pid:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+        super().stop()
 
 
 helper_client = _HelperClient()

@@ -1,0 +1,47 @@
+"""A process this host process starts once and talks to over one socket: the Python launch
+helper (nsbox/launch/launcher.py) and the launch engine (nsbox/host/engine.py). What each
+starts and sends is its own; how it is forgotten in a fork, found alive and ended is this."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+
+class LaunchProcess:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.pid = 0
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        # A forked child must not share its parent's process: it would keep it alive.
+        if self._sock is not None:
+            self._sock.close()
+        self._sock, self.pid = None, 0
+        self._lock = threading.Lock()
+
+    def _alive(self) -> bool:
+        if not self.pid:
+            return False
+        try:
+            pid, _status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return pid == 0
+
+    def stop(self) -> None:
+        """End the process and reap it: every sandbox it still runs is killed first (it reads
+        end-of-file on its socket)."""
+        with self._lock:
+            sock, pid = self._sock, self.pid
+            self._sock, self.pid = None, 0
+        if sock is not None:
+            sock.close()
+        if pid:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
