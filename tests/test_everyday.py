@@ -8,11 +8,13 @@ compared here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,19 +54,27 @@ def test_json_passes_stdin_as_without_it(door: str):
     assert (result["status"], result["exit_code"], result["stdout"]) == ("RE", 3, "hello\n")
 
 
-def test_session_exec_json_passes_stdin(tmp_path: Path):
+@contextlib.contextmanager
+def _cli_session(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A session of the command line's, its runtime directory in ``tmp_path``: its ID and the
+    environment that reaches it; stopped afterwards, which must succeed."""
     env = {"XDG_RUNTIME_DIR": str(tmp_path)}
     tmp_path.chmod(0o700)
     start = nsbox_cli("session", "start", env=env)
     assert start.returncode == 0, start.stderr
     sid = start.stdout.decode().strip()
     try:
+        yield sid, env
+    finally:
+        assert nsbox_cli("session", "stop", sid, env=env).returncode == 0
+
+
+def test_session_exec_json_passes_stdin(tmp_path: Path):
+    with _cli_session(tmp_path) as (sid, env):
         ran = nsbox_cli("session", "exec", "--json", sid, "--", "wc", "-c", input=b"12345",
                         env=env)
         assert ran.returncode == 0, ran.stderr
         assert json.loads(ran.stdout)["stdout"] == "5\n"
-    finally:
-        assert nsbox_cli("session", "stop", sid, env=env).returncode == 0
 
 
 @pytest.mark.parametrize("door", sorted(DOORS))
@@ -118,18 +128,11 @@ def test_ps_through_the_command_line(door: str):
 
 def test_ps_through_session_exec(tmp_path: Path):
     require_ps()
-    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
-    tmp_path.chmod(0o700)
-    start = nsbox_cli("session", "start", env=env)
-    assert start.returncode == 0, start.stderr
-    sid = start.stdout.decode().strip()
-    try:
+    with _cli_session(tmp_path) as (sid, env):
         for _ in range(2):  # the second command of a session was the one that failed
             ran = nsbox_cli("session", "exec", sid, "--", *PS_PROBE, env=env)
             assert ran.returncode == 0, ran.stderr
             check_ps(ran.stdout.decode(), ran.stderr.decode())
-    finally:
-        assert nsbox_cli("session", "stop", sid, env=env).returncode == 0
 
 
 def test_ps_through_the_api_session_and_pool(as_user: UserRunner):
@@ -355,20 +358,13 @@ emit(**out)
 
 
 def test_session_exec_names_an_option_after_id_and_the_remedy_of_a_limit(tmp_path: Path):
-    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
-    tmp_path.chmod(0o700)
-    start = nsbox_cli("session", "start", env=env)
-    assert start.returncode == 0, start.stderr
-    sid = start.stdout.decode().strip()
-    try:
+    with _cli_session(tmp_path) as (sid, env):
         late = nsbox_cli("session", "exec", sid, "--time", "1", "--", "sleep", "3", env=env)
         assert late.returncode == 2
         assert b'"--time" after ID: options go before ID' in late.stderr
         slow = nsbox_cli("session", "exec", "--time", "1", sid, "sleep", "3", env=env)
         assert slow.returncode == 124
         assert slow.stderr.endswith(b"nsbox: TO: wall-clock limit reached; raise it with --time\n")
-    finally:
-        assert nsbox_cli("session", "stop", sid, env=env).returncode == 0
 
 
 @pytest.mark.parametrize("door", sorted(DOORS))
