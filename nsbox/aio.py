@@ -19,6 +19,7 @@ from nsbox import api
 from nsbox.launch import launcher
 from nsbox.policy.policy import Policy
 from nsbox.result import Result
+from nsbox.session.run import run_cancellable
 from nsbox.session.session import CopyLimits, FileInfo, Session
 
 T = TypeVar("T")
@@ -186,7 +187,7 @@ class AsyncSession:
             capture_output=capture_output, timeout=timeout, output_limit=output_limit,
             env=env, cwd=cwd, passthrough=passthrough)
         return await _in_thread(
-            lambda: session._run_cancellable(argv, cancel=cancel, **arguments), cancel)
+            lambda: run_cancellable(session, argv, cancel=cancel, **arguments), cancel)
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """``Session.write_file`` for asyncio."""

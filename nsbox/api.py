@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
-from nsbox.errors import NsboxError
+from nsbox.errors import NsboxError, PolicyError
 from nsbox.launch import launcher
 from nsbox.policy import checks, inputs
 from nsbox.policy.policy import Policy
@@ -82,9 +82,11 @@ def run_cancellable(argv: Any, policy: Any = None, *, input: Any = None, stdin: 
                    check: Any = False, capture_output: Any = None, timeout: Any = None,
                    output_limit: Any = None, env: Any = None, workspace: Any = None,
                    cwd: Any = None, passthrough: Any = False, audit: Any = None,
-                   profile: Any = None, cancel: launcher.Cancel | None = None
-                   ) -> Result[Any]:
-    """``run``, which ``cancel`` can kill from another thread (nsbox/aio.py)."""
+                   profile: Any = None, cancel: launcher.Cancel | None = None,
+                   tty: tuple[int, int] | None = None) -> Result[Any]:
+    """``run``, which ``cancel`` can kill from another thread (nsbox/aio.py), on a pty of its
+    own for ``tty`` (rows, columns; `nsbox run --tty`, nsbox/host/terminal.py). The one door
+    of a launch: every argument is checked here, once, and the launch gets them checked."""
     call = inputs.call_args(input_=input, stdin_=stdin, text_=text, encoding=encoding,
                             errors=errors, check=check, capture_output=capture_output,
                             passthrough=passthrough)
@@ -93,41 +95,40 @@ def run_cancellable(argv: Any, policy: Any = None, *, input: Any = None, stdin: 
     workspace = checks.optional_path(workspace, "workspace")
     policy = launcher.choose_policy(policy, profile)
     if audit is None:
-        result = launcher.run(cmd.argv, policy, stdin=cmd.stdin, timeout=cmd.timeout,
-                              output_limit=cmd.output_limit, env=cmd.env, workspace=workspace,
-                              cwd=cmd.cwd, passthrough=call.passthrough, cancel=cancel)
+        if workspace is not None:
+            policy = policy.replace(workspace=workspace)
+        result = launcher.launch(cmd, policy, passthrough=call.passthrough, cancel=cancel,
+                                 tty=tty)
+    elif tty is not None:
+        raise PolicyError("a run on a pty has no audit record", key="audit",
+                          hint="leave out audit, or the pty")
     else:
-        result = run_audited(cmd.argv, policy, audit=checks.path(audit, "audit"),
-                             stdin=cmd.stdin, timeout=cmd.timeout,
-                             output_limit=cmd.output_limit, env=cmd.env, workspace=workspace,
-                             cwd=cmd.cwd, passthrough=call.passthrough, cancel=cancel)
+        result = run_audited(cmd, policy, audit=checks.path(audit, "audit"),
+                             workspace=workspace, passthrough=call.passthrough, cancel=cancel)
     deadline = cmd.timeout if cmd.timeout is not None else policy.limits.wall_time
     return finish(result, call.text, call.check, cmd.argv, deadline)
 
 
-def run_audited(argv: Sequence[str], policy: Policy, *, audit: str, stdin: bytes | int | None,
-                timeout: float | None, output_limit: int | None, env: dict[str, str] | None,
-                workspace: str | None, cwd: str | None, passthrough: bool,
-                cancel: launcher.Cancel | None = None) -> Result:
+def run_audited(cmd: inputs.Command, policy: Policy, *, audit: str, workspace: str | None,
+                passthrough: bool, cancel: launcher.Cancel | None = None) -> Result:
     """``nsbox.run`` with an audit record: one command in a session of its own, so that the
     files it produced can be listed (and hashed) before the sandbox goes away."""
     if policy.seccomp.log_denied:
         # Learning mode needs a launch of its own; the record then lists no produced files.
-        return _run_audited_plain(argv, policy, audit=audit, stdin=stdin, timeout=timeout,
-                                  output_limit=output_limit, env=env, workspace=workspace,
-                                  cwd=cwd, passthrough=passthrough, cancel=cancel)
-    from nsbox.session.session import Session  # not on the plain run's path
+        if workspace is not None:
+            policy = policy.replace(workspace=workspace)
+        return _run_audited_plain(cmd, policy, audit=audit, passthrough=passthrough,
+                                  cancel=cancel)
+    from nsbox.session.run import run_command  # not on the plain run's path
+    from nsbox.session.session import Session
 
-    with Session(policy, workspace=workspace, env=env, audit=audit, idle_timeout=None,
-                 timeout=timeout, output_limit=output_limit) as session:
-        return session._run_command(argv, stdin=stdin, cwd=cwd, passthrough=passthrough,
-                                   cancel=cancel)
+    with Session(policy, workspace=workspace, env=cmd.env, audit=audit, idle_timeout=None,
+                 timeout=cmd.timeout, output_limit=cmd.output_limit) as session:
+        return run_command(session, cmd.argv, stdin=cmd.stdin, cwd=cmd.cwd,
+                           passthrough=passthrough, cancel=cancel)
 
 
-def _run_audited_plain(argv: Sequence[str], policy: Policy, *, audit: str,
-                       stdin: bytes | int | None, timeout: float | None,
-                       output_limit: int | None, env: dict[str, str] | None,
-                       workspace: str | None, cwd: str | None, passthrough: bool,
+def _run_audited_plain(cmd: inputs.Command, policy: Policy, *, audit: str, passthrough: bool,
                        cancel: launcher.Cancel | None) -> Result:
     from nsbox.host import audit as auditmod  # not on the plain run's path
 
@@ -135,19 +136,17 @@ def _run_audited_plain(argv: Sequence[str], policy: Policy, *, audit: str,
     result: Result | None = None
     error: NsboxError | None = None
     try:
-        result = launcher.run(list(argv), policy, stdin=stdin, timeout=timeout,
-                              output_limit=output_limit, env=env, workspace=workspace, cwd=cwd,
-                              passthrough=passthrough, cancel=cancel)
+        result = launcher.launch(cmd, policy, passthrough=passthrough, cancel=cancel)
         return result
     except NsboxError as exc:
         error = exc
         raise
     finally:
-        cap = output_limit if output_limit is not None else policy.limits.output
-        shown = auditmod.set_env(policy, env or {})
+        cap = cmd.output_limit if cmd.output_limit is not None else policy.limits.output
+        shown = auditmod.set_env(policy, cmd.env or {})
         record = auditmod.command_record(
-            argv=argv, policy=policy, session=None, env=shown, stdin=stdin,
-            timeout=timeout if timeout is not None else policy.limits.wall_time,
+            argv=cmd.argv, policy=policy, session=None, env=shown, stdin=cmd.stdin,
+            timeout=cmd.timeout if cmd.timeout is not None else policy.limits.wall_time,
             output_limit=cap, result=result, error=error)
         record["files_produced"] = None  # not listed: the sandbox is gone
         log.write(record, secrets=shown.values())

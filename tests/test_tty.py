@@ -27,7 +27,7 @@ import pytest
 from conftest import PYTHON, require
 from sessiontools import UserRunner, user_runner
 
-from nsbox.launch import launcher
+from nsbox.api import run_cancellable
 from nsbox.sandbox import native
 
 PS1 = "sbx-prompt> "
@@ -289,10 +289,11 @@ def test_tty_does_not_go_with_collect(terminals: list[Terminal], as_user: UserRu
 
 
 def _launch_with_terminal(argv: list[str]) -> tuple[Any, bytes]:
-    """launcher.run with a pty of the sandbox's: the Result, and what the pty showed."""
+    """nsbox.run (the door of --tty) with a pty of the sandbox's: the Result, and what the
+    pty showed."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with ours, theirs:
-        result = launcher.run(argv, stdin=theirs.fileno(), tty=(12, 34))
+        result = run_cancellable(argv, stdin=theirs.fileno(), tty=(12, 34))
         message, fds, _flags, _addr = socket.recv_fds(ours, 64, 4)
     assert message == b"nsbox-tty" and len(fds) == 1
     shown = b""

@@ -28,9 +28,9 @@ from conftest import PYTHON, require
 from sessiontools import UserRunner, sleepers, user_runner, wait_until
 from test_tty import PROMPT, SHELL, Terminal, cli
 
+from nsbox.api import run_cancellable
 from nsbox.host import terminal as host_terminal
 from nsbox.host.terminal import Relay
-from nsbox.launch import launcher
 from nsbox.sandbox import native
 
 __all__ = ["Terminal"]  # the fixture's type, from test_tty
@@ -230,8 +230,8 @@ def test_the_master_is_not_inherited_by_what_the_host_starts(caller_pty: CallerP
 
         watcher = threading.Thread(target=look)
         watcher.start()
-        result = launcher.run(["sh", "-c", "sleep 1"], stdin=relay.sandbox_end,
-                              tty=relay.size)
+        result = run_cancellable(["sh", "-c", "sleep 1"], stdin=relay.sandbox_end,
+                                 tty=relay.size)
         watcher.join()
     assert result.exit_code == 0
     assert seen and seen[0] & fcntl.FD_CLOEXEC
@@ -259,8 +259,8 @@ def test_a_terminal_answer_after_the_run_is_not_typed_into_the_shell(caller_pty:
     # which it set to a command line). The answer comes after the run: it must not wait in
     # the terminal's input for the caller's shell to read as typed.
     with Relay(fd_in=caller_pty.slave, fd_out=caller_pty.slave) as relay:
-        result = launcher.run(["sh", "-c", r"printf '\033]2;id>/tmp/p\a\033[21t'"],
-                              stdin=relay.sandbox_end, tty=relay.size)
+        result = run_cancellable(["sh", "-c", r"printf '\033]2;id>/tmp/p\a\033[21t'"],
+                                 stdin=relay.sandbox_end, tty=relay.size)
         assert relay._done.wait(30)  # the pty has ended: the relay reads no more input
         os.write(caller_pty.master, b"\x1b]lid>/tmp/p\r\x1b\\")  # the terminal's answer
     assert result.exit_code == 0
@@ -293,7 +293,7 @@ def test_typed_input_a_sandbox_does_not_read_is_not_held_without_bound(caller_pt
 
         typist = threading.Thread(target=paste)
         typist.start()
-        result = launcher.run(["sleep", "3"], stdin=relay.sandbox_end, tty=relay.size)
+        result = run_cancellable(["sleep", "3"], stdin=relay.sandbox_end, tty=relay.size)
         stop.set()
         typist.join()
     assert result.exit_code == 0
@@ -305,8 +305,8 @@ def test_the_relay_ends_with_a_run_that_floods_to_its_limit(caller_pty: CallerPt
     # A writer that never stops, in the background: the run's end (its time limit) ends
     # the relay too; no thread goes on writing to the caller's terminal.
     with Relay(fd_in=caller_pty.slave, fd_out=caller_pty.slave) as relay:
-        result = launcher.run(["sh", "-c", "trap '' HUP; (yes &); exec sleep 100"],
-                              stdin=relay.sandbox_end, tty=relay.size, timeout=2)
+        result = run_cancellable(["sh", "-c", "trap '' HUP; (yes &); exec sleep 100"],
+                                 stdin=relay.sandbox_end, tty=relay.size, timeout=2)
     assert result.timed_out
     assert not relay._thread.is_alive()
     assert relay.master == -1

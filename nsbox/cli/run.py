@@ -402,6 +402,7 @@ def _launch(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
 
 def _launch_on_terminal(o: dict[str, Any], policy: Policy) -> Result:
     """--tty: the command on a pty of the sandbox's own, relayed to this terminal."""
+    from nsbox.api import run_cancellable
     from nsbox.host.terminal import Relay
     from nsbox.launch import launcher
 
@@ -410,8 +411,8 @@ def _launch_on_terminal(o: dict[str, Any], policy: Policy) -> Result:
                           "--tty")
     cancel = launcher.Cancel()
     with Relay(cap=policy.limits.output, on_cap=cancel) as relay:
-        result = launcher.run(list(o["command"]), policy, stdin=relay.sandbox_end,
-                              cwd=o["cwd"], tty=relay.size, cancel=cancel)
+        result = run_cancellable(list(o["command"]), policy, stdin=relay.sandbox_end,
+                                 cwd=o["cwd"], tty=relay.size, cancel=cancel)
     if relay.cut:  # killed past the output limit, as a run with pipes is (status OL)
         result.status, result.stdout_truncated = Status.OL, True
     return result

@@ -128,7 +128,7 @@ def check_launch(policy: Policy, predicted: dict[str, str]) -> Check:
     """A real launch through the production path (nsbox.run of ``true`` with the profile and
     every limit set): it fails at the step a run would fail at, with that run's hint, and its
     Result says which limits the cgroups enforce. Compared with the prediction."""
-    from nsbox.launch.launcher import run
+    from nsbox.api import run
 
     trial = _trial_policy(policy)
     outcome: Result | Exception

@@ -1,4 +1,4 @@
-"""The host side of a launch: ``run`` builds the plan, hands it with the standard streams to the
+"""The host side of a launch: ``launch`` builds the plan, hands it with the standard streams to the
 launch engine or helper (nsbox/helper/loop.py has the protocol), collects output up to the cap
 in the calling thread and makes the report a Result. Safe from many threads at once."""
 
@@ -164,40 +164,19 @@ def choose_policy(policy: Policy | None, profile: str | None) -> Policy:
     return load_profile(profile)
 
 
-def run(
-    argv: list[str],
-    policy: Policy | None = None,
-    *,
-    stdin: bytes | str | int | None = None,
-    timeout: float | None = None,
-    output_limit: int | None = None,
-    env: dict[str, str] | None = None,
-    workspace: str | None = None,
-    cwd: str | None = None,
-    passthrough: bool = False,
-    profile: str | None = None,
-    cancel: Cancel | None = None,
-    tty: tuple[int, int] | None = None,  # --tty's window; stdin: nsbox/host/terminal.py's
-) -> Result:
-    """Run ``argv`` in a new sandbox and return its Result (``nsbox.run`` without an audit
-    record; nsbox/api.py adds one). ``cancel`` lets another thread kill it.
+def launch(cmd: inputs.Command, policy: Policy, *, passthrough: bool = False,
+           cancel: Cancel | None = None, tty: tuple[int, int] | None = None) -> Result:
+    """One command in a new sandbox of ``policy``, and its Result: the launch behind
+    ``nsbox.run``, whose door (nsbox/api.py) has checked every argument once
+    (nsbox/policy/inputs.py) and set the workspace in the policy.
 
-    The sandbox is ``policy``, or the profile ``profile`` names (a shipped profile or a TOML
-    file), or the default policy.
-
-    ``stdin`` is bytes (or str) to feed, a descriptor to pass, or None for /dev/null. With
-    ``passthrough`` the output goes to this process's stdout/stderr as it arrives (still
-    capped) instead of into the Result. Raises SetupError when the sandbox cannot be built
-    (CommandNotFound when the command does not exist inside it). A bad argument raises
-    PolicyError naming it (nsbox/policy/inputs.py), before anything starts.
+    With ``passthrough`` the output goes to this process's stdout/stderr as it arrives (still
+    capped) instead of into the Result; ``cancel`` lets another thread kill the run; ``tty``
+    (rows, columns) gives it a pty of its own, the master sent over the stdin descriptor (a
+    unix socket: nsbox/host/terminal.py). Raises SetupError when the sandbox cannot be built
+    (CommandNotFound when the command does not exist inside it).
     """
     trace = trace_start()
-    cmd = inputs.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
-                         env_=env, cwd=cwd, passthrough=passthrough)
-    workspace = inputs.optional_path(workspace, "workspace")
-    policy = choose_policy(policy, profile)
-    if workspace is not None:
-        policy = policy.replace(workspace=workspace)
     cap = cmd.output_limit if cmd.output_limit is not None else policy.limits.output
 
     def attempt() -> Result:
@@ -207,7 +186,7 @@ def run(
         if tty is not None:
             wire["tty"] = list(tty)
         return launch_wire(wire, cmd.stdin, cap, passthrough, RunNetwork(policy.network),
-                       trace=trace, cancel=cancel)
+                           trace=trace, cancel=cancel)
 
     result = isolation.with_fallback(policy, attempt)
     limits.note_disk(result, policy.workspace, policy.limits.workspace_size)

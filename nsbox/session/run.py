@@ -28,7 +28,8 @@ class SessionRun:
                     env: dict[str, str] | None = None, cwd: str | None = None,
                     passthrough: bool = False,
                     _sinks: tuple[int | None, int | None] | None = None,
-                    cancel: Cancel | None = None) -> Result[bytes]:
+                    cancel: Cancel | None = None, tty: list[int] | None = None
+                    ) -> Result[bytes]:
         raise NotImplementedError  # Session._run_command
 
     @overload
@@ -83,3 +84,28 @@ class SessionRun:
                                   passthrough=call.passthrough, _sinks=_sinks, cancel=cancel)
         deadline = timeout if isinstance(timeout, (int, float)) else self.timeout
         return finish(result, call.text, call.check, list(argv), deadline)
+
+
+# --- the doors of the other modules: a command with nsbox's own arguments, a cancellable run ----
+
+
+def run_command(session: SessionRun, argv: Sequence[str], *,
+                stdin: bytes | str | int | None = None, timeout: float | None = None,
+                output_limit: int | None = None, env: dict[str, str] | None = None,
+                cwd: str | None = None, passthrough: bool = False,
+                sinks: tuple[int | None, int | None] | None = None,
+                cancel: Cancel | None = None, tty: list[int] | None = None) -> Result[bytes]:
+    """One command of ``session`` with nsbox's own arguments (checked there), its Result
+    neither decoded nor raised: nsbox.run's audited run (nsbox/api.py) and a published
+    session's supervisor (nsbox/session/supervisor.py, with the client's ``sinks`` and
+    ``tty``)."""
+    return session._run_command(argv, stdin=stdin, timeout=timeout, output_limit=output_limit,
+                                env=env, cwd=cwd, passthrough=passthrough, _sinks=sinks,
+                                cancel=cancel, tty=tty)
+
+
+def run_cancellable(session: SessionRun, argv: Sequence[str], *, cancel: Cancel,
+                    **arguments: Any) -> Result[Any]:
+    """``session.run(argv, **arguments)``, which ``cancel`` can kill from another thread
+    (nsbox/aio.py)."""
+    return session._run_cancellable(argv, cancel=cancel, **arguments)

@@ -45,6 +45,7 @@ from nsbox import errors
 from nsbox._sys import wire as _wire
 from nsbox._sys.wire import SessionRecord, SupervisorReply, SupervisorRequest
 from nsbox.errors import NsboxError, PolicyError
+from nsbox.session.run import run_command
 from nsbox.session.session import Session
 
 MAX_FDS = 4
@@ -219,10 +220,10 @@ class Supervisor:
         watcher.start()
         try:
             # Session.run's own arguments (input, text, check) are not in a request.
-            result = self.session._run_command(
-                request["argv"], stdin=fds[0], timeout=request.get("timeout"),
+            result = run_command(
+                self.session, request["argv"], stdin=fds[0], timeout=request.get("timeout"),
                 output_limit=request.get("output_limit"), env=request.get("env") or {},
-                cwd=request.get("cwd"), _sinks=(fds[1], fds[2]), tty=request.get("tty"))
+                cwd=request.get("cwd"), sinks=(fds[1], fds[2]), tty=request.get("tty"))
         finally:
             done.set()
             os.write(done_w, b"x")
