@@ -152,6 +152,84 @@ def test_no_import_cycles() -> None:
     assert sorted(found) == sorted(KNOWN_CYCLES)
 
 
+# Private by their names to the world outside nsbox, shared inside it on purpose: the libc,
+# Landlock, path, mount-table and wire bindings (nsbox/_sys/) and the compiled core, which only
+# its wrapper nsbox/sandbox/native.py imports.
+SHARED_PRIVATE = {"nsbox._sys": "the system bindings", "nsbox._native": "the compiled core"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _shared(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in SHARED_PRIVATE)
+
+
+def private_uses(name: str, path: Path, known: set[str]) -> list[str]:
+    """The private names (a leading underscore) of other packages' modules that ``name`` uses:
+    imported from them, or read off them as ``module._name``. A module's own package (a
+    folder and its modules) may share its private names."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def foreign(module: str) -> bool:
+        return not (module == package or module.startswith(package + ".")) and not _shared(module)
+
+    uses, aliases = [], {}
+    nodes = _runtime_nodes(ast.parse(path.read_text(), str(path)))
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nsbox"):
+            module = node.module or ""
+            for alias in node.names:
+                target = f"{module}.{alias.name}"
+                if target in known:
+                    aliases[alias.asname or alias.name] = target
+                    if _private(alias.name) and foreign(target):
+                        uses.append(f"{name} imports the module {target}")
+                elif _private(alias.name) and foreign(module) and not _shared(target):
+                    uses.append(f"{name} imports {alias.name} from {module}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in known:
+                    aliases[alias.asname] = alias.name
+    for node in nodes:
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and _private(node.attr)
+                and foreign(aliases[node.value.id])):
+            uses.append(f"{name} reads {aliases[node.value.id]}.{node.attr}")
+    return sorted(uses)
+
+
+def test_the_private_name_finder_finds_each_kind(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from nsbox.host import engine, socketscan as scan\n"
+                      "from nsbox.policy.limits import _rlimit\n"
+                      "from nsbox.cgroups import _v2\n"
+                      "from nsbox._sys import libc as _libc\n"
+                      "scan._watches.clear(); engine.client; _libc._lib\n")
+    known = set(modules())
+    assert private_uses("nsbox.other.m", module, known) == [
+        "nsbox.other.m imports _rlimit from nsbox.policy.limits",
+        "nsbox.other.m imports the module nsbox.cgroups._v2",
+        "nsbox.other.m reads nsbox.host.socketscan._watches",
+    ]
+    # Inside its own package a private module or name is the package's to share.
+    assert private_uses("nsbox.cgroups.m", module, known) == [
+        "nsbox.cgroups.m imports _rlimit from nsbox.policy.limits",
+        "nsbox.cgroups.m reads nsbox.host.socketscan._watches",
+    ]
+
+
+def test_no_module_uses_another_packages_private_names() -> None:
+    """Each stage has a public interface: no module of nsbox imports or reads a private name
+    of a module outside its own package (docs/architecture.md, "Layers")."""
+    table = modules()
+    known = set(table)
+    found = [use for name, path in sorted(table.items())
+             for use in private_uses(name, path, known)]
+    assert found == []
+
+
 def test_the_sandbox_child_imports_nothing_after_its_clone() -> None:
     """docs/architecture.md, "Layers": a sandbox child imports nothing after its clone. So no
     module the Python child reaches imports inside a function (a first call would import)."""

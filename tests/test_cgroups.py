@@ -20,7 +20,7 @@ import pytest
 from conftest import require
 
 from nsbox import cgroups
-from nsbox.cgroups import _names
+from nsbox.cgroups import naming
 from nsbox.cgroups._host import Hierarchy, read_layout
 from nsbox.cgroups._v2 import V2Backend
 
@@ -95,17 +95,17 @@ def test_layout_without_cgroups_falls_back_to_the_null_backend(tmp_path: Path) -
 
 
 def test_names_identify_the_owner_and_only_dead_owners_count_as_dead() -> None:
-    name = _names.run_name()
-    ns, pid, start, kind = _names.parse(name)  # type: ignore[misc]
+    name = naming.run_name()
+    ns, pid, start, kind = naming.parse(name)  # type: ignore[misc]
     assert pid == os.getpid() and kind.startswith("r")
-    assert not _names.owner_is_dead(name)
+    assert not naming.owner_is_dead(name)
     # Same pid, other start time: the pid was reused, the owner is gone.
-    assert _names.owner_is_dead(f"nsbox-{ns}-{pid}-{start + 1}-r1")
+    assert naming.owner_is_dead(f"nsbox-{ns}-{pid}-{start + 1}-r1")
     # Another pid namespace: not ours to judge.
-    assert not _names.owner_is_dead(f"nsbox-{ns + 1}-{pid}-{start + 1}-r1")
+    assert not naming.owner_is_dead(f"nsbox-{ns + 1}-{pid}-{start + 1}-r1")
     # Other naming schemes are never touched.
-    assert _names.parse("nsbox-mine") is None
-    assert not _names.owner_is_dead("nsbox-1-2-3")
+    assert naming.parse("nsbox-mine") is None
+    assert not naming.owner_is_dead("nsbox-1-2-3")
 
 
 # --- the real backend of this host ---------------------------------------------------------------
@@ -264,7 +264,7 @@ def test_a_process_out_of_descriptors_reclaims_no_live_owners_cgroup() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
     held = _exhausting_descriptors()
     try:
-        dead_while_full = _names.owner_is_dead(mine.name)
+        dead_while_full = naming.owner_is_dead(mine.name)
         reclaimed = backend.reclaim()
     finally:
         for fd in held:

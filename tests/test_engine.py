@@ -25,7 +25,7 @@ from conftest import REPO, Runner, parent_of, processes_with, require
 
 import nsbox
 from nsbox import Policy, cgroups
-from nsbox.cgroups import _names
+from nsbox.cgroups import naming
 from nsbox.errors import CommandNotFound, NsboxError
 from nsbox.host import engine
 from nsbox.launch import launcher
@@ -63,11 +63,11 @@ def _engine_cgroups() -> list[str]:
     found = []
     for base in _bases():
         for name in os.listdir(base):
-            parsed = _names.parse(name)
+            parsed = naming.parse(name)
             path = os.path.join(base, name)
             # Not the Python helper's spares (made ahead, holding nothing but their spawner).
             if (parsed and parent_of(parsed[1]) == os.getpid()
-                    and not _names.is_idle_spare(name, cgroups._fs.procs(path))):
+                    and not naming.is_idle_spare(name, cgroups._fs.procs(path))):
                 found.append(path)
     return found
 
@@ -254,7 +254,7 @@ def test_a_dead_caller_takes_its_sandbox_and_engine_with_it(marker: str) -> None
                  or open(f"/proc/{engines[0]}/stat").read().rsplit(")", 1)[1].split()[0] == "Z")
     # Its spares too (v1: cgroups made ahead, named for it).
     left = [os.path.join(b, n) for b in _bases() for n in os.listdir(b)
-            if (_names.parse(n) or (0, 0))[1] == engines[0]]
+            if (naming.parse(n) or (0, 0))[1] == engines[0]]
     assert left == []
 
 
@@ -275,7 +275,7 @@ def test_the_run_cgroup_is_removed_and_named_for_the_engine(marker: str) -> None
     watcher.start()
     run(["sh", "-c", f"sleep 1 & exec sleep 1.{marker[:3]}"], timeout=30)
     watcher.join()
-    assert seen and all(_names.parse(os.path.basename(p)) for p in seen)
+    assert seen and all(naming.parse(os.path.basename(p)) for p in seen)
     assert _wait(lambda: _engine_cgroups() == [], timeout=5), _engine_cgroups()
 
 
@@ -285,7 +285,7 @@ def test_on_cgroup_v1_the_sandbox_is_born_in_a_spare_with_its_limits(marker: str
             f"spares are for cgroup v1 with a pids controller: {backend.reason or backend.kind}")
     run(["true"])  # the engine is up; its spares get their spawners meanwhile
     assert _wait(lambda: len([p for p in processes_with("")
-                              if _names.is_spawner(p)
+                              if naming.is_spawner(p)
                               and parent_of(p) == engine.client.pid]) == 2)
     outcome: dict[str, nsbox.Result] = {}
     runner = threading.Thread(target=lambda: outcome.update(result=run(
@@ -299,7 +299,7 @@ def test_on_cgroup_v1_the_sandbox_is_born_in_a_spare_with_its_limits(marker: str
         name = next(os.path.basename(line.split(":", 2)[2])
                     for line in open(f"/proc/{sleeper}/cgroup").read().splitlines()
                     if line.split(":", 2)[1] == "pids")
-        parsed = _names.parse(name)
+        parsed = naming.parse(name)
         assert parsed is not None and parsed[1] == engine.client.pid
         assert parsed[3].startswith("s"), name  # a spare's, made ahead
         pids_dir = os.path.join(backend.describe()["cgroups"]["pids"], name)

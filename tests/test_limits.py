@@ -31,7 +31,7 @@ from conftest import (
 
 import nsbox
 from nsbox import cgroups
-from nsbox.cgroups import _names
+from nsbox.cgroups import naming
 from nsbox.cgroups._null import NullBackend
 from nsbox.errors import CommandNotFound, HostError, PolicyError
 from nsbox.helper import spawner
@@ -169,11 +169,11 @@ def _our_run_cgroups() -> list[str]:
     found = []
     for base in _bases():
         for name in os.listdir(base):
-            parsed = _names.parse(name)
+            parsed = naming.parse(name)
             if not parsed or parsed[3] == "leaf" or parent_of(parsed[1]) != os.getpid():
                 continue
             path = os.path.join(base, name)
-            if _names.is_idle_spare(name, cgroups._fs.procs(path)):
+            if naming.is_idle_spare(name, cgroups._fs.procs(path)):
                 continue
             found.append(path)
     return found
@@ -185,11 +185,11 @@ def _spawners_ready() -> bool:
     for base in _bases():
         ready = 0
         for name in os.listdir(base):
-            parsed = _names.parse(name)
+            parsed = naming.parse(name)
             if not parsed or not parsed[3].startswith("s") or parent_of(parsed[1]) != os.getpid():
                 continue
             procs = cgroups._fs.procs(os.path.join(base, name))
-            ready += len(procs) == 1 and _names.is_spawner(procs[0])
+            ready += len(procs) == 1 and naming.is_spawner(procs[0])
         if ready < spawner.READY:
             return False
     return True
@@ -214,7 +214,7 @@ def _run_cgroup_of(pid: int) -> str:
     """The name of the run cgroup ``pid`` is in, read from the host side."""
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         name = os.path.basename(line.split(":", 2)[2])
-        if _names.parse(name):
+        if naming.parse(name):
             return name
     raise AssertionError(f"process {pid} is in no nsbox cgroup")
 
@@ -347,7 +347,7 @@ def test_spawners_killed_while_waiting_are_cleaned_up_and_runs_keep_their_cgroup
     def spawners() -> list[int]:
         # Every process; the helper's spawners are picked out.
         return [pid for pid in processes_with("")
-                if _names.is_spawner(pid) and parent_of(pid) == helper]
+                if naming.is_spawner(pid) and parent_of(pid) == helper]
 
     def in_run_cgroup(pid: int) -> bool:
         # A spawner names itself, then moves into its cgroup (nsbox/helper/spawner.py, serve).
@@ -534,7 +534,7 @@ def test_nothing_is_left_after_the_launcher_is_sigkilled(marker: str) -> None:
 def test_cgroup_of_a_killed_helper_is_reclaimed_by_the_next_run(marker: str) -> None:
     _cgroup_backend(cgroups.KILL)
     launcher, _pid, name = _start_launcher(marker)
-    helper = _names.parse(name)[1]  # type: ignore[index]
+    helper = naming.parse(name)[1]  # type: ignore[index]
     try:
         os.kill(helper, signal.SIGKILL)  # nobody is left to clean up: the cgroup stays behind
         launcher.wait(timeout=30)

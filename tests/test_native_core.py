@@ -99,7 +99,7 @@ def test_values_out_of_range_make_the_plan_malformed(extension: object,
     wire = wire_plan(Policy(mounts=(*Policy().mounts, Bind("/etc/hostname", "/etc/hn"))))
     # Written past flatten's own checks (which send such a plan to the Python child), as a
     # broken or hostile writer would.
-    monkeypatch.setattr(native._Writer, "put_in", lambda self, v, low, high: self.put_int(v))
+    monkeypatch.setattr(native.Writer, "put_in", lambda self, v, low, high: self.put_int(v))
     if field == "kind":
         monkeypatch.setitem(native.KINDS, "bind", value)
     elif field == "uid":

@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 import nsbox
 from nsbox import cgroups
-from nsbox.cgroups._v2 import V2Backend
 
 _counter = itertools.count(1)
 
@@ -36,7 +35,7 @@ def bases() -> tuple[str, dict[str, str]] | str:
         return (f"no writable cgroup with memory and pids for uid {os.geteuid()} "
                 f"({backend.reason or 'this host lacks the controllers'}): needs root or a "
                 "delegated cgroup")
-    if isinstance(backend, V2Backend):
+    if cgroups.is_unified(backend):
         # The controllers enabled for the children of the base (moving this process into a
         # leaf if the no-internal-processes rule demands it): the delegation a bwrap user's
         # service has too. Done once, not per launch.

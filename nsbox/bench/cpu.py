@@ -26,7 +26,7 @@ from typing import Any
 import nsbox
 from nsbox.bench import meter
 from nsbox.bench.measure import add_ratios
-from nsbox.bench.methods import BWRAP_FLAGS, _checked
+from nsbox.bench.methods import BWRAP_FLAGS, run_checked
 from nsbox.host import engine
 from nsbox.launch import launcher
 
@@ -117,7 +117,7 @@ def main() -> None:
     for threads in (1, 2):
         measure("nsbox", lambda: nsbox.run(["/bin/true"], policy), launches, threads, helper)
         if bwrap:
-            measure("bwrap", lambda: _checked([bwrap, *BWRAP_FLAGS, "/bin/true"]), launches,
+            measure("bwrap", lambda: run_checked([bwrap, *BWRAP_FLAGS, "/bin/true"]), launches,
                     threads, None)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import nsbox
 from nsbox.bench.meter import children
-from nsbox.cgroups import _names
+from nsbox.cgroups import naming
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -58,7 +58,7 @@ def launch_processes() -> list[dict[str, Any]]:
             continue
         rows.append(row)
         for child in _children_of(pid):
-            if _names.is_spawner(child):
+            if naming.is_spawner(child):
                 spawner = _process(child, "spawner")
                 if spawner is not None:
                     rows.append(spawner)

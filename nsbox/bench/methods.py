@@ -29,14 +29,14 @@ class Method:
     after: Callable[[], None] | None = None  # after each timed launch, untimed (pool refill)
 
 
-def _checked(argv: list[str], **kwargs: object) -> None:
+def run_checked(argv: list[str], **kwargs: object) -> None:
     proc = subprocess.run(argv, stdin=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
     if proc.returncode != 0:
         raise RuntimeError(f"{argv[0]} exited with {proc.returncode}")
 
 
 def _wrap(prefix: list[str]) -> Callable[[list[str]], None]:
-    return lambda argv: _checked([*prefix, *argv])
+    return lambda argv: run_checked([*prefix, *argv])
 
 
 BWRAP_FLAGS = [
@@ -55,7 +55,7 @@ def _ok(api_result: nsbox.Result) -> None:
 
 def peers(skipped: dict[str, str]) -> list[Method]:
     found: list[Method] = [
-        Method("subprocess", "subprocess.run(argv)", lambda argv: _checked(argv),
+        Method("subprocess", "subprocess.run(argv)", lambda argv: run_checked(argv),
                "none (plain fork/exec)"),
     ]
     if shutil.which("unshare"):
@@ -115,7 +115,7 @@ def _seccomp_blob() -> str:
 def _bwrap_seccomp(bwrap: str, blob: str, argv: list[str], **popen: object) -> None:
     fd = os.open(blob, os.O_RDONLY)  # bwrap reads the program from this fd
     try:
-        _checked([bwrap, *SECCOMP_FLAGS, str(fd), *argv], pass_fds=(fd,), **popen)
+        run_checked([bwrap, *SECCOMP_FLAGS, str(fd), *argv], pass_fds=(fd,), **popen)
     finally:
         os.close(fd)
 
@@ -195,7 +195,7 @@ def _crun(skipped: dict[str, str]) -> Method | None:
             with open(path, "w") as f:
                 json.dump(current, f)
         name = f"nsbox-bench-{os.getpid()}-{next(counter)}"
-        _checked([crun, "--cgroup-manager=disabled", "run", "-b", bundle, name],
+        run_checked([crun, "--cgroup-manager=disabled", "run", "-b", bundle, name],
                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     try:

@@ -40,7 +40,7 @@ def make_tree(root: str, files: int, per_dir: int = 20) -> None:
     # Settle the directories' change times (the scan does not remember a directory changed in
     # the last seconds); setting them back changes only mtime, which is fine here: the ctime
     # is what proves a directory unchanged, and it is older than the settling time below.
-    time.sleep(socketscan._SETTLED_NS / 1e9 + 0.1)
+    time.sleep(socketscan.SETTLED_NS / 1e9 + 0.1)
 
 
 def median_ms(action: Callable[[], object], rounds: int, before: Callable[[], None]) -> float:
@@ -54,15 +54,12 @@ def median_ms(action: Callable[[], object], rounds: int, before: Callable[[], No
 
 
 def forget_all() -> None:
-    forget()
-    for watch in socketscan._watches.values():
-        watch.close()
-    socketscan._watches.clear()
+    socketscan.forget(watches=True)
     pathrules.HostView.current().passed.clear()
 
 
 def forget() -> None:
-    socketscan._clean.clear()
+    socketscan.forget()
 
 
 def measure_tree(root: str, base: Policy, rounds: int) -> tuple[float, float, float, float]:

@@ -13,8 +13,9 @@ import time
 from typing import Any
 
 import nsbox
+from nsbox import cgroups
 from nsbox._sys import mountinfo as _mountinfo
-from nsbox.cgroups import _fs, _names
+from nsbox.cgroups import naming
 from nsbox.helper.spawner import READY
 from nsbox.host import engine
 from nsbox.launch import launcher
@@ -42,17 +43,17 @@ def _cgroup_dirs() -> list[str]:
 
 def _count_cgroups_below(owners: set[int], spares: bool = False) -> int:
     """The cgroups below this process's own that nsbox made for ``owners`` (by the owner pid in
-    their names, nsbox/cgroups/_names.py): other programs may share our cgroup and make their
+    their names, nsbox/cgroups/naming.py): other programs may share our cgroup and make their
     own there. Runs' cgroups, or with ``spares`` the idle spares (nsbox/helper/spawner.py)."""
     count = 0
     for directory in _cgroup_dirs():
         for root, subdirs, _files in os.walk(directory):
             for name in subdirs:
-                parsed = _names.parse(name)
+                parsed = naming.parse(name)
                 if parsed is None or parsed[1] not in owners or parsed[3] == "leaf":
                     continue
                 try:
-                    idle = _names.is_idle_spare(name, _fs.procs(os.path.join(root, name)))
+                    idle = naming.is_idle_spare(name, cgroups.procs(os.path.join(root, name)))
                 except OSError:
                     continue  # removed meanwhile
                 count += idle == spares
@@ -90,7 +91,7 @@ def _children(parents: set[int]) -> tuple[int, int, int]:
     for pid, state in children_of(parents):
         if state == "Z":
             zombies += 1
-        elif _names.is_spawner(pid):
+        elif naming.is_spawner(pid):
             spawners += 1
         else:
             live += 1

@@ -13,7 +13,7 @@ a v1 or hybrid host, plus the cgroup2 mount's cgroup.kill where it exists) and `
 branch on the version: they ask ``backend.supports`` which limits are real.
 
 Every cgroup is created below this process's own cgroup in each hierarchy and carries a name that
-identifies its owner (see ``_names``), so a later process can reclaim the cgroups of a dead one.
+identifies its owner (see ``naming``), so a later process can reclaim the cgroups of a dead one.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from nsbox.cgroups._base import (
     ALL_FEATURES,
@@ -35,10 +35,29 @@ from nsbox.cgroups._base import (
     RunCgroup,
     Usage,
 )
+from nsbox.cgroups._fs import procs
 from nsbox.cgroups._host import THIS_HOST, HostView, Layout, read_layout
+
+if TYPE_CHECKING:
+    from nsbox.cgroups._v2 import V2Backend
 
 _backend: Backend | None = None
 _backend_lock = threading.Lock()  # threads' first runs detect and reclaim once, not each
+
+
+def delegate_command(uid: int | None = None) -> str:
+    """The command that starts nsbox in a cgroup of its own, delegated to ``uid`` (the doctor's
+    remedy; nsbox/cgroups/_v2.py)."""
+    from nsbox.cgroups import _v2
+
+    return _v2.delegate_command(uid)
+
+
+def is_unified(backend: Backend) -> TypeGuard[V2Backend]:
+    """Whether ``backend`` is the unified hierarchy's (cgroup v2)."""
+    from nsbox.cgroups._v2 import V2Backend
+
+    return isinstance(backend, V2Backend)
 
 
 def helper_paths() -> list[str]:
@@ -133,5 +152,6 @@ def describe_host(layout: Layout | None = None, view: HostView = THIS_HOST) -> d
 
 __all__ = [
     "ALL_FEATURES", "CPUS", "CPU_ACCOUNTING", "KILL", "MEMORY", "PIDS", "THIS_HOST", "Backend",
-    "HostView", "Request", "RunCgroup", "Usage", "describe_host", "detect", "get_backend",
+    "HostView", "Layout", "Request", "RunCgroup", "Usage", "delegate_command", "describe_host",
+    "detect", "get_backend", "is_unified", "procs", "read_layout",
 ]

@@ -101,7 +101,7 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def create(self, request: Request, name: str | None = None) -> RunCgroup:
         """Create the cgroup of one run with its limits written (``name``: default a new run
-        name, see ``_names``). Raises OSError when the kernel refuses (the caller turns that
+        name, see ``naming``). Raises OSError when the kernel refuses (the caller turns that
         into an error naming the step)."""
 
     @abc.abstractmethod

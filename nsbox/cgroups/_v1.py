@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from nsbox.cgroups import _fs, _names
+from nsbox.cgroups import _fs, naming
 from nsbox.cgroups._base import (
     CPU_ACCOUNTING,
     CPUS,
@@ -201,7 +201,7 @@ class V1Backend(Backend):
         return V1Run(name, dirs, unified)
 
     def create(self, request: Request, name: str | None = None) -> RunCgroup:
-        run = self._open(name or _names.run_name())
+        run = self._open(name or naming.run_name())
         made = []
         try:
             for directory in run._all:
@@ -223,7 +223,7 @@ class V1Backend(Backend):
                 entries = os.listdir(base)
             except OSError:
                 continue
-            names.update(n for n in entries if _names.owner_is_dead(n))
+            names.update(n for n in entries if naming.owner_is_dead(n))
         removed = []
         for name in sorted(names):
             try:

@@ -29,7 +29,7 @@ import errno
 import os
 from typing import Any
 
-from nsbox.cgroups import _fs, _names
+from nsbox.cgroups import _fs, naming
 from nsbox.cgroups._base import (
     CPU_ACCOUNTING,
     CPUS,
@@ -138,7 +138,7 @@ class V2Backend(Backend):
     def __init__(self, hierarchy: Hierarchy, view: HostView = THIS_HOST) -> None:
         self.view = view
         self.base = hierarchy.own_dir
-        if _names.is_leaf(os.path.basename(self.base)):
+        if naming.is_leaf(os.path.basename(self.base)):
             # Started from a process that an earlier helper moved into its leaf: the base is
             # the same as that helper's, where the controllers are enabled already.
             self.base = os.path.dirname(self.base)
@@ -224,14 +224,14 @@ class V2Backend(Backend):
         others = sorted(inside - ours)
         if others:
             raise OSError(errno.EBUSY, self.blocking_reason(others))
-        leaf = os.path.join(self.base, _names.leaf_name())
+        leaf = os.path.join(self.base, naming.leaf_name())
         os.makedirs(leaf, exist_ok=True)
         for pid in sorted(inside):
             _fs.write(os.path.join(leaf, "cgroup.procs"), pid)
 
     def create(self, request: Request, name: str | None = None) -> RunCgroup:
         self.prepare()
-        run = V2Run(os.path.join(self.base, name or _names.run_name()))
+        run = V2Run(os.path.join(self.base, name or naming.run_name()))
         os.mkdir(run.path, 0o755)
         try:
             run.set_limits(request)
@@ -247,10 +247,10 @@ class V2Backend(Backend):
             return []
         removed = []
         for name in sorted(entries):
-            if not _names.owner_is_dead(name):
+            if not naming.owner_is_dead(name):
                 continue
             path = os.path.join(self.base, name)
-            if _names.is_leaf(name):
+            if naming.is_leaf(name):
                 # A leaf may still hold the launcher that outlived its helper: never kill it.
                 if not _fs.procs(path):
                     with contextlib.suppress(OSError):

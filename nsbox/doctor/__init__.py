@@ -18,8 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from nsbox.cgroups import HostView, describe_host
-from nsbox.cgroups._host import Layout, read_layout
+from nsbox.cgroups import HostView, Layout, delegate_command, describe_host, read_layout
 from nsbox.doctor import isolation
 from nsbox.doctor.hostfacts import HostFacts, MountEntry, kernel_release
 from nsbox.doctor.report import (
@@ -331,7 +330,6 @@ def _absent_controllers(info: dict[str, Any]) -> str:
 
 def _cgroup_remedy_of(info: dict[str, Any], layout: Layout, view: HostView) -> str:
     """The one change that gives this host's runs cgroup limits, naming the cgroup."""
-    from nsbox.cgroups._v2 import delegate_command
 
     unified = layout.unified.own_dir if layout.unified else None
     cgroup = info.get("cgroup") or unified
@@ -358,7 +356,6 @@ def _cgroup_remedy_of(info: dict[str, Any], layout: Layout, view: HostView) -> s
 
 def _cgroup_remedy(layout: str, v2_path: str | None, uid: int, systemd_user: bool,
                    v1_dirs: list[str] | None = None) -> str:
-    from nsbox.cgroups._v2 import delegate_command
 
     if layout == "none":
         return "mount cgroup2 on /sys/fs/cgroup (systemd does by default)"

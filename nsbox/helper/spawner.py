@@ -43,7 +43,7 @@ from nsbox import cgroups
 from nsbox._sys import libc as _libc
 from nsbox._sys import wire as _wire
 from nsbox._sys.wire import WirePlan
-from nsbox.cgroups import _names
+from nsbox.cgroups import naming
 from nsbox.helper.launch import NAMESPACES, ChildFds
 from nsbox.sandbox import native as _native_core
 
@@ -158,7 +158,7 @@ class Spawners:
         return None
 
     def spawn(self) -> Spawner:
-        cgroup = self.backend.create(cgroups.Request(), _names.spare_name())
+        cgroup = self.backend.create(cgroups.Request(), naming.spare_name())
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             if native_spawners():
@@ -224,7 +224,7 @@ def spawn_native(sock: socket.socket, cgroup: cgroups.RunCgroup) -> int:
     try:
         pid = _native_core.start_spawner(
             sock.fileno(), procs, NAMESPACES | _libc.CLONE_PARENT | signal.SIGCHLD,
-            _names.SPAWNER_NAME)
+            naming.SPAWNER_NAME)
     finally:
         if pid != 0:  # a sandbox child has none of them: the spawner kept only its socket
             for fd in procs:
@@ -253,7 +253,7 @@ def serve(child: ChildStart, sock: socket.socket, cgroup: cgroups.RunCgroup) -> 
         _libc.prctl(_libc.PR_SET_PDEATHSIG, signal.SIGKILL)
         comm = os.open("/proc/self/comm", os.O_RDWR)
         helper_name = os.read(comm, 64).rstrip(b"\n")
-        os.write(comm, _names.SPAWNER_NAME.encode())  # ps shows it; tools tell idle spares by it
+        os.write(comm, naming.SPAWNER_NAME.encode())  # ps shows it; tools tell idle spares by it
         cgroup.attach(os.getpid())
         os.write(fd, b"ready")
         word, fds = _wire.receive(sock, MAX_FDS)

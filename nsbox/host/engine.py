@@ -33,7 +33,7 @@ from nsbox import cgroups
 from nsbox._sys import libc as _libc
 from nsbox._sys import wire as _wire
 from nsbox._sys.wire import ExitReport, WirePlan
-from nsbox.cgroups import _names
+from nsbox.cgroups import naming
 from nsbox.errors import HostError, LaunchError
 from nsbox.helper.launch import Launch, StepFailed, failure_report
 from nsbox.helper.sources import Sources
@@ -132,7 +132,7 @@ class _Client(LaunchProcess):
 
     def send(self, build: Callable[[int], tuple[bytes, list[int]]]) -> None:
         """Send the request ``build(engine_pid)`` makes (its cgroup names the engine as its
-        owner, nsbox/cgroups/_names.py)."""
+        owner, nsbox/cgroups/naming.py)."""
         with self._lock:
             if self._sock is None or not self._alive():
                 if self._sock is not None:
@@ -161,7 +161,7 @@ class _Client(LaunchProcess):
 client = _Client()
 
 
-class _Writer(_native._Writer):
+class _Writer(_native.Writer):
     def put_path(self, path: str | None) -> None:
         self.put_str(path or "")
 
@@ -186,7 +186,7 @@ class _RunCgroup:
         from nsbox.policy import limits as _limits
 
         why = backend.reason or "this host's cgroups lack the controller"
-        self.degraded = [f"{_limits._DEGRADED[f]} [{why}]" for f in sorted(missing)]
+        self.degraded = [f"{_limits.DEGRADED[f]} [{why}]" for f in sorted(missing)]
         self.rlimits = [list(r) for r in rlimits]
         for feature in sorted(missing):
             self.rlimits.extend(spec.get("fallback_rlimits", {}).get(feature, []))
@@ -218,9 +218,9 @@ class _RunCgroup:
         return dirs, os.path.join(self.unified, self.name) if self.unified else None
 
     def name_for(self, owner: int) -> None:
-        """A new run name owned by the process ``owner`` (nsbox/cgroups/_names.py): a later
+        """A new run name owned by the process ``owner`` (nsbox/cgroups/naming.py): a later
         process reclaims what it left once it is gone."""
-        self.name = f"{_names.owner_tag(owner)}-r{next(_runs)}" if self.made else ""
+        self.name = f"{naming.owner_tag(owner)}-r{next(_runs)}" if self.made else ""
 
     def put_files(self, w: _Writer) -> None:
         """The directories, the limits' writes, the kill and the usage files."""
@@ -246,7 +246,7 @@ class _RunCgroup:
         # (nsbox/native/engine_spare.c); once it has left, the peak memory is the run's alone
         # (cgroup-v1 memory.rst 5.4: writing 0 resets max_usage_in_bytes).
         w.put_str(self.name.rsplit("-", 1)[0] + "-s" if self.name and self.bases else "")
-        w.put_str(_names.SPAWNER_NAME)
+        w.put_str(naming.SPAWNER_NAME)
         resets = [(os.path.join(dirs["memory"], "memory.max_usage_in_bytes"), "0")
                   ] if "memory" in dirs else []
         w.put_int(len(resets))

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 
 from nsbox.host import seccomp as seccompmod
 from nsbox.host import seccomp_compile as compiler
-from nsbox.host.seccomp_rules import _not_in, sha256_hex
+from nsbox.host.seccomp_rules import not_in, sha256_hex
 from nsbox.policy.policy import SeccompArg, SeccompRule
 
 _EACCES, _EPERM, _ENOSYS = "errno:EACCES", "errno:EPERM", "errno:ENOSYS"
@@ -62,11 +62,11 @@ def _rule(name: str, action: str, *args: SeccompArg) -> SeccompRule:
 
 
 def _socket_rules() -> list[SeccompRule]:
-    rules = [SeccompRule("socket", _EACCES, c) for c in _not_in(0, (_AF_INET, _AF_INET6))]
+    rules = [SeccompRule("socket", _EACCES, c) for c in not_in(0, (_AF_INET, _AF_INET6))]
     rules += [_rule("socket", _EACCES, SeccompArg(1, "masked_eq", kind, _SOCK_TYPE_MASK))
               for kind in range(_SOCK_TYPE_MASK + 1) if kind != _SOCK_STREAM]
-    rules += [SeccompRule("socket", _EACCES, c) for c in _not_in(2, (0, _IPPROTO_TCP))]
-    rules += [SeccompRule("socketpair", _EACCES, c) for c in _not_in(0, (_AF_UNIX,))]
+    rules += [SeccompRule("socket", _EACCES, c) for c in not_in(2, (0, _IPPROTO_TCP))]
+    rules += [SeccompRule("socketpair", _EACCES, c) for c in not_in(0, (_AF_UNIX,))]
     rules.append(_rule("listen", _EACCES))
     for name, flags_arg in (("sendto", 3), ("sendmsg", 2), ("sendmmsg", 3)):
         rules.append(_rule(name, _EACCES,

@@ -91,7 +91,7 @@ _AF_UNIX = 1
 _CLONE_FLAGS_ARG = {"s390x": 1, "s390": 1}.get(os.uname().machine, 0)
 
 
-def _not_in(index: int, allowed: Iterable[int]) -> list[tuple[SeccompArg, ...]]:
+def not_in(index: int, allowed: Iterable[int]) -> list[tuple[SeccompArg, ...]]:
     """Conditions whose union is "arg[index] is none of ``allowed``", for the full 64 bits.
 
     libseccomp accepts one comparison per argument in a rule, so the gaps between the allowed
@@ -122,7 +122,7 @@ def _builtin_rules() -> tuple[SeccompRule, ...]:
         SeccompRule("clone", _EPERM, (SeccompArg(_CLONE_FLAGS_ARG, "masked_eq", flag, flag),))
         for flag in _CLONE_NEW_FLAGS
     ]
-    rules += [SeccompRule("personality", _EPERM, c) for c in _not_in(0, _PERSONALITY_OK)]
+    rules += [SeccompRule("personality", _EPERM, c) for c in not_in(0, _PERSONALITY_OK)]
     # The request of ioctl(2) is an unsigned int: the kernel ignores the upper 32 bits, so
     # compare the lower half alone (CVE-2019-10063 passed TIOCSTI with the upper bits set).
     rules += [
@@ -131,11 +131,11 @@ def _builtin_rules() -> tuple[SeccompRule, ...]:
     ]
     rules += [
         SeccompRule("socket", "errno:EAFNOSUPPORT", c)
-        for c in _not_in(0, _SOCKET_FAMILIES_OK)
+        for c in not_in(0, _SOCKET_FAMILIES_OK)
     ]
     # socketpair(2) works for AF_UNIX alone, but would create sockets of any family first.
     rules += [
-        SeccompRule("socketpair", "errno:EAFNOSUPPORT", c) for c in _not_in(0, (_AF_UNIX,))
+        SeccompRule("socketpair", "errno:EAFNOSUPPORT", c) for c in not_in(0, (_AF_UNIX,))
     ]
     rules.append(
         SeccompRule(

@@ -29,7 +29,7 @@ _Key = tuple[int, int, int, int]
 _clean: dict[str, tuple[_Key, tuple[str, ...]]] = {}
 _clean_lock = threading.Lock()
 _CLEAN_MAX = 500_000
-_SETTLED_NS = 2_000_000_000
+SETTLED_NS = 2_000_000_000
 
 
 def _kind(mode: int) -> str | None:
@@ -97,7 +97,7 @@ def _scan_dir(directory: str, stack: list[str]) -> tuple[str, str] | None:
                 if _kind(mode):
                     return entry.path, str(_kind(mode))
     stack.extend(directory + "/" + name for name in subdirs)
-    if time.time_ns() - st.st_ctime_ns > _SETTLED_NS:
+    if time.time_ns() - st.st_ctime_ns > SETTLED_NS:
         with _clean_lock:
             if len(_clean) >= _CLEAN_MAX:
                 _clean.clear()
@@ -180,6 +180,17 @@ def find_watched(root: str, mounts: str) -> tuple[str, str] | None:
         else:
             watch.close()
         return found
+
+
+def forget(watches: bool = False) -> None:
+    """Forget the trees found clean (and, with ``watches``, close their watches): the next
+    scan walks as a first one does (the bench measures both, nsbox/bench/rules.py)."""
+    _clean.clear()
+    if watches:
+        with _watch_lock:
+            for watch in _watches.values():
+                watch.close()
+            _watches.clear()
 
 
 def _walk_watched(root: str, watch: _Watch) -> tuple[tuple[str, str] | None, bool]:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the launch helper imports this module: keep its start small
     from nsbox.result import Result
 
 # Why each missing cgroup feature leaves the sandbox weaker, for Result.degraded and the docs.
-_DEGRADED = {
+DEGRADED = {
     cgroups.MEMORY: "memory: RLIMIT_AS per process only (address space, not resident memory; "
     "no total for the run, no OOM count)",
     cgroups.PIDS: "pids: RLIMIT_NPROC only (counts the sandbox user's tasks in its user "
@@ -148,7 +148,7 @@ class RunLimits:
                 hint="run `nsbox doctor`; or drop require_cgroup to accept rlimits instead",
             )
         why = reason or "this host's cgroups lack the controller"
-        texts = dict(_DEGRADED)
+        texts = dict(DEGRADED)
         if spec.get("host_wide_nproc"):
             texts[cgroups.PIDS] = _DEGRADED_HOST_WIDE_PIDS
         self.degraded = [f"{texts[f]} [{why}]" for f in sorted(missing)]

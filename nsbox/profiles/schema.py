@@ -24,7 +24,7 @@ from nsbox.host import seccomp_compile
 from nsbox.policy import limittable, rules, units
 from nsbox.policy.limittable import LimitSpec
 from nsbox.policy.policy import MOUNT_KINDS, Bind, Mount, SeccompArg, SeccompRule
-from nsbox.profiles.writers import _none_or, format_duration, format_size
+from nsbox.profiles.writers import format_duration, format_size, none_or
 
 # --- where an error is reported ------------------------------------------------------------------
 
@@ -455,7 +455,7 @@ def limit_fields(prefix: str) -> dict[str, Field]:
         make, fmt = _LIMIT_KINDS[spec.kind]
         parse = make(spec)
         if spec.nullable:
-            parse, fmt = nullable(parse), _none_or(fmt)
+            parse, fmt = nullable(parse), none_or(fmt)
         fields[spec.key] = Field(("limits", spec.name), parse, fmt)
     return fields
 
@@ -487,9 +487,9 @@ FIELDS: dict[str, Field] = {
     "seccomp.enabled": Field(("seccomp", "enabled"), boolean),
     "seccomp.default_action": Field(("seccomp", "default_action"), action),
     "seccomp.log_denied": Field(("seccomp", "log_denied"), boolean),
-    "workspace.path": Field(("workspace",), nullable(host_dir), _none_or(str)),
+    "workspace.path": Field(("workspace",), nullable(host_dir), none_or(str)),
     **limit_fields("workspace."),
-    "workspace.project": Field(("project",), nullable(host_dir), _none_or(str)),
+    "workspace.project": Field(("project",), nullable(host_dir), none_or(str)),
     "workspace.secrets": Field(("project_secrets",), patterns, list),
 }
 

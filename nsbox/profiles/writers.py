@@ -60,5 +60,5 @@ def rule_to_toml(item: SeccompRule) -> dict[str, Any]:
     return entries
 
 
-def _none_or(fmt: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def none_or(fmt: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: "none" if value is None else fmt(value)

@@ -49,11 +49,11 @@ from nsbox.ray.executor import (
     MAX_CODE,
     CopyLimits,
     Executor,
+    ExecutorActor,
     Job,
-    _as_job,
-    _ExecutorActor,
-    _plain,
-    _remove_group,
+    as_job,
+    job_result,
+    remove_group,
 )
 from nsbox.result import Result
 
@@ -68,7 +68,7 @@ class _InFlight:
 
 
 def _lost(job: Job, error: Exception) -> JobResult:
-    data = _plain(Result(status=nsbox.Status.XX, error=f"the executor was lost: {error}"))
+    data = job_result(Result(status=nsbox.Status.XX, error=f"the executor was lost: {error}"))
     data.update({"job": job.id, "attempts": job.attempt, "node": None, "executor": None,
                  "error_type": "ExecutorLost"})
     return data
@@ -145,7 +145,7 @@ class Executors:
                copy_limits: CopyLimits, actor_options: dict[str, Any]) -> tuple[str, Any, Any]:
         """Start the executor actor number ``i`` on a node; (node, actor, its info's ref)."""
         name = f"nsbox-{self.group}-{node_id[:12]}-{i}"
-        actor = _ExecutorActor.options(
+        actor = ExecutorActor.options(
             name=name, max_restarts=max_restarts, max_task_retries=1,
             max_concurrency=slots,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
@@ -181,7 +181,7 @@ class Executors:
     def submit(self, argv: Iterable[str] | None = None, **job: Any) -> Any:
         """Run one job (see Job.make for the arguments); returns a Ray ObjectRef of its result
         dict."""
-        return self._submit(_as_job(job if argv is None else {"argv": argv, **job}))
+        return self._submit(as_job(job if argv is None else {"argv": argv, **job}))
 
     def _submit(self, job: Job, actor: Any = None) -> Any:
         if actor is None:
@@ -208,7 +208,7 @@ class Executors:
         while True:
             while not exhausted and len(window) < limit:
                 try:
-                    job = _as_job(next(source))
+                    job = as_job(next(source))
                 except StopIteration:
                     exhausted = True
                     break
@@ -270,7 +270,7 @@ class Executors:
             except (ray.exceptions.RayError, TimeoutError):
                 pass  # dead already
             ray.kill(actor, no_restart=True)
-        cleanups = [_remove_group.options(
+        cleanups = [remove_group.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
         ).remote(self.group, pids[node]) for node in nodes]
         try:

@@ -94,7 +94,7 @@ class Job:
         return ["python3", "-c", self.code] if self.code is not None else list(self.argv)
 
 
-def _as_job(job: Job | dict[str, Any] | list[str] | tuple[str, ...]) -> Job:
+def as_job(job: Job | dict[str, Any] | list[str] | tuple[str, ...]) -> Job:
     if isinstance(job, Job):
         return job
     if isinstance(job, dict):
@@ -193,8 +193,8 @@ class Executor:
             if job.files or job.collect:
                 return self._run_in_session(job, policy, options)
             if self._pool is not None and not job.limits:
-                return _plain(self._pool.run(job.command(), **options))
-            return _plain(nsbox.run(job.command(), policy, **options))
+                return job_result(self._pool.run(job.command(), **options))
+            return job_result(nsbox.run(job.command(), policy, **options))
         except LaunchError:
             # This executor's launch helper is gone: it is killed with the executor (Ray may
             # run the exit handlers that close it before the process ends, and a result sent
@@ -212,7 +212,7 @@ class Executor:
         with nsbox.Session(policy, idle_timeout=None, copy_limits=self.copy_limits) as session:
             for name, content in job.files:
                 session.write_file(name, content)
-            data = _plain(session.run(job.command(), **options))
+            data = job_result(session.run(job.command(), **options))
             if not job.collect:
                 return data
             skipped: list[tuple[str, str]] = []
@@ -253,7 +253,7 @@ def _children() -> list[int]:
 
 
 @ray.remote(num_cpus=0)
-def _remove_group(group: str, pids: list[int]) -> None:
+def remove_group(group: str, pids: list[int]) -> None:
     """On one node, once the executors' processes ``pids`` are gone: remove what the executors
     of ``group`` kept there, and the run cgroups of their launch helpers. (Ray kills an
     actor's child processes with it, so a helper may not have removed the cgroups of the
@@ -307,7 +307,7 @@ def _refusal(policy: Policy) -> str | None:
     return None
 
 
-def _plain(result: Result) -> JobResult:
+def job_result(result: Result) -> JobResult:
     data = cast(JobResult, result.to_dict())  # the Result's fields, as JobResult has them
     data.update({"stdout": result.stdout, "stderr": result.stderr, "files": [],
                  "skipped_files": []})
@@ -318,7 +318,7 @@ def _failure(error: NsboxError) -> JobResult:
     """A job whose sandbox could not be built: status XX, naming the error's class and, for
     a setup step, the step (errors.to_wire: the one description of an error across
     processes)."""
-    data = _plain(Result(status=nsbox.Status.XX, error=str(error)))
+    data = job_result(Result(status=nsbox.Status.XX, error=str(error)))
     wire = errors.to_wire(error)
     data["error_type"] = wire["type"]
     if wire.get("step") is not None:
@@ -328,4 +328,4 @@ def _failure(error: NsboxError) -> JobResult:
 
 # The actor: the executor's jobs run in a concurrency group of their own, so ``info`` and
 # ``close`` are answered while every job slot is busy.
-_ExecutorActor = ray.remote(concurrency_groups={"control": 1})(Executor)  # type: ignore[call-overload]
+ExecutorActor = ray.remote(concurrency_groups={"control": 1})(Executor)  # type: ignore[call-overload]

@@ -87,7 +87,7 @@ def unsupported(plan: Mapping[str, Any]) -> str | None:
     return None
 
 
-class _Writer:
+class Writer:
     """The items of the flat plan: 'i' + int64, or 's' + uint32 length + bytes + NUL."""
 
     def __init__(self) -> None:
@@ -131,7 +131,7 @@ def flatten(plan: Mapping[str, Any], stdio: Sequence[int], sync_r: int, err_w: i
     (nsbox/sandbox/child.py, ignored_signals). Raises ValueError (UnicodeError) or
     OverflowError for a plan the native core cannot carry: use the Python child."""
     fds = [*stdio, sync_r, err_w]
-    w = _Writer()
+    w = Writer()
     w.put_int(FORMAT)
     for index in range(5):
         w.put_int(index)
@@ -155,7 +155,7 @@ def flatten(plan: Mapping[str, Any], stdio: Sequence[int], sync_r: int, err_w: i
     return b"".join(w.parts), fds
 
 
-def _mounts(w: _Writer, mounts: Sequence[Mapping[str, Any]], sources: Mapping[int, int],
+def _mounts(w: Writer, mounts: Sequence[Mapping[str, Any]], sources: Mapping[int, int],
             fds: list[int]) -> None:
     w.put_int(len(mounts))
     for index, op in enumerate(mounts):
@@ -186,7 +186,7 @@ def _mounts(w: _Writer, mounts: Sequence[Mapping[str, Any]], sources: Mapping[in
             w.put_in(int(op["shm_size"]), 0, _INT64_MAX)
 
 
-def _command(w: _Writer, plan: Mapping[str, Any]) -> None:
+def _command(w: Writer, plan: Mapping[str, Any]) -> None:
     rlimits = plan["rlimits"]
     w.put_int(len(rlimits))
     for resource, soft, hard in rlimits:
@@ -218,7 +218,7 @@ def flatten_command(command: Mapping[str, Any], setid_bpf: str) -> bytes:
     """A pooled sandbox's command in flat form (its per-command items alone): the native core
     parses it after the wait (nsbox/native/child.c, await_command). Raises ValueError or
     OverflowError as ``flatten`` does."""
-    w = _Writer()
+    w = Writer()
     _command(w, {**command, "setid_bpf": setid_bpf})
     return b"".join(w.parts)
 
