@@ -23,9 +23,9 @@ import pytest
 
 # Names whose use launches a sandbox or a process (a conftest fixture, an API, a module).
 LAUNCHING = frozenset({
-    "sandbox", "public_tree", "run", "arun", "Session", "AsyncSession", "Pool", "launcher",
-    "run_as", "Runner", "_driver", "subprocess", "Popen", "CliRunner", "pty", "ptytools",
-    "sessiontools", "containerhost", "_userns", "run_doctor", "probe_dir",
+    "sandbox", "public_tree", "run", "arun", "run_cancellable", "Session", "AsyncSession",
+    "Pool", "launcher", "run_as", "Runner", "_driver", "subprocess", "Popen", "CliRunner", "pty",
+    "ptytools", "sessiontools", "containerhost", "_userns", "run_doctor", "probe_dir",
 })
 MARKER = "sandbox: launches a sandbox or a process (the fast tier is -m 'not sandbox')"
 
