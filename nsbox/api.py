@@ -94,9 +94,9 @@ def run_cancellable(argv: Any, policy: Any = None, *, input: Any = None, stdin: 
                          env_=env, cwd=cwd, passthrough=call.passthrough)
     workspace = checks.optional_path(workspace, "workspace")
     policy = launcher.choose_policy(policy, profile)
+    if workspace is not None:
+        policy = policy.replace(workspace=workspace)
     if audit is None:
-        if workspace is not None:
-            policy = policy.replace(workspace=workspace)
         result = launcher.launch(cmd, policy, passthrough=call.passthrough, cancel=cancel,
                                  tty=tty)
     elif tty is not None:
@@ -104,26 +104,24 @@ def run_cancellable(argv: Any, policy: Any = None, *, input: Any = None, stdin: 
                           hint="leave out audit, or the pty")
     else:
         result = run_audited(cmd, policy, audit=checks.path(audit, "audit"),
-                             workspace=workspace, passthrough=call.passthrough, cancel=cancel)
+                             passthrough=call.passthrough, cancel=cancel)
     deadline = cmd.timeout if cmd.timeout is not None else policy.limits.wall_time
     return finish(result, call.text, call.check, cmd.argv, deadline)
 
 
-def run_audited(cmd: inputs.Command, policy: Policy, *, audit: str, workspace: str | None,
-                passthrough: bool, cancel: launcher.Cancel | None = None) -> Result:
+def run_audited(cmd: inputs.Command, policy: Policy, *, audit: str, passthrough: bool,
+                cancel: launcher.Cancel | None = None) -> Result:
     """``nsbox.run`` with an audit record: one command in a session of its own, so that the
     files it produced can be listed (and hashed) before the sandbox goes away."""
     if policy.seccomp.log_denied:
         # Learning mode needs a launch of its own; the record then lists no produced files.
-        if workspace is not None:
-            policy = policy.replace(workspace=workspace)
         return _run_audited_plain(cmd, policy, audit=audit, passthrough=passthrough,
                                   cancel=cancel)
     from nsbox.session.run import run_command  # not on the plain run's path
     from nsbox.session.session import Session
 
-    with Session(policy, workspace=workspace, env=cmd.env, audit=audit, idle_timeout=None,
-                 timeout=cmd.timeout, output_limit=cmd.output_limit) as session:
+    with Session(policy, env=cmd.env, audit=audit, idle_timeout=None, timeout=cmd.timeout,
+                 output_limit=cmd.output_limit) as session:
         return run_command(session, cmd.argv, stdin=cmd.stdin, cwd=cmd.cwd,
                            passthrough=passthrough, cancel=cancel)
 

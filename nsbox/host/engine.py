@@ -134,19 +134,16 @@ class _Client(LaunchProcess):
         """Send the request ``build(engine_pid)`` makes (its cgroup names the engine as its
         owner, nsbox/cgroups/naming.py)."""
         with self._lock:
-            if self._sock is None or not self._alive():
-                if self._sock is not None:
-                    self._sock.close()
-                self._sock = self._start()
-                if not self._exit_registered:  # the host's exit ends and reaps it
-                    self._exit_registered = True
-                    atexit.register(self.stop)
+            sock = self._running()
+            if not self._exit_registered:  # the host's exit ends and reaps it
+                self._exit_registered = True
+                atexit.register(self.stop)
             blob, fds = build(self.pid)
             try:
-                _wire.send_bytes(self._sock, blob, fds)
+                _wire.send_bytes(sock, blob, fds)
                 self.sent += 1
             except OSError as exc:
-                self._sock.close()
+                sock.close()
                 self._sock = None
                 raise LaunchError(f"cannot send the launch request to the engine: {exc}"
                                   ) from None

@@ -23,6 +23,19 @@ class LaunchProcess:
         self._sock, self.pid = None, 0
         self._lock = threading.Lock()
 
+    def _start(self) -> socket.socket:
+        raise NotImplementedError  # each process starts its own way
+
+    def _running(self) -> socket.socket:
+        """The socket of a live process, started anew if there is none or it died; called with
+        the lock held. A failed start leaves no socket behind (the next call starts again)."""
+        if self._sock is None or not self._alive():
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self._sock = self._start()
+        return self._sock
+
     def _alive(self) -> bool:
         if not self.pid:
             return False

@@ -88,22 +88,18 @@ class _HelperClient(LaunchProcess):
 
     def send_request(self, request: dict[str, Any], fds: list[int]) -> None:
         with self._lock:
-            if self._sock is None or not self._alive():
-                if self._sock is not None:
-                    self._sock.close()
-                    self._sock = None
-                try:
-                    self._sock = self._start()
-                except OSError as exc:  # socketpair: EMFILE
-                    raise out_of_descriptors("cannot start the launch helper", exc) from None
             try:
-                _wire.send(self._sock, request, fds)  # a plan of any size (nsbox/_sys/wire.py)
+                sock = self._running()
+            except OSError as exc:  # socketpair: EMFILE
+                raise out_of_descriptors("cannot start the launch helper", exc) from None
+            try:
+                _wire.send(sock, request, fds)  # a plan of any size (nsbox/_sys/wire.py)
             except OSError as exc:
                 if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
                     # This request could not be sent (EMFILE for its memfd, ENOBUFS): the
                     # helper and the runs it serves for other threads go on.
                     raise out_of_descriptors("cannot send the launch request", exc) from None
-                self._sock.close()
+                sock.close()
                 self._sock = None
                 raise LaunchError(f"the launch helper is gone: {exc}") from None
 

@@ -62,31 +62,14 @@ class SessionRun:
         session's. ``timeout`` and ``output_limit`` default to the session's. A timeout (TO)
         or output limit (OL) ends this command and everything it started, never the session.
         """
-        return self._run_cancellable(
-            argv, input=input, stdin=stdin, text=text, encoding=encoding, errors=errors,
+        return run_cancellable(
+            self, argv, input=input, stdin=stdin, text=text, encoding=encoding, errors=errors,
             check=check, capture_output=capture_output, timeout=timeout,
             output_limit=output_limit, env=env, cwd=cwd, passthrough=passthrough,
             _sinks=_sinks)
 
-    def _run_cancellable(self, argv: Any, *, input: Any = None, stdin: Any = None,
-                        text: Any = False, encoding: Any = None, errors: Any = None,
-                        check: Any = False, capture_output: Any = None, timeout: Any = None,
-                        output_limit: Any = None, env: Any = None, cwd: Any = None,
-                        passthrough: Any = False,
-                        _sinks: tuple[int | None, int | None] | None = None,
-                        cancel: Cancel | None = None) -> Result[Any]:
-        """``run``, which ``cancel`` can kill from another thread (nsbox/aio.py)."""
-        call = inputs.call_args(input_=input, stdin_=stdin, text_=text, encoding=encoding,
-                                errors=errors, check=check, capture_output=capture_output,
-                                passthrough=passthrough)
-        result = self._run_command(argv, stdin=call.stdin, timeout=timeout,
-                                  output_limit=output_limit, env=env, cwd=cwd,
-                                  passthrough=call.passthrough, _sinks=_sinks, cancel=cancel)
-        deadline = timeout if isinstance(timeout, (int, float)) else self.timeout
-        return finish(result, call.text, call.check, list(argv), deadline)
 
-
-# --- the doors of the other modules: a command with nsbox's own arguments, a cancellable run ----
+# --- one command of a session: with nsbox's own arguments, or with subprocess's (cancellable) ---
 
 
 def run_command(session: SessionRun, argv: Sequence[str], *,
@@ -104,8 +87,19 @@ def run_command(session: SessionRun, argv: Sequence[str], *,
                                 cancel=cancel, tty=tty)
 
 
-def run_cancellable(session: SessionRun, argv: Sequence[str], *, cancel: Cancel,
-                    **arguments: Any) -> Result[Any]:
-    """``session.run(argv, **arguments)``, which ``cancel`` can kill from another thread
-    (nsbox/aio.py)."""
-    return session._run_cancellable(argv, cancel=cancel, **arguments)
+def run_cancellable(session: SessionRun, argv: Any, *, input: Any = None, stdin: Any = None,
+                    text: Any = False, encoding: Any = None, errors: Any = None,
+                    check: Any = False, capture_output: Any = None, timeout: Any = None,
+                    output_limit: Any = None, env: Any = None, cwd: Any = None,
+                    passthrough: Any = False,
+                    _sinks: tuple[int | None, int | None] | None = None,
+                    cancel: Cancel | None = None) -> Result[Any]:
+    """``session.run``, which ``cancel`` can kill from another thread (nsbox/aio.py)."""
+    call = inputs.call_args(input_=input, stdin_=stdin, text_=text, encoding=encoding,
+                            errors=errors, check=check, capture_output=capture_output,
+                            passthrough=passthrough)
+    result = session._run_command(argv, stdin=call.stdin, timeout=timeout,
+                                  output_limit=output_limit, env=env, cwd=cwd,
+                                  passthrough=call.passthrough, _sinks=_sinks, cancel=cancel)
+    deadline = timeout if isinstance(timeout, (int, float)) else session.timeout
+    return finish(result, call.text, call.check, list(argv), deadline)
