@@ -1,8 +1,9 @@
 """The rule book on resolved host paths: what a bind source or a workspace *is*.
 
-``check_source`` runs when the plan is built (nsbox/plan/plan.py) and the project workspace is
-opened (nsbox/host/project.py). It asks what the path is (which filesystem, which directory of
-it, after every symlink and through bind-mounted aliases: /proc/self/mountinfo), not how it is
+``ruled_source`` is the one path check of a launch: it runs when the plan is built
+(nsbox/plan/plan.py, nsbox/plan/landlock.py) and the project workspace is opened
+(nsbox/host/project.py). It asks what the path is (which filesystem, which directory of it,
+after every symlink and through bind-mounted aliases: /proc/self/mountinfo), not how it is
 spelled, and looks inside the tree for unix sockets and FIFOs. The rules themselves, their
 names and their refusals are in nsbox/policy/rules.py; docs/rules.md is the reference.
 """
@@ -15,6 +16,7 @@ import select
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from nsbox._sys import mountinfo as _mountinfo
 from nsbox._sys.mountinfo import MountEntry
@@ -35,6 +37,9 @@ from nsbox.policy.rules import (
     refuse,
     resolve,
 )
+
+# What a bind source must be to be there: anything, a directory, a regular file.
+Kind = Literal["any", "dir", "file"]
 
 
 def read_mountinfo() -> str:
@@ -251,24 +256,56 @@ def _homes_stamp() -> tuple[int, ...]:
     return tuple(stamps)
 
 
+def ruled_source(source: str, *, writable: bool, allow: Sequence[str], key: str,
+                 host: HostView | None, kind: Kind = "any") -> str | None:
+    """The one path check of a plan: ``source`` resolved, as the rule book allows it, or None
+    when it is not there as ``kind`` ("any", "dir" or "file"; the caller says what is missing).
+
+    The spelling is judged before the path is looked at, so that a refused place is refused
+    whether or not it exists here (a link to /root/.ssh); what the path *is* is judged once
+    it exists, unless ``host`` is None (a session's command: its sources were judged when the
+    session started)."""
+    real = resolve(source, key)
+    check_spelling(real, writable, allow, key)
+    if not _exists_as(real, kind):
+        return None
+    if host is None:
+        return real
+    return _check_resolved(real, writable=writable, allow=allow, key=key, host=host)
+
+
+def _exists_as(path: str, kind: Kind) -> bool:
+    if kind == "dir":
+        return os.path.isdir(path)
+    if kind == "file":
+        return os.path.isfile(path)
+    return os.path.exists(path)
+
+
 def check_source(source: str, *, writable: bool, allow: Sequence[str], key: str,
                  host: HostView | None = None) -> str:
     """The rules for a bind source or a workspace, on what the path is; its resolved path.
 
     ``source`` must exist (plan.py says so otherwise). Submounts below the source come along
-    with a recursive bind (nsbox binds with AT_RECURSIVE), so they are checked as well.
-
-    The path is resolved and located (stat) every time. The rules that follow from where it is
-    are answered once per host view (while the mount table and the homes are unchanged) for
-    each place; the homes' secrets and the socket scan look again each time, each with its own
-    record of what it saw."""
+    with a recursive bind (nsbox binds with AT_RECURSIVE), so they are checked as well."""
     real = resolve(source, key)
-    host = host or HostView.current()
+    check_spelling(real, writable, allow, key)
+    return _check_resolved(real, writable=writable, allow=allow, key=key,
+                           host=host or HostView.current())
+
+
+def _check_resolved(real: str, *, writable: bool, allow: Sequence[str], key: str,
+                    host: HostView) -> str:
+    """``check_source`` of a path resolved, whose spelling the rule book has passed.
+
+    The path is located (stat) every time. The rules that follow from where it is are
+    answered once per host view (while the mount table and the homes are unchanged) for each
+    place; the homes' secrets and the socket scan look again each time, each with its own
+    record of what it saw."""
     here = where(real, host.mounts)
     memo = (real, here, writable, tuple(allow))
     unscanned = host.passed.get(memo)
     if unscanned is None:
-        check_spelling(real, writable, allow, key)
         unscanned = here is None or _check_place(real, here, writable, allow, key, host)
         host.remember(memo, unscanned)
     if here is None:

@@ -117,19 +117,25 @@ def checked_source(policy: Policy, allow: tuple[str, ...], host: pathrules.HostV
     if policy.workspace is not None:
         raise PolicyError("a project and a workspace directory cannot both be /workspace",
                           key="project", hint="give one of them")
-    real = source(policy.project)
-    rules.check_spelling(real, False, allow, "project")
-    if host is not None:
-        real = pathrules.check_source(real, writable=False, allow=allow, key="project", host=host)
+    real = pathrules.ruled_source(os.path.expanduser(policy.project), writable=False,
+                                  allow=allow, key="project", host=host, kind="dir")
+    if real is None:
+        raise not_a_directory(policy.project)
     return real
 
 
 def source(path: str) -> str:
+    """The project directory ``path`` names, resolved (a session's start: the rule book judges
+    it when the session's plan is built)."""
     real = rules.resolve(os.path.expanduser(path), "project")
     if not os.path.isdir(real):
-        raise SetupError("project", errno.ENOTDIR, f"project {path} is not a directory",
-                         hint="give the project's top directory")
+        raise not_a_directory(path)
     return real
+
+
+def not_a_directory(path: str) -> SetupError:
+    return SetupError("project", errno.ENOTDIR, f"project {path} is not a directory",
+                      hint="give the project's top directory")
 
 
 # --- review and apply (host side, while the session runs) -------------------------------------

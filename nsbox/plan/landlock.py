@@ -25,7 +25,7 @@ from nsbox.errors import PolicyError, SetupError
 from nsbox.host import isolation, landlock_filter, pathrules
 from nsbox.host import seccomp as seccompmod
 from nsbox.plan import plan as planmod
-from nsbox.policy import identity, rules
+from nsbox.policy import identity
 from nsbox.policy.limits import plan_limits
 from nsbox.policy.policy import Policy
 from nsbox.result import Result
@@ -85,28 +85,23 @@ HOST_CONFIG = (*planmod.PUBLIC_ETC, "/etc/debian_version", "/etc/gitconfig",
 def _host_config(policy: Policy, host: pathrules.HostView | None) -> list[str]:
     found = []
     for path in HOST_CONFIG:
-        real = os.path.realpath(path)
-        if not os.path.isfile(real):
-            continue
-        rules.check_spelling(real, False, policy.allow_rules, "isolation")
-        if host is not None:
-            real = pathrules.check_source(real, writable=False, allow=policy.allow_rules,
-                                          key="isolation", host=host)
-        found.append(real)
+        # realpath: a link here that cannot be followed leaves the file out, as a missing one.
+        real = pathrules.ruled_source(os.path.realpath(path), writable=False,
+                                      allow=policy.allow_rules, key="isolation", host=host,
+                                      kind="file")
+        if real is not None:
+            found.append(real)
     return found
 
 
 def _workspace(policy: Policy, host: pathrules.HostView | None) -> str | None:
     if policy.workspace is None:
         return None
-    real = rules.resolve(policy.workspace, "workspace")
-    rules.check_spelling(real, True, policy.allow_rules, "workspace")
-    if not os.path.isdir(real):
+    real = pathrules.ruled_source(policy.workspace, writable=True, allow=policy.allow_rules,
+                                  key="workspace", host=host, kind="dir")
+    if real is None:
         raise SetupError("bind /workspace", 2, f"workspace {policy.workspace} is not a directory",
                          hint="create it first, or leave the workspace out for a fresh one")
-    if host is not None:
-        real = pathrules.check_source(real, writable=True, allow=policy.allow_rules,
-                                      key="workspace", host=host)
     return real
 
 

@@ -83,20 +83,16 @@ def _bind_ops(mount: Bind, key: str, allow: tuple[str, ...],
         # Reproduce the host's link (e.g. the merged-usr /bin -> usr/bin) instead of binding
         # what it points to twice.
         return [{"op": "symlink", "target": target, "points_to": os.readlink(source)}]
-    real = rules.resolve(source, f"{key}.source")
-    # A refused place is refused whether or not it exists here (a link to /root/.ssh).
-    rules.check_spelling(real, mount.writable, allow, f"{key}.source")
-    if not os.path.exists(real):
+    # What the resolved source is, after every symlink and through any alias (host/pathrules.py).
+    real = pathrules.ruled_source(source, writable=mount.writable, allow=allow,
+                                  key=f"{key}.source", host=host)
+    if real is None:
         if mount.optional:
             return []
         raise SetupError(
             f"bind {target}", 2, f"source {mount.source} does not exist on the host",
             hint="check the path, or mark the mount optional in the profile",
         )
-    # What the resolved source is, after every symlink and through any alias (host/pathrules.py).
-    if host is not None:
-        real = pathrules.check_source(real, writable=mount.writable, allow=allow,
-                                  key=f"{key}.source", host=host)
     return [{
         "op": "bind", "source": real, "target": target, "writable": mount.writable,
         "is_dir": os.path.isdir(real),
@@ -312,16 +308,13 @@ def build(
         mounts.append({"op": "tmpfs", "target": WORKSPACE, "size": policy.limits.workspace_size,
                        "mode": 0o755, "owned": True})
     else:
-        real = rules.resolve(policy.workspace, "workspace")
-        rules.check_spelling(real, True, allow, "workspace")
-        if not os.path.isdir(real):
+        real = pathrules.ruled_source(policy.workspace, writable=True, allow=allow,
+                                      key="workspace", host=host, kind="dir")
+        if real is None:
             raise SetupError(
                 f"bind {WORKSPACE}", 2, f"workspace {policy.workspace} is not a directory",
                 hint="create it first, or leave the workspace out for a fresh tmpfs",
             )
-        if host is not None:
-            real = pathrules.check_source(real, writable=True, allow=allow, key="workspace",
-                                      host=host)
         mounts.append({"op": "bind", "source": real, "target": WORKSPACE, "writable": True,
                        "is_dir": True})
     program = None
