@@ -79,6 +79,7 @@ class CallerPty:
     def __init__(self) -> None:
         self.master, self.slave = pty.openpty()
         self.before = termios.tcgetattr(self.slave)
+        self.seen = bytearray()  # every byte the relay wrote to the terminal, in order
         self._stop = threading.Event()
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
@@ -87,9 +88,13 @@ class CallerPty:
         while not self._stop.is_set():
             if select.select([self.master], [], [], 0.1)[0]:
                 try:
-                    os.read(self.master, 65536)
+                    self.seen += os.read(self.master, 65536)
                 except OSError:
                     return
+
+    def wait_seen(self, tail: bytes) -> None:
+        """Until what the terminal got ends with ``tail`` (the reader runs behind the relay)."""
+        assert wait_until(lambda: bytes(self.seen).endswith(tail)), bytes(self.seen[-200:])
 
     def close(self) -> None:
         self._stop.set()
@@ -270,6 +275,45 @@ def test_a_terminal_answer_after_the_run_is_not_typed_into_the_shell(caller_pty:
     os.set_blocking(caller_pty.slave, False)
     with pytest.raises(BlockingIOError):
         os.read(caller_pty.slave, 1024)
+
+
+# What a program sets on the terminal (on, off): each left set by the sandbox must be set off
+# after its last output reached the terminal.
+_LEFT_SET = [(b"\x1b[?1049h", b"\x1b[?1049l"), (b"\x1b[2;3r", b"\x1b[r"),
+             (b"\x1b[?25l", b"\x1b[?25h"), (b"\x1b[?1003h", b"\x1b[?1003l"),
+             (b"\x1b[?1006h", b"\x1b[?1006l"), (b"\x1b[?1004h", b"\x1b[?1004l"),
+             (b"\x1b[?2004h", b"\x1b[?2004l"), (b"\x1b(0", b"\x1b(B"), (b"\x0e", b"\x0f"),
+             (b"\x1b[8m", b"\x1b[0m"), (b"\x1b[?7l", b"\x1b[?7h"), (b"\x1b[4h", b"\x1b[4l"),
+             (b"\x1b[?1h", b"\x1b[?1l"), (b"\x1b=", b"\x1b>")]
+
+
+@pytest.mark.parametrize("how", ["exits", "killed at its limit"])
+def test_modes_a_sandbox_leaves_set_on_the_terminal_are_set_back(caller_pty: CallerPty, how: str):
+    # A program that hides what the caller's shell shows next: the alternate screen, a scroll
+    # region of one line, a hidden cursor, invisible text (SGR 8), the line-drawing set, mouse
+    # and paste reports that would type into the shell; then it ends, or is killed.
+    script = "printf '" + "".join(on.decode().replace("\x1b", "\\033")
+                                  .replace("\x0e", "\\016") for on, _ in _LEFT_SET) + "'"
+    if how != "exits":
+        script += "; sleep 60"
+    with Relay(fd_in=caller_pty.slave, fd_out=caller_pty.slave) as relay:
+        result = run_cancellable(["sh", "-c", script], stdin=relay.sandbox_end, tty=relay.size,
+                                 timeout=None if how == "exits" else 2)
+    assert result.status == ("OK" if how == "exits" else "TO")
+    caller_pty.wait_seen(host_terminal.TERMINAL_DEFAULTS)
+    seen = bytes(caller_pty.seen)
+    for on, off in _LEFT_SET:
+        assert on in seen, on
+        assert seen.rindex(off) > seen.rindex(on), (on, off)
+    assert termios.tcgetattr(caller_pty.slave) == caller_pty.before
+
+
+def test_output_without_an_escape_leaves_the_terminal_as_it_is(caller_pty: CallerPty):
+    with Relay(fd_in=caller_pty.slave, fd_out=caller_pty.slave) as relay:
+        result = run_cancellable(["echo", "plain"], stdin=relay.sandbox_end, tty=relay.size)
+    assert result.exit_code == 0
+    caller_pty.wait_seen(b"plain\r\n")
+    assert b"\x1b" not in caller_pty.seen
 
 
 def test_typed_input_a_sandbox_does_not_read_is_not_held_without_bound(caller_pty: CallerPty):

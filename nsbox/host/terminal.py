@@ -18,7 +18,10 @@ or ``ssh -t``: an editor or a shell needs them, which is why it is asked for wit
 - on exit, whatever happened (the command's end, an exception, SIGTERM, the sandbox killed at
   its limit), the caller's termios are put back as they were (``finally``), and what reached
   the terminal's input unrelayed is discarded: the terminal's answer to a query the sandbox
-  wrote last is no line for the caller's shell;
+  wrote last is no line for the caller's shell; and where the sandbox's output held an escape
+  sequence, the modes a program may leave set on the terminal itself (the alternate screen, a
+  scroll region, a hidden cursor, mouse reports, a line-drawing character set, ...: see
+  TERMINAL_DEFAULTS) are set back to the defaults the caller's shell had them in;
 - a signal whose default would end this process unwound (SIGHUP, SIGQUIT; SIGTERM where
   nothing handles it) puts them back first, and once no process of the sandbox holds its pty
   they are put back while the run goes on, so that Ctrl-C reaches nsbox again.
@@ -56,6 +59,23 @@ _CHUNK = 65536
 # Typed input held for a sandbox that does not read its pty: past this, the caller's terminal
 # is not read (its own queue fills) rather than this process's memory.
 _PENDING = 65536
+# What a program may leave set on the terminal when it ends (killed at its limit, or on
+# purpose, to hide what the caller's shell shows next): each put back to its default, which is
+# how the caller's shell had it while it waited for nsbox, without clearing the screen (RIS
+# would). The main screen (DECSET 1049, also left by 47 and 1047); no scroll region (DECSTBM
+# homes the cursor, so it is saved and restored round it, DECSC/DECRC); plain colours (SGR 0);
+# the ASCII set in G0, shifted in (a line-drawing set shows letters as boxes); replace mode
+# (IRM); autowrap (DECAWM); a visible cursor (DECTCEM); normal cursor keys and keypad (DECCKM,
+# DECKPNM); no mouse, focus or bracketed-paste reports (each would type sequences into the
+# shell). The xterm control sequences: ctlseqs(ms), "XTerm Control Sequences".
+TERMINAL_DEFAULTS = (
+    b"\x1b[?1049l" b"\x1b7\x1b[r\x1b8" b"\x1b[0m" b"\x1b(B\x0f" b"\x1b[4l" b"\x1b[?7h"
+    b"\x1b[?25h" b"\x1b[?1l\x1b>"
+    b"\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1005l\x1b[?1006l\x1b[?1015l"
+    b"\x1b[?1004l\x1b[?2004l")
+# The bytes that begin a mode change: ESC, the C1 CSI, shift-out. Output without any of them
+# changed no mode, and the terminal is left as it is.
+_MODE_BYTES = (b"\x1b", b"\x9b", b"\x0e")
 
 
 def is_terminal(fd: int) -> bool:
@@ -102,6 +122,7 @@ class Relay:
         self.size = window_size(fd_in)
         self.master = -1
         self._pending, self._stdin_done = b"", False  # typed, not yet taken by the pty
+        self._modes_changed = False  # the sandbox's output may have changed a terminal mode
         self._saved: list[Any] | None = None
         self._previous_winch: Any = None
         self._previous_ending: dict[int, Any] = {}
@@ -160,6 +181,12 @@ class Relay:
         saved = self._saved  # once: the relay's thread, a signal handler and exit may race
         if saved is None:
             return
+        if self._modes_changed:
+            self._modes_changed = False
+            try:
+                _write_all(self.fd_out, TERMINAL_DEFAULTS)
+            except OSError:
+                pass  # the terminal is gone (hung up), or will not take more
         try:
             # What reached the terminal's input since the relay stopped reading is no
             # keystroke for the caller's shell: it may be the terminal's own answer to a
@@ -288,6 +315,8 @@ class Relay:
                 if self.on_cap is not None:
                     self.on_cap()
         self.shown += len(data)
+        if not self._modes_changed and any(b in data for b in _MODE_BYTES):
+            self._modes_changed = True
         _write_all(self.fd_out, data)
 
 
