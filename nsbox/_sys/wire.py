@@ -163,6 +163,17 @@ class KillRequest(TypedDict):
     reason: str
 
 
+def kill_reason(data: bytes) -> str | None:
+    """The reason of the KillRequest ``data`` is, None for another request; ValueError for one
+    that is no JSON object. The one reader of the helper's and a session's init's."""
+    request = json.loads(data)
+    if not isinstance(request, dict):
+        raise ValueError("not a JSON object")
+    if request.get("cmd") != "kill":
+        return None
+    return str(request.get("reason", "killed"))
+
+
 class PoolSpec(TypedDict):
     """host -> helper: ``{"pool": PoolSpec}`` with the pool's socket: prepare ``size``
     sandboxes of ``plan``, each waiting for one command."""
@@ -419,3 +430,12 @@ def _read_exactly(fd: int, size: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd``: a pipe, a socket or a terminal may take a large write in parts
+    (write(2)). The one loop of every side's (the output's sinks, the --tty relay, a session's
+    file operations)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -176,7 +176,10 @@ class _Watch:
                 send_kill(self.sock, "output")
         self.kept += len(chunk)
         if stream.sink is not None:
-            _write_all(stream.sink, chunk)
+            try:
+                _wire.write_all(stream.sink, chunk)
+            except BrokenPipeError:
+                pass  # the reader of passthrough went away: the run goes on, capped as before
             if len(stream.kept) < stream.head_limit:
                 stream.kept += chunk[:stream.head_limit - len(stream.kept)]
         else:
@@ -230,12 +233,3 @@ def send_kill(sock: socket.socket, reason: str) -> None:
         sock.send(json.dumps({"cmd": "kill", "reason": reason}).encode())
     except OSError:
         pass
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except BrokenPipeError:
-            return

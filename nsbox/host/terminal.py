@@ -184,7 +184,7 @@ class Relay:
         if self._modes_changed:
             self._modes_changed = False
             try:
-                _write_all(self.fd_out, TERMINAL_DEFAULTS)
+                _wire.write_all(self.fd_out, TERMINAL_DEFAULTS)
             except OSError:
                 pass  # the terminal is gone (hung up), or will not take more
         try:
@@ -317,7 +317,7 @@ class Relay:
         self.shown += len(data)
         if not self._modes_changed and any(b in data for b in _MODE_BYTES):
             self._modes_changed = True
-        _write_all(self.fd_out, data)
+        _wire.write_all(self.fd_out, data)
 
 
 def _read(fd: int) -> bytes | None:
@@ -338,12 +338,6 @@ def _write_some(fd: int, data: bytes) -> int:
         return os.write(fd, data)
     except BlockingIOError:
         return 0
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _close(fd: int) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from nsbox._sys import libc as _libc
 from nsbox._sys.paths import open_dir_beneath
+from nsbox._sys.wire import write_all
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import projectfs
 
@@ -269,9 +270,3 @@ class _Skipped(list):  # type: ignore[type-arg]
         self.more += 1
         if self.more == 1:
             super().append({"path": "...", "reason": "more files skipped, not listed"})
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

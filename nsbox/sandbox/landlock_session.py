@@ -22,6 +22,7 @@ import signal
 from typing import Any, NoReturn
 
 from nsbox._sys import libc as _libc
+from nsbox._sys import wire as _wire
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import fileworker, sessioninit
 from nsbox.sandbox import landlocked as _landlocked
@@ -63,7 +64,7 @@ class LandlockInit(sessioninit.Init):
         for path in paths:
             if in_workspace(path, workspace) is None:
                 reason = "the Landlock mode reaches the workspace only (a relative path)"
-                fileworker.write_all(2, json.dumps({"path": path, "reason": reason}).encode())
+                _wire.write_all(2, json.dumps({"path": path, "reason": reason}).encode())
                 return 1
         op = dict(op)
         if "path" in op:
