@@ -2,7 +2,8 @@
 
 Each test starts a helper of its own (nsbox/launch/launcher.py, _HelperClient), sends it a message
 that is not JSON where a request belongs, checks what the launch concerned gets, and then runs
-a real sandbox through the same helper.
+a real sandbox through the same helper. The request on a launch's socket is read by one parser,
+the helper's and a session's init's (``wire.kill_reason``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nsbox._sys import wire as _wire
 from nsbox.launch import launcher
@@ -94,3 +97,32 @@ def test_a_malformed_message_on_a_launch_socket_fails_that_launch(
     assert "malformed message from the host" in error["message"]  # type: ignore[index]
     assert report["kill_reason"] == "setup failed"  # the sandbox was stopped, not left
     still_serves(helper)
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b'{"cmd": "kill", "reason": "output"}', "output"), (b'{"cmd": "kill"}', "killed"),
+    (b'{"cmd": "other"}', None), (b"{}", None)])
+def test_the_request_reader_takes_a_kill_and_passes_others_by(data: bytes, reason: str | None):
+    assert _wire.kill_reason(data) == reason
+
+
+@pytest.mark.parametrize("data", [b"\xff not json", b"[1, 2]", b'"kill"', b"null", b"{"])
+def test_the_request_reader_refuses_what_is_no_json_object(data: bytes):
+    with pytest.raises(ValueError):
+        _wire.kill_reason(data)
+
+
+@settings(max_examples=300, database=None)
+@given(st.one_of(st.binary(max_size=64),
+                 st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                              lambda inner: st.lists(inner, max_size=3)
+                              | st.dictionaries(st.sampled_from(["cmd", "reason", "x"]), inner,
+                                                max_size=3),
+                              max_leaves=6).map(lambda v: json.dumps(v).encode())))
+def test_the_request_reader_answers_any_bytes_with_a_reason_none_or_value_error(data: bytes):
+    try:
+        reason = _wire.kill_reason(data)
+    except ValueError:
+        return
+    assert reason is None or isinstance(reason, str)
+

@@ -308,15 +308,13 @@ class Helper:
             launch.kill("caller gone")
             return
         try:
-            request = json.loads(data)
-            if not isinstance(request, dict):
-                raise ValueError("not a JSON object")
+            reason = _wire.kill_reason(data)
         except ValueError as exc:
             # The host's end of this launch is broken: the launch fails alone, not the loop.
             launch.fail("request", StepFailed("request", 0, malformed_request(exc)))
             return
-        if request.get("cmd") == "kill":
-            launch.kill(str(request.get("reason", "killed")))
+        if reason is not None:
+            launch.kill(reason)
 
     def reap(self, launch: Launch) -> None:
         try:
