@@ -90,7 +90,7 @@ with nsbox.Session(policy, workspace={ws_arg}, timeout=20) as s:
     assert out["planted"] == "planted\n"
     assert left_in_fifo == canary, "someone read the host FIFO"
     copied = {path: (size, sha) for path, size, sha in out["copied"]}
-    assert set(copied) == {NEWLINE_NAME, "sub/deep/good.txt", "run.sh"}
+    assert set(copied) == {"sub/deep/good.txt", "run.sh"}
     assert copied["sub/deep/good.txt"] == (4, hashlib.sha256(b"good").hexdigest())
     assert out["skipped"] == {
         "link-to-secret": "a symlink (not followed)",
@@ -100,6 +100,8 @@ with nsbox.Session(policy, workspace={ws_arg}, timeout=20) as s:
         "sparse": f"too large: {2**40} bytes, the limit is {64 * 2**20}",
         "linked": "a hard link (2 names)",
         "linked2": "a hard link (2 names)",
+        NEWLINE_NAME: "its name holds a control, format or non-UTF-8 character: not written on "
+                      "the host",
     }
     assert out["errors"] == {
         "link-to-secret": "a symlink (not followed)",
@@ -110,8 +112,7 @@ with nsbox.Session(policy, workspace={ws_arg}, timeout=20) as s:
         "linked": "a hard link (2 names)",
     }
     on_host = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if not p.is_dir())
-    assert on_host == sorted([NEWLINE_NAME, "sub/deep/good.txt", "run.sh"])
-    assert (dest / NEWLINE_NAME).read_bytes() == b"newline file"
+    assert on_host == sorted(["sub/deep/good.txt", "run.sh"])
     assert stat.S_IMODE((dest / "run.sh").stat().st_mode) == 0o755
     for path in dest.rglob("*"):
         assert not path.is_symlink()
@@ -199,3 +200,24 @@ def test_skipped_list_is_bounded():
         assert s.files(skipped=skipped) == []
     assert skipped == [(f"p{i}", "a FIFO, not a regular file") for i in (1, 2, 3, 4)] + [
         ("...", "more files skipped, not listed")]
+
+
+def test_names_a_terminal_would_obey_are_not_written_on_the_host(tmp_path: Path):
+    # Names the sandbox made to act on whoever lists the destination later: an OSC that sets
+    # the title, a CR that redraws the line, a bidi override ("exe.txt" shown for "txt.exe"), a
+    # byte that is not UTF-8; and the same in a directory's name.
+    hostile = [b"t\x1b]0;owned\x07.txt", b"a\rb.txt", "\u202etxt.exe".encode(), b"x\xff.txt",
+               b"d\x1b[2J/inner.txt"]
+    script = (f"import os\nos.mkdir({b'd' + bytes([27]) + b'[2J'!r})\n"
+              f"for name in {hostile!r}:\n    open(name, 'wb').write(b'x')\n"
+              "open('plain.txt', 'w').write('kept')\n")
+    with nsbox.Session() as s:
+        assert s.run(["python3", "-c", script], cwd="/workspace").exit_code == 0
+        skipped: list[tuple[str, str]] = []
+        copied = s.copy_out(str(tmp_path / "out"), skipped=skipped)
+        assert s.read_file("/workspace/\u202etxt.exe") == b"x"  # still readable as data
+    assert [f.path for f in copied] == ["plain.txt"]
+    assert sorted(os.fsencode(p) for p, _ in skipped) == sorted(hostile)
+    assert {r for _, r in skipped} == {
+        "its name holds a control, format or non-UTF-8 character: not written on the host"}
+    assert os.listdir(tmp_path / "out") == ["plain.txt"]

@@ -27,6 +27,8 @@ from conftest import UNPRIVILEGED_UID
 from ptytools import lines, nsbox_argv, obeyed, run_on_terminal
 from sessiontools import UserRunner, user_runner
 
+from nsbox import visible
+
 CANARY_NAME = "nsbox-hook-ran"
 DEVELOPER_UID = 1000
 
@@ -434,6 +436,12 @@ def test_run_collect_json_and_audit_show_nothing_to_obey(as_user: UserRunner, tm
         text = lines(shown)
         assert 'nsbox: not collected: "fifo\\x1b]0;x\\x07": a FIFO, not a regular file' in text
         assert 'nsbox: not collected: "ln\\x7f\\x1b[2J": a symlink (not followed)' in text
+        # Names a terminal would obey are not written on the host (nsbox/session/files.py).
+        for name in HOSTILE:
+            assert (f"nsbox: not collected: {visible.quoted(name)}: its name holds a control, "
+                    "format or non-UTF-8 character: not written on the host") in text, name
+        collected = {str(p.relative_to(top / "out")) for p in (top / "out").rglob("*")}
+        assert collected == {"Makefile", "deploy.sh", "new.sh"}, collected
         record = (top / "audit.jsonl").read_bytes()
         assert ASCII_LINES.fullmatch(record), record
         kept = json.loads(record)
@@ -444,9 +452,10 @@ def test_run_collect_json_and_audit_show_nothing_to_obey(as_user: UserRunner, tm
             str(top / "out2"), "--", "python3", "-c", make), env)
         assert code == 0, shown
         out = shown.replace(b"\r\n", b"\n")
-        assert ASCII_LINES.fullmatch(out.split(b"\n", 2)[2]), out  # past the two notes
-        data = json.loads(out.split(b"\n", 2)[2])
-        assert set(HOSTILE) <= {f["path"] for f in data["files"]}
+        report = out[out.index(b"\n{") + 1:]  # past the notes of what was not collected
+        assert ASCII_LINES.fullmatch(report), out
+        data = json.loads(report)
+        assert {f["path"] for f in data["files"]} == {"Makefile", "deploy.sh", "new.sh"}
         assert data["stdout"].endswith("out\x7f\x1b]52;c;?\x07\u202e\n")
     finally:
         shutil.rmtree(top)

@@ -1,12 +1,13 @@
 """A directory reached one component at a time, never through a symlink.
 
 Used where a tree that a sandbox can write is read or written by path: a project workspace on
-the host side (nsbox/host/project.py) and a session's file operations inside the sandbox
-(nsbox/sandbox/fileworker.py). Each component is opened with O_NOFOLLOW relative to the one
-before (openat(2)), so a symlink planted anywhere on the way fails with ELOOP instead of being
-followed out of the tree, and a file in the way with ENOTDIR; the OSError's filename is the
-component that failed. ``walk`` is the loop itself, which the Python child's mount targets
-(nsbox/sandbox/mounts.py) and a bind source without openat2 (nsbox/_sys/libc.py) take too.
+the host side (nsbox/host/project.py), the files a session copies out (nsbox/session/files.py)
+and a session's file operations inside the sandbox (nsbox/sandbox/fileworker.py). Each
+component is opened with O_NOFOLLOW relative to the one before (openat(2)), so a symlink
+planted anywhere on the way fails with ELOOP instead of being followed out of the tree, and a
+file in the way with ENOTDIR; the OSError's filename is the component that failed. ``walk`` is
+the loop itself, which the Python child's mount targets (nsbox/sandbox/mounts.py) and a bind
+source without openat2 (nsbox/_sys/libc.py) take too.
 Imported by every side: nothing here may import more than the standard library.
 """
 
@@ -43,6 +44,12 @@ def walk(start: int, parts: Iterable[str], open_next: Callable[[int, int, str], 
 def open_dir_beneath(root: str, parts: Iterable[str], *, create: bool = False) -> int:
     """A descriptor of the directory ``root/parts[0]/parts[1]/...`` (``root`` itself must not
     be a symlink either). With ``create``, a missing component is made (mode 0755) first."""
+    return open_dir_below(os.open(root, _DIR_FLAGS), parts, create=create)
+
+
+def open_dir_below(start: int, parts: Iterable[str], *, create: bool = False) -> int:
+    """``open_dir_beneath`` from the directory descriptor ``start``, which it takes over (it
+    is closed, also on failure)."""
 
     def open_next(fd: int, _index: int, part: str) -> int:
         try:
@@ -56,4 +63,4 @@ def open_dir_beneath(root: str, parts: Iterable[str], *, create: bool = False) -
             pass  # made meanwhile: opened below like any other, no symlink followed
         return os.open(part, _DIR_FLAGS, dir_fd=fd)
 
-    return walk(os.open(root, _DIR_FLAGS), parts, open_next, close_start=True)
+    return walk(start, parts, open_next, close_start=True)

@@ -21,7 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox._sys.wire import FileEntry, FileOp, InitRequest
+from nsbox._sys import paths
+from nsbox._sys.wire import FileEntry, FileOp, InitRequest, write_all
 from nsbox.errors import FileTransferError, PolicyError, SandboxFileNotFound
 from nsbox.host import audit as auditmod
 from nsbox.plan import plan as planmod
@@ -153,8 +154,19 @@ class FileTransfer:
                  root: str = planmod.WORKSPACE,
                  *, skipped: list[tuple[str, str]] | None = None) -> list[FileInfo]:
         """Copy the files ``files(patterns, root)`` lists into the host directory ``dest``
-        (created if missing), keeping their relative paths. Returns what was copied."""
-        found = self.files(patterns, root, skipped=skipped)
+        (created if missing), keeping their relative paths. Returns what was copied.
+
+        A name that the sandbox made with a character a terminal obeys or hides (a control,
+        a bidi or other format character, a byte that is not UTF-8: not ``str.isprintable``)
+        is not written on the host, where every later ``ls``, file manager or script would
+        meet it as made: it is skipped with its reason (``read_file`` still reads it)."""
+        found = []
+        for info in self.files(patterns, root, skipped=skipped):
+            if info.path.isprintable():
+                found.append(info)
+            elif skipped is not None:
+                skipped.append((info.path, "its name holds a control, format or non-UTF-8 "
+                                "character: not written on the host"))
         try:
             os.makedirs(dest, exist_ok=True)
             dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -191,27 +203,16 @@ def _write_below(dest_fd: int, path: str, data: bytes, mode: int) -> None:
     never following a symlink on the way."""
     _check_relative(path)
     *dirs, name = path.split("/")
-    fd = os.dup(dest_fd)
+    fd = paths.open_dir_below(os.dup(dest_fd), dirs, create=True)
     try:
-        for part in dirs:
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-            try:
-                next_fd = os.open(part, flags, dir_fd=fd)
-            except FileNotFoundError:
-                os.mkdir(part, 0o755, dir_fd=fd)
-                next_fd = os.open(part, flags, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
         out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                       | os.O_CLOEXEC, mode, dir_fd=fd)
         try:
             if not stat.S_ISREG(os.fstat(out).st_mode):
                 raise FileTransferError(path, "the destination is not a regular file")
             os.ftruncate(out, 0)
-            view = memoryview(data)
             try:
-                while view:
-                    view = view[os.write(out, view):]
+                write_all(out, data)
             except OSError:
                 os.unlink(name, dir_fd=fd)  # no truncated copy is left behind (ENOSPC)
                 raise
