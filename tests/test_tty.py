@@ -131,7 +131,9 @@ def cli(terminals: list[Terminal], user: UserRunner, *args: str, core: str = "na
 
 def stty_size(term: Terminal) -> tuple[int, int]:
     term.send(b"stty size\r")
-    found = term.expect(rb"\r\n(\d+) (\d+)\r\n")
+    # After the line typed, or after the shell redrew it on SIGWINCH once it was taken (seen
+    # under load: "stty size\r\n\r   \rsbx-prompt> stty size40 120\r\n").
+    found = term.expect(rb"(?:\r\n|stty size)(\d+) (\d+)\r\n")
     term.expect(PROMPT)
     return int(found[1]), int(found[2])
 

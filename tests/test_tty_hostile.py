@@ -416,6 +416,43 @@ def test_a_signal_that_ends_nsbox_puts_the_terminal_back(terminals: list[Termina
             _stop(user, session_id)
 
 
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_nsbox_stopped_from_elsewhere_gives_the_terminal_back_until_it_goes_on(
+        terminals: list[Terminal], public_tree: Path):
+    # In raw mode no key stops nsbox; `kill -TSTP` does. bash, the caller's shell with job
+    # control, has its terminal back in its own modes while nsbox is stopped; `fg` continues
+    # it, and then the run must have raw mode again (bash puts back no job's modes): typed
+    # keys reach the sandbox's pty one by one, Ctrl-C is no signal for nsbox.
+    user = UserRunner("caller", public_tree)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(user.tree), "HOME": "/tmp",
+           "TERM": "xterm", "PS1": "PROMPT> "}
+    term = Terminal(["bash", "--norc", "--noprofile", "-i"], env)
+    terminals.append(term)
+    term.expect(b"PROMPT> ")
+    term.send(f"{PYTHON} -m nsbox run --tty -- sh -c "
+              "'echo READY; read line; echo got:$line'\r".encode())
+    term.expect(b"READY\r\n")  # the line the command wrote, not the one typed
+    raw = term.modes()
+    assert raw != term.before
+    with open(f"/proc/{term.proc.pid}/task/{term.proc.pid}/children") as f:
+        (nsbox_pid,) = [int(pid) for pid in f.read().split()]
+    os.kill(nsbox_pid, signal.SIGTSTP)
+    assert wait_until(lambda: _state(nsbox_pid) == "T")
+    term.expect(b"Stopped")
+    assert term.modes() != raw
+    term.send(b"fg\r")
+    assert wait_until(lambda: term.modes() == raw)
+    term.send(b"typed\r")
+    term.expect(b"got:typed\r\n")
+    term.expect(b"PROMPT> ")
+    term.send(b"exit\r")
+    assert term.finish() == 0
+
+
 @pytest.mark.parametrize("where", ["run", "session"])
 def test_a_command_that_drops_its_terminal_gives_the_callers_back(terminals: list[Terminal],
                                                                   public_tree: Path,

@@ -24,9 +24,12 @@ or ``ssh -t``: an editor or a shell needs them, which is why it is asked for wit
   TERMINAL_DEFAULTS) are set back to the defaults the caller's shell had them in;
 - a signal whose default would end this process unwound (SIGHUP, SIGQUIT; SIGTERM where
   nothing handles it) puts them back first, and once no process of the sandbox holds its pty
-  they are put back while the run goes on, so that Ctrl-C reaches nsbox again.
+  they are put back while the run goes on, so that Ctrl-C reaches nsbox again;
+- SIGTSTP (nsbox stopped from elsewhere: in raw mode no key sends it) puts them back while
+  nsbox is stopped, and SIGCONT sets raw mode again.
 
-Only SIGKILL of nsbox itself leaves the terminal raw (``stty sane`` or ``reset`` repairs it).
+Only SIGKILL of nsbox itself leaves the terminal raw (``stty sane`` or ``reset`` repairs it);
+SIGSTOP leaves it raw until SIGCONT.
 """
 
 from __future__ import annotations
@@ -126,6 +129,8 @@ class Relay:
         self._saved: list[Any] | None = None
         self._previous_winch: Any = None
         self._previous_ending: dict[int, Any] = {}
+        self._previous_stop: Any = None
+        self._raw = False  # the caller's terminal is in raw mode for the sandbox's pty
         self._channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sandbox_end = theirs.detach()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
@@ -140,7 +145,10 @@ class Relay:
                 for signum in _ENDING:
                     if signal.getsignal(signum) == signal.SIG_DFL:
                         self._previous_ending[signum] = signal.signal(signum, self._on_ending)
+                if signal.getsignal(signal.SIGTSTP) == signal.SIG_DFL:
+                    self._previous_stop = signal.signal(signal.SIGTSTP, self._on_stop)
             tty.setraw(self.fd_in, termios.TCSANOW)
+            self._raw = True
             self._thread.start()
         except BaseException:
             self._restore()
@@ -169,6 +177,9 @@ class Relay:
         for signum, previous in self._previous_ending.items():
             signal.signal(signum, previous)
         self._previous_ending = {}
+        if self._previous_stop is not None:
+            signal.signal(signal.SIGTSTP, self._previous_stop)
+            self._previous_stop = None
         for fd in (self.sandbox_end, self._wake_r, self._wake_w):
             _close(fd)
         self.sandbox_end = self._wake_r = self._wake_w = -1
@@ -203,6 +214,24 @@ class Relay:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
+    def _on_stop(self, signum: int, _frame: Any) -> None:
+        # SIGTSTP from elsewhere (`kill -TSTP`; the keys of a raw terminal send none): the
+        # caller's shell gets its terminal back in its own modes while nsbox is stopped, and
+        # raw mode comes back with SIGCONT, as a full-screen program does it (the sandbox's
+        # pty itself is not stopped: its program goes on, its output waits).
+        raw = self._raw
+        self._put_back_modes(termios.TCSANOW)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # stops here, until SIGCONT
+        signal.signal(signum, self._on_stop)
+        if raw and self._raw and self._saved is not None:
+            try:
+                tty.setraw(self.fd_in, termios.TCSANOW)
+            except termios.error:
+                pass  # the terminal is gone
+            if self.master >= 0:
+                self._copy_size()  # the window may have changed meanwhile
+
     def _on_winch(self, _signum: int, _frame: Any) -> None:
         if self.master >= 0:
             self._copy_size()
@@ -224,6 +253,7 @@ class Relay:
                     # (a command that closed it): the caller's terminal is theirs again, so
                     # that Ctrl-C reaches nsbox, which ends the run, and does not wait for
                     # the time limit in raw mode.
+                    self._raw = False
                     self._put_back_modes(termios.TCSADRAIN)
         except OSError:
             pass  # the caller's terminal is gone: the run goes on to its end without it
