@@ -9,6 +9,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -241,7 +242,7 @@ def marker() -> Iterator[str]:
     no run cgroup of ours may be left."""
     word = f"6{uuid.uuid4().int % 10**8}"
     yield word
-    assert _wait(lambda: processes_with(word) == []), processes_with(word)
+    assert _wait(lambda: processes_with(word) == [], timeout=30), processes_with(word)
     # A spare made just now gets its spawner within about an RCU grace period.
     assert _wait(lambda: _our_run_cgroups() == [], timeout=2), _our_run_cgroups()
 
@@ -512,9 +513,16 @@ LAUNCHER = """
 def _start_launcher(marker: str) -> tuple[subprocess.Popen[bytes], int, str]:
     """A host process that runs a sleeping sandbox; returns it, the sandbox's pid and the name
     of its run cgroup."""
-    launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LAUNCHER), marker],
-                                stderr=subprocess.DEVNULL)
-    assert _wait(lambda: _sandbox_pid(marker) is not None), "the sandbox did not start"
+    with tempfile.TemporaryFile() as err:
+        launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LAUNCHER), marker],
+                                    stderr=err)
+        # A new Python that imports nsbox and starts its launch process: seconds in the cgroup
+        # v2 VM's software emulation (10 s was too short there once, with the host busy).
+        if not _wait(lambda: _sandbox_pid(marker) is not None, timeout=90):
+            launcher.kill()
+            launcher.wait()
+            err.seek(0)
+            raise AssertionError(f"the sandbox did not start: {err.read()!r}")
     pid = _sandbox_pid(marker)
     assert pid is not None
     return launcher, pid, _run_cgroup_of(pid)
@@ -527,7 +535,7 @@ def test_nothing_is_left_after_the_launcher_is_sigkilled(marker: str) -> None:
     launcher.kill()
     launcher.wait()
     # The helper sees its launcher go, kills the sandbox and removes the cgroup.
-    assert _wait(lambda: processes_with(marker) == [] and _cgroup_dirs(name) == [])
+    assert _wait(lambda: processes_with(marker) == [] and _cgroup_dirs(name) == [], timeout=30)
 
 
 @pytest.mark.cgroup2
@@ -540,7 +548,7 @@ def test_cgroup_of_a_killed_helper_is_reclaimed_by_the_next_run(marker: str) -> 
         launcher.wait(timeout=30)
     finally:
         launcher.kill()
-    assert _wait(lambda: processes_with(marker) == [])
+    assert _wait(lambda: processes_with(marker) == [], timeout=30)
     assert _cgroup_dirs(name), "expected the dead helper's cgroup to be left over"
     subprocess.run([sys.executable, "-c", "import nsbox; nsbox.run(['true'])"], check=True,
                    timeout=60)
