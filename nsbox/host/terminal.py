@@ -168,6 +168,7 @@ class Relay:
             self._restore()
 
     def _restore(self) -> None:
+        self._raw = False  # first: a SIGCONT from here on sets no raw mode again (_on_stop)
         # TCSADRAIN: what was written reaches the terminal in the modes it was for.
         self._put_back_modes(termios.TCSADRAIN)
         self._saved = None
