@@ -120,7 +120,7 @@ def checked_source(policy: Policy, allow: tuple[str, ...], host: pathrules.HostV
     real = pathrules.ruled_source(os.path.expanduser(policy.project), writable=False,
                                   allow=allow, key="project", host=host, kind="dir")
     if real is None:
-        raise not_a_directory(policy.project)
+        raise _not_a_directory(policy.project)
     return real
 
 
@@ -129,11 +129,11 @@ def source(path: str) -> str:
     it when the session's plan is built)."""
     real = rules.resolve(os.path.expanduser(path), "project")
     if not os.path.isdir(real):
-        raise not_a_directory(path)
+        raise _not_a_directory(path)
     return real
 
 
-def not_a_directory(path: str) -> SetupError:
+def _not_a_directory(path: str) -> SetupError:
     return SetupError("project", errno.ENOTDIR, f"project {path} is not a directory",
                       hint="give the project's top directory")
 

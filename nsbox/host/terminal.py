@@ -128,8 +128,7 @@ class Relay:
         self._modes_changed = False  # the sandbox's output may have changed a terminal mode
         self._saved: list[Any] | None = None
         self._previous_winch: Any = None
-        self._previous_ending: dict[int, Any] = {}
-        self._previous_stop: Any = None
+        self._previous_handlers: dict[int, Any] = {}  # of the signals the relay handles
         self._raw = False  # the caller's terminal is in raw mode for the sandbox's pty
         self._channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sandbox_end = theirs.detach()
@@ -144,9 +143,10 @@ class Relay:
                 self._previous_winch = signal.signal(signal.SIGWINCH, self._on_winch)
                 for signum in _ENDING:
                     if signal.getsignal(signum) == signal.SIG_DFL:
-                        self._previous_ending[signum] = signal.signal(signum, self._on_ending)
+                        self._previous_handlers[signum] = signal.signal(signum, self._on_ending)
                 if signal.getsignal(signal.SIGTSTP) == signal.SIG_DFL:
-                    self._previous_stop = signal.signal(signal.SIGTSTP, self._on_stop)
+                    self._previous_handlers[signal.SIGTSTP] = signal.signal(signal.SIGTSTP,
+                                                                            self._on_stop)
             tty.setraw(self.fd_in, termios.TCSANOW)
             self._raw = True
             self._thread.start()
@@ -175,12 +175,9 @@ class Relay:
         if self._previous_winch is not None:
             signal.signal(signal.SIGWINCH, self._previous_winch)
             self._previous_winch = None
-        for signum, previous in self._previous_ending.items():
+        for signum, previous in self._previous_handlers.items():
             signal.signal(signum, previous)
-        self._previous_ending = {}
-        if self._previous_stop is not None:
-            signal.signal(signal.SIGTSTP, self._previous_stop)
-            self._previous_stop = None
+        self._previous_handlers = {}
         for fd in (self.sandbox_end, self._wake_r, self._wake_w):
             _close(fd)
         self.sandbox_end = self._wake_r = self._wake_w = -1
@@ -220,12 +217,11 @@ class Relay:
         # caller's shell gets its terminal back in its own modes while nsbox is stopped, and
         # raw mode comes back with SIGCONT, as a full-screen program does it (the sandbox's
         # pty itself is not stopped: its program goes on, its output waits).
-        raw = self._raw
         self._put_back_modes(termios.TCSANOW)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)  # stops here, until SIGCONT
         signal.signal(signum, self._on_stop)
-        if raw and self._raw and self._saved is not None:
+        if self._raw:  # False once the relay ended, or the sandbox dropped its pty
             try:
                 tty.setraw(self.fd_in, termios.TCSANOW)
             except termios.error:
