@@ -53,6 +53,14 @@ def delegate_command(uid: int | None = None) -> str:
     return _v2.delegate_command(uid)
 
 
+def v2_limit_writes(request: Request) -> list[tuple[str, str, bool]]:
+    """The files of a cgroup v2 run's directory that ``request`` is written to: (name, value,
+    whether it may be missing). The launch engine writes them (nsbox/host/engine.py)."""
+    from nsbox.cgroups import _v2
+
+    return _v2.limit_writes(request)
+
+
 def is_unified(backend: Backend) -> TypeGuard[V2Backend]:
     """Whether ``backend`` is the unified hierarchy's (cgroup v2)."""
     from nsbox.cgroups._v2 import V2Backend

@@ -7,6 +7,8 @@ exempt). So, on the first run, when B does not have the controllers enabled yet:
 
 - if B's only processes are this helper and its parent (the launcher that started it), both are
   moved into a leaf child of B, ``nsbox-<owner>-leaf``, and then the controllers are enabled in B.
+  (A launcher whose runs take the launch engine does the same for itself, its engine and its
+  helper: nsbox/host/engine.py.)
   A helper that starts in such a leaf (its launcher was moved there) uses the leaf's parent as
   its base: several launchers in one delegated cgroup share it.
   The launcher is ours (it asked for the sandbox) and stays inside its own cgroup's subtree, so
@@ -56,6 +58,27 @@ def delegate_command(uid: int | None = None) -> str:
     return f"systemd-run{user} --scope -p Delegate=yes nsbox ..."
 
 
+def limit_writes(request: Request) -> list[tuple[str, str, bool]]:
+    """The files of a run's directory that its limits are written to, with the values, and
+    whether the file may be missing (then nothing is written): V2Run.set_limits here, the launch
+    engine's request (nsbox/host/engine.py)."""
+    writes = []
+    if request.memory is not None:
+        writes.append(("memory.max", str(request.memory), False))
+        # No swap: a sandbox that is over its memory must be killed, not slowed to a crawl.
+        # memory.swap.max exists only with swap accounting (cgroup-v2.rst, "Memory Interface").
+        writes.append(("memory.swap.max", "0", True))
+        # An OOM kill takes the whole run down, not one process of it (cgroup-v2.rst,
+        # memory.oom.group): a half-killed sandbox is not a useful result.
+        writes.append(("memory.oom.group", "1", False))
+    if request.pids is not None:
+        writes.append(("pids.max", str(request.pids), False))
+    if request.cpus is not None:
+        quota = max(1000, round(request.cpus * CPU_PERIOD_US))
+        writes.append(("cpu.max", f"{quota} {CPU_PERIOD_US}", False))
+    return writes
+
+
 class V2Run(RunCgroup):
     def __init__(self, path: str) -> None:
         self.path = path
@@ -65,19 +88,9 @@ class V2Run(RunCgroup):
         return os.path.join(self.path, name)
 
     def set_limits(self, request: Request) -> None:
-        if request.memory is not None:
-            _fs.write(self._file("memory.max"), request.memory)
-            # No swap: a sandbox that is over its memory must be killed, not slowed to a crawl.
-            if os.path.exists(self._file("memory.swap.max")):
-                _fs.write(self._file("memory.swap.max"), 0)
-            # An OOM kill takes the whole run down, not one process of it (cgroup-v2.rst,
-            # memory.oom.group): a half-killed sandbox is not a useful result.
-            _fs.write(self._file("memory.oom.group"), 1)
-        if request.pids is not None:
-            _fs.write(self._file("pids.max"), request.pids)
-        if request.cpus is not None:
-            quota = max(1000, round(request.cpus * CPU_PERIOD_US))
-            _fs.write(self._file("cpu.max"), f"{quota} {CPU_PERIOD_US}")
+        for name, value, optional in limit_writes(request):
+            if not optional or os.path.exists(self._file(name)):
+                _fs.write(self._file(name), value)
 
     def reset_peak_memory(self) -> None:
         # Never needed: a v2 run's first process is cloned into the cgroup, no spawner shares
@@ -181,9 +194,11 @@ class V2Backend(Backend):
     def _enabled(self) -> set[str]:
         return set(_fs.read(os.path.join(self.base, "cgroup.subtree_control")).split())
 
-    def prepare(self) -> None:
-        """Enable the controllers in the base's cgroup.subtree_control, moving this helper and
-        its launcher into a leaf first when the no-internal-processes rule requires it."""
+    def prepare(self, ours: set[int] | None = None) -> None:
+        """Enable the controllers in the base's cgroup.subtree_control, moving ``ours`` into a
+        leaf first when the no-internal-processes rule requires it: by default this helper and
+        its launcher; the launch engine's host process names itself and its launch processes
+        (nsbox/host/engine.py)."""
         if self._prepared:
             return
         missing = [c for c in self.controllers if c not in self._enabled()]
@@ -195,7 +210,7 @@ class V2Backend(Backend):
             except OSError as exc:
                 if exc.errno != errno.EBUSY:
                     raise
-                self._move_into_leaf()
+                self._move_into_leaf(ours if ours is not None else {os.getpid(), os.getppid()})
                 _fs.write(control, change)
         self._prepared = True
 
@@ -218,8 +233,7 @@ class V2Backend(Backend):
             f"start nsbox in a cgroup of its own, e.g. `{delegate_command()}`"
         )
 
-    def _move_into_leaf(self) -> None:
-        ours = {os.getpid(), os.getppid()}
+    def _move_into_leaf(self, ours: set[int]) -> None:
         inside = set(_fs.procs(self.base))
         others = sorted(inside - ours)
         if others:

@@ -44,7 +44,7 @@ from nsbox.sandbox import child as _child
 from nsbox.sandbox import diskfull
 from nsbox.sandbox import native as _native
 
-FORMAT = 1  # nsbox/native/engine.h, ENGINE_FORMAT
+FORMAT = 2  # nsbox/native/engine.h, ENGINE_FORMAT
 PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nsbox-engine")
 # Reset in every sandbox: what the engine ignores itself (SIGINT, SIGPIPE), SIGXFSZ as the
 # Python helper does, and glibc's internal 32 and 33 (nsbox/native/child.c, reset_signals);
@@ -77,8 +77,6 @@ def why_not(plan: dict[str, Any]) -> str | None:
     reason = _native.unsupported(plan)  # overlays (project mode) among them
     if reason is not None:
         return reason
-    if cgroups.get_backend().kind not in ("v1", "none"):
-        return "cgroup v2 runs take the Python helper for now"
     return None
 
 
@@ -163,34 +161,62 @@ class _Writer(_native.Writer):
         self.put_str(path or "")
 
 
+# What a cgroup v2 run used, as (name, file, key) to read (nsbox/cgroups/_v2.py, V2Run.usage).
+# memory.peak: Linux 5.19, pids.peak: 6.1; on older kernels the engine reports none.
+_V2_USAGE = (("peak_memory", "memory.peak", ""), ("cpu_user_us", "cpu.stat", "user_usec"),
+             ("cpu_system_us", "cpu.stat", "system_usec"), ("peak_pids", "pids.peak", ""),
+             ("oom_kills", "memory.events", "oom_kill"))
+
+
 class _RunCgroup:
     """The run's cgroup as the engine gets it, from this host's backend (nsbox/cgroups/_v1.py
-    does the same in Python), and the rlimits and degraded notes of what it cannot limit
-    (nsbox/policy/limits.py, RunLimits)."""
+    and _v2.py do the same in Python), and the rlimits and degraded notes of what it cannot
+    limit (nsbox/policy/limits.py, RunLimits).
+
+    cgroup v1 (and hybrid): a directory in each hierarchy, the child's pid written into each
+    before its release. cgroup v2: one directory, which the child is cloned into (clone3,
+    CLONE_INTO_CGROUP), below this process's cgroup, where the controllers are enabled first;
+    should the no-internal-processes rule require it, this process and its launch processes
+    move into a leaf of their cgroup then, as the Python helper moves itself and its launcher
+    (nsbox/cgroups/_v2.py)."""
 
     def __init__(self, spec: dict[str, Any], rlimits: list[list[int]]) -> None:
         backend = cgroups.get_backend()
         wanted = _wanted(spec)
         supported = backend.supports()
+        reason = backend.reason
+        self.v2 = cgroups.is_unified(backend)
+        if cgroups.is_unified(backend) and wanted & supported:
+            try:
+                backend.prepare(ours={os.getpid(), *LaunchProcess.started()})
+            except OSError as exc:  # another process in this cgroup: nothing can be limited
+                supported, reason = frozenset(), str(exc)
         self.cpu_time: float | None = spec.get("cpu_time")
         self.made = bool(wanted & supported)
         missing = wanted - supported
         if missing and spec.get("require"):
             raise HostError(
                 f"cgroup limits are required, but {', '.join(sorted(missing))} cannot be "
-                f"limited here: {backend.reason}", feature="cgroup",
+                f"limited here: {reason}", feature="cgroup",
                 hint="run `nsbox doctor`; or drop require_cgroup to accept rlimits instead")
         from nsbox.policy import limits as _limits
 
-        why = backend.reason or "this host's cgroups lack the controller"
+        why = reason or "this host's cgroups lack the controller"
         self.degraded = [f"{_limits.DEGRADED[f]} [{why}]" for f in sorted(missing)]
         self.rlimits = [list(r) for r in rlimits]
         for feature in sorted(missing):
             self.rlimits.extend(spec.get("fallback_rlimits", {}).get(feature, []))
         self.has_accounting = self.made and cgroups.CPU_ACCOUNTING in supported
         self.bases: dict[str, str] = dict(getattr(backend, "bases", {}))
-        self.unified: str | None = getattr(backend, "unified_base", None)
-        self.request = cgroups.Request.from_dict(spec)
+        self.unified: str | None = (backend.base if cgroups.is_unified(backend)
+                                    else getattr(backend, "unified_base", None))
+        request = cgroups.Request.from_dict(spec)
+        if self.v2:  # a limit of a controller that is not there is not written: it degraded
+            request = cgroups.Request(
+                memory=request.memory if cgroups.MEMORY in supported else None,
+                pids=request.pids if cgroups.PIDS in supported else None,
+                cpus=request.cpus if cgroups.CPUS in supported else None)
+        self.request = request
         self.name = ""  # named for its owner, the engine (name_for)
 
     def put_cpu(self, w: _Writer) -> None:
@@ -224,13 +250,14 @@ class _RunCgroup:
         dirs, unified = self.dirs()
         every = sorted(set(dirs.values()) | ({unified} if unified else set()))
         w.put_strings(every)
-        writes = self.writes(dirs)
+        writes = self.v2_writes(unified) if self.v2 and unified else self.writes(dirs)
         w.put_int(len(writes))
         for path, value in writes:
             w.put_path(path)
             w.put_str(value)
-        w.put_strings([os.path.join(d, "cgroup.procs") for d in every])
-        w.put_path("")  # cgroup v2 (clone3 into it): not yet
+        # v1: the child's pid goes into each directory; v2: it is born in the run's.
+        w.put_strings([] if self.v2 else [os.path.join(d, "cgroup.procs") for d in every])
+        w.put_path(unified if self.v2 else "")
         w.put_path(os.path.join(unified, "cgroup.kill") if unified else "")
         w.put_path(dirs.get("freezer"))
         w.put_path("")
@@ -268,9 +295,18 @@ class _RunCgroup:
             out.append((os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota)))
         return out
 
-    @staticmethod
-    def usage_files(dirs: dict[str, str], unified: str | None) -> list[tuple[str, str, str]]:
-        """nsbox/cgroups/_v1.py, V1Run.usage, as (name, file, key) to read."""
+    def v2_writes(self, run: str) -> list[tuple[str, str]]:
+        """nsbox/cgroups/_v2.py, V2Run.set_limits, as file writes ("?V": where the file is)."""
+        return [(os.path.join(run, name), f"?{value}" if optional else value)
+                for name, value, optional in cgroups.v2_limit_writes(self.request)]
+
+    def usage_files(self, dirs: dict[str, str], unified: str | None
+                    ) -> list[tuple[str, str, str]]:
+        """nsbox/cgroups/_v1.py, V1Run.usage (_v2.py, V2Run.usage), as (name, file, key) to
+        read."""
+        if self.v2:
+            return [(name, os.path.join(unified, file), key)
+                    for name, file, key in _V2_USAGE] if unified else []
         out = []
         if "memory" in dirs:
             out.append(("peak_memory", os.path.join(dirs["memory"], "memory.max_usage_in_bytes"),

@@ -10,11 +10,20 @@ import threading
 
 
 class LaunchProcess:
+    _every: list[LaunchProcess] = []  # of this host process: the helper's and the engine's
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self.pid = 0
         os.register_at_fork(after_in_child=self._forget)
+        LaunchProcess._every.append(self)
+
+    @classmethod
+    def started(cls) -> set[int]:
+        """The pids of the launch processes this host process has started and not stopped: what
+        it may move into a cgroup leaf along with itself (nsbox/cgroups/_v2.py, prepare)."""
+        return {process.pid for process in cls._every if process.pid}
 
     def _forget(self) -> None:
         # A forked child must not share its parent's process: it would keep it alive.

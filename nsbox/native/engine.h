@@ -14,7 +14,8 @@
  *     whole file is the number), i nanoseconds per unit of that number
  *   i 1: write "deny" to /proc/PID/setgroups first; s uid_map; s gid_map
  *   i N, N x s: the run's cgroup directories, made in this order (removed in the reverse)
- *   i N, N x (s path, s value): the limits, written after the directories exist
+ *   i N, N x (s path, s value): the limits, written after the directories exist (a value
+ *     "?V": V, where the file exists)
  *   i N, N x s: cgroup.procs files the child's pid is written to before its release (v1)
  *   s a cgroup v2 directory to clone the child into (clone3, CLONE_INTO_CGROUP), or ""
  *   s a cgroup.kill file, or ""; s a v1 freezer directory, or ""
@@ -39,7 +40,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define ENGINE_FORMAT 1
+#define ENGINE_FORMAT 2
 
 #define ENGINE_MAX_DIRS 16     /* a run's directories: one per v1 hierarchy and the unified one */
 #define ENGINE_MAX_WRITES 32

@@ -86,7 +86,13 @@ int cgroup_create(const struct engine_request *req, char *what, size_t what_size
         }
     }
     for (int i = 0; i < req->nwrites; i++) {
-        if (write_file(req->writes[i].path, req->writes[i].value) != 0) {
+        /* "?VALUE": written where the file exists (cgroup v2's memory.swap.max exists only
+         * with swap accounting, cgroup-v2.rst), else left out; every other write must land. */
+        const char *value = req->writes[i].value;
+        int optional = value[0] == '?';
+        if (write_file(req->writes[i].path, value + optional) != 0) {
+            if (optional && errno == ENOENT)
+                continue;
             snprintf(what, what_size, "write %s to %s", req->writes[i].value,
                      req->writes[i].path);
             goto undo;
