@@ -79,14 +79,14 @@ def native_plan(launch: Launch, plan: WirePlan, fds: ChildFds,
     """The native core's flat plan and its descriptors, or None: the Python child runs this
     launch (nsbox/sandbox/native.py says when). Sets ``launch.core``."""
     launch.core = "python"
-    if _native_core.unsupported(plan) is not None:
-        return None
     try:
         flat = _native_core.flatten(plan, fds.stdio, fds.sync_r, fds.err_w, fds.sources,
                                     fds.notify, fds.net, cap_last, _native_core.own_name(),
                                     _child.ignored_signals)
     except (ValueError, OverflowError):
-        return None  # a name or a number the C side cannot carry: the Python child takes it
+        # A kind of plan the native core does not run, or a name or a number it cannot carry:
+        # the Python child takes it.
+        return None
     launch.core = "native"
     return flat
 

@@ -61,7 +61,8 @@ def wanted() -> bool:
 
 
 def why_not(plan: dict[str, Any]) -> str | None:
-    """Why the engine cannot run ``plan`` (the Python helper takes it then), or None."""
+    """Why the engine cannot run ``plan`` (the Python helper takes it then), or None; the
+    native core's own refusals come from ``Submission``'s one pass over the plan (flatten)."""
     if not os.access(PATH, os.X_OK):
         return "the launch engine is not built (no C compiler at install time)"
     if plan.get("isolation") == "landlock":
@@ -74,10 +75,7 @@ def why_not(plan: dict[str, Any]) -> str | None:
         return "the allow-list proxy is the Python helper's"
     if plan.get("native") is False or _native.disabled_by_caller():
         return "NSBOX_NATIVE=0"
-    reason = _native.unsupported(plan)  # overlays (project mode) among them
-    if reason is not None:
-        return reason
-    return None
+    return None  # what the native core does not carry (overlays among them): flatten says
 
 
 def submission(plan: dict[str, Any]) -> Submission | None:
@@ -368,7 +366,13 @@ class Submission:
         # Which mounts get a descriptor: every bind, when this process opens them (Sources).
         self.bound = [i for i, op in enumerate(plan["mounts"])
                       if op["op"] == "bind" and held.detached_binds]
-        self.flat = flat_plan(self.plan, self.cgroup, self.bound)  # ValueError: the helper's
+        # The native core's flat plan, with the rlimits the cgroup falls back on; its
+        # descriptors by index: the streams, the pipes the engine makes, the bound sources.
+        # ValueError (Unsupported among them) or OverflowError: the helper's launch.
+        self.flat, _placeholders = _native.flatten(
+            {**plan, "rlimits": self.cgroup.rlimits}, [0, 1, 2], 3, 4,
+            {i: 5 + k for k, i in enumerate(self.bound)}, -1, None, _cap_last(), "",
+            IGNORED_SIGNALS)
         wall = plan.get("wall_time")
         self.wall_us = -1 if wall is None else max(0, round(float(wall) * 1e6))  # TypeError too
 
@@ -431,23 +435,13 @@ class Submission:
         self.launch.cleanup.close()
 
 
-def flat_plan(plan: WirePlan, cgroup: _RunCgroup, bound: list[int]) -> bytes:
-    """The native core's flat plan, with the rlimits the cgroup falls back on; its
-    descriptors by index: the streams, the pipes the engine makes, the ``bound`` sources."""
-    flat, _placeholders = _native.flatten(
-        {**plan, "rlimits": cgroup.rlimits}, [0, 1, 2], 3, 4,
-        {i: 5 + k for k, i in enumerate(bound)}, -1, None, _cap_last(), "",
-        IGNORED_SIGNALS)
-    return flat
-
-
 @functools.cache
 def _cap_last() -> int:
     return _libc.last_cap()  # the child drops every capability up to it
 
 
 def encode(plan: WirePlan, cgroup: _RunCgroup, ids: identity.SandboxIds, owner: int,
-           bound: list[int], flat: bytes | None = None) -> bytes:
+           bound: list[int], flat: bytes) -> bytes:
     """The engine's request (nsbox/native/engine.h has the layout): ``owner`` the pid the
     run's cgroup is named for, ``bound`` the mounts whose sources travel as descriptors."""
     wall = plan.get("wall_time")
@@ -461,7 +455,7 @@ def encode(plan: WirePlan, cgroup: _RunCgroup, ids: identity.SandboxIds, owner: 
     w.put_str(f"{plan['gid']} {ids.gid} 1\n")
     cgroup.put_files(w)
     w.put_int(len(bound))
-    w.put_bytes(flat if flat is not None else flat_plan(plan, cgroup, bound), c_string=False)
+    w.put_bytes(flat, c_string=False)
     return b"".join(w.parts)
 
 

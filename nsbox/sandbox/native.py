@@ -87,6 +87,10 @@ def unsupported(plan: Mapping[str, Any]) -> str | None:
     return None
 
 
+class Unsupported(ValueError):
+    """A plan the native core does not run (``unsupported`` says why): the Python child's."""
+
+
 class Writer:
     """The items of the flat plan: 'i' + int64, or 's' + uint32 length + bytes + NUL."""
 
@@ -129,7 +133,11 @@ def flatten(plan: Mapping[str, Any], stdio: Sequence[int], sync_r: int, err_w: i
     """The flat plan, and the descriptors it refers to by index (in that order).
     ``ignored_signals``: the mask of signals the child puts back to SIG_DFL before the exec
     (nsbox/sandbox/child.py, ignored_signals). Raises ValueError (UnicodeError) or
-    OverflowError for a plan the native core cannot carry: use the Python child."""
+    OverflowError for a plan the native core cannot carry (Unsupported, a ValueError, for one
+    that ``unsupported`` names): use the Python child."""
+    reason = unsupported(plan)
+    if reason is not None:
+        raise Unsupported(reason)
     fds = [*stdio, sync_r, err_w]
     w = Writer()
     w.put_int(FORMAT)
