@@ -117,13 +117,11 @@ def run_audited(cmd: inputs.Command, policy: Policy, *, audit: str, passthrough:
         # Learning mode needs a launch of its own; the record then lists no produced files.
         return _run_audited_plain(cmd, policy, audit=audit, passthrough=passthrough,
                                   cancel=cancel)
-    from nsbox.session.run import run_command  # not on the plain run's path
-    from nsbox.session.session import Session
+    from nsbox.session.run import run_checked  # not on the plain run's path
+    from nsbox.session.session import of_command
 
-    with Session(policy, env=cmd.env, audit=audit, idle_timeout=None, timeout=cmd.timeout,
-                 output_limit=cmd.output_limit) as session:
-        return run_command(session, cmd.argv, stdin=cmd.stdin, cwd=cmd.cwd,
-                           passthrough=passthrough, cancel=cancel)
+    with of_command(policy, cmd, audit) as session:
+        return run_checked(session, cmd, passthrough=passthrough, cancel=cancel)
 
 
 def _run_audited_plain(cmd: inputs.Command, policy: Policy, *, audit: str, passthrough: bool,

@@ -49,6 +49,7 @@ class RunNetwork:
         self.ask = ask  # put hosts not on the list to the embedding application
         self.proxy: NetworkProxy | None = None
         self.error: str | None = None
+        self._reported = (0, 0)  # proxy log entries and answers of ``ask`` in earlier reports
 
     def serve(self, fds: list[int]) -> None:
         """Called with the descriptors of the helper's "proxy" message; takes ownership."""
@@ -96,6 +97,21 @@ class RunNetwork:
             data.update(self.proxy.report())
         if self.error is not None:
             data["error"] = self.error
+        return data
+
+    def report_since(self) -> dict[str, Any] | None:
+        """``report`` with the attempts and answers of ``ask`` since the last call only: each
+        command of a session gets its own (the session's proxy serves them all)."""
+        data = self.report()
+        if data is None:
+            return None
+        attempts, answers = data.get("attempts"), data.get("answers")
+        seen, answered = self._reported
+        if isinstance(attempts, list):
+            data["attempts"], seen = attempts[seen:], len(attempts)
+        if isinstance(answers, list):
+            data["answers"], answered = answers[answered:], len(answers)
+        self._reported = (seen, answered)
         return data
 
 

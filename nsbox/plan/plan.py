@@ -323,6 +323,9 @@ def build(
     writable = [op["source"] for op in mounts if op["op"] == "bind" and op["writable"]]
     if policy.seccomp.enabled:
         program = seccompmod.load(policy.seccomp, untrusted_dirs=writable)
+    # In front of the set-id filter, as one program: EPERM, not EINVAL, for another id.
+    setid_bpf = (idfilter.prefix(policy.uid, policy.gid)
+                 + seccompmod.load_setid(untrusted_dirs=writable).bpf).hex()
     limits = plan_limits(policy.limits)  # rlimits for the child, the cgroup request (limits.py)
     return Plan(
         **command,
@@ -334,9 +337,7 @@ def build(
         net=netmod.plan_net(policy.network),
         seccomp_bpf=program.bpf.hex() if program else None,
         seccomp_notify=program.notify if program and program.listener else None,
-        # In front of the set-id filter, as one program: EPERM, not EINVAL, for another id.
-        setid_bpf=(idfilter.prefix(policy.uid, policy.gid)
-                   + seccompmod.load_setid(untrusted_dirs=writable).bpf).hex(),
+        setid_bpf=setid_bpf,
         rlimits=limits["rlimits"],
         cgroup=limits["cgroup"],
     )

@@ -97,20 +97,19 @@ class Session(SessionRun, ProjectReview):
         check_inputs(inputs)
         policy = policy_for(launcher.choose_policy(policy, profile), workspace, project, inputs)
         check_ask(ask, policy)
-        # The project as the session found it: recorded before the sandbox starts (and before
-        # anything is opened that a failure here would have to close).
-        project_state = projectmod.Project(policy) if policy.project is not None else None
         self._set_up(policy, timeout=timeout, output_limit=output_limit,
                      idle_timeout=idle_timeout, copy_limits=copy_limits, env=env, audit=audit,
-                     ask=ask, project=project_state)
+                     ask=ask)
         self._start_or_clean_up()
 
     def _set_up(self, policy: Policy, *, timeout: float | None, output_limit: int | None,
                 idle_timeout: float | None, copy_limits: CopyLimits | None,
                 env: dict[str, str] | None, audit: str | None,
-                ask: Callable[[str, int], bool] | None,
-                project: projectmod.Project | None) -> None:
+                ask: Callable[[str, int], bool] | None) -> None:
         """The session's state, before its sandbox starts."""
+        # The project as the session found it: recorded before the sandbox starts (and before
+        # anything is opened that a failure here would have to close).
+        self._project = projectmod.Project(policy) if policy.project is not None else None
         self.policy = policy
         self.id = secrets.token_hex(6)
         self.timeout = timeout if timeout is not None else policy.limits.wall_time
@@ -132,9 +131,6 @@ class Session(SessionRun, ProjectReview):
         self._known = {}  # path -> sha256 after the last run (for the audit)
         # The callback lives here, not in the Policy, which stays hashable and serializable.
         self._net = RunNetwork(policy.network, ask)  # allow mode: the session's proxy
-        self._net_seen = 0  # proxy log entries reported with earlier commands
-        self._net_answered = 0  # and answers of ``ask``
-        self._project = project
 
     def _start_or_clean_up(self) -> None:
         """Launch the session's sandbox; on failure close what the state opened."""
@@ -312,6 +308,14 @@ class Session(SessionRun, ProjectReview):
         # A bad value fails this command alone, before it reaches the session's sandbox.
         cmd = doors.command(argv, stdin_=stdin, timeout=timeout, output_limit_=output_limit,
                             env_=env, cwd=cwd, passthrough=passthrough)
+        return self._run_checked(cmd, passthrough=passthrough, sinks=_sinks, cancel=cancel,
+                                 tty=tty)
+
+    def _run_checked(self, cmd: doors.Command, *, passthrough: bool = False,
+                     sinks: tuple[int | None, int | None] | None = None,
+                     cancel: launcher.Cancel | None = None, tty: list[int] | None = None
+                     ) -> Result:
+        """``_run_command`` with its arguments checked (there, or at nsbox.run's door)."""
         data = cmd.stdin
         timeout = cmd.timeout if cmd.timeout is not None else self.timeout
         cap = cmd.output_limit if cmd.output_limit is not None else self.output_limit
@@ -327,7 +331,7 @@ class Session(SessionRun, ProjectReview):
             "wall_time": wire["wall_time"]}
         if tty:
             command["tty"] = list(tty)
-        sinks = _sinks or ((1, 2) if passthrough else (None, None))
+        sinks = sinks or ((1, 2) if passthrough else (None, None))
         with self._lock:
             result: Result | None = None
             error: NsboxError | None = None
@@ -387,7 +391,9 @@ class Session(SessionRun, ProjectReview):
             result.disk_full = []
         result.extra["session"] = self.id
         if request["cmd"] == "run":
-            self._network_report(result)
+            network = self._net.report_since()
+            if network is not None:
+                result.extra["network"] = network
             limits.note_disk(result, self.policy.workspace, self.policy.limits.workspace_size)
         # Output passed through is not in the Result; the audit record still gets its head.
         self._heads = (bytes(streams[0].kept) if sinks[0] is not None else result.stdout,
@@ -407,21 +413,6 @@ class Session(SessionRun, ProjectReview):
                 raise launcher.out_of_descriptors("cannot send the command", exc) from None
             self._ended_reason = "the session's sandbox has ended (idle timeout or killed)"
             raise SessionClosed(self._ended_reason) from None
-
-    def _network_report(self, result: Result) -> None:
-        """The session's proxy log, cut to the attempts made since the previous command."""
-        report = self._net.report()
-        if report is None:
-            return
-        attempts = report.get("attempts")
-        if isinstance(attempts, list):
-            report["attempts"] = attempts[self._net_seen:]
-            self._net_seen = len(attempts)
-        answers = report.get("answers")
-        if isinstance(answers, list):  # the answers of ``ask`` given during this command
-            report["answers"] = answers[self._net_answered:]
-            self._net_answered = len(answers)
-        result.extra["network"] = report
 
     def cancel(self) -> None:
         """Kill the command running now (from another thread) and everything it started;
@@ -479,6 +470,17 @@ class Session(SessionRun, ProjectReview):
                                  "read_only": view.read_only, "notes": view.notes}
         self._written = []
         self._audit.write(record, secrets=shown.values())
+
+
+def of_command(policy: Policy, cmd: doors.Command, audit: str) -> Session:
+    """The session of one audited ``nsbox.run`` (nsbox/api.py), whose door has chosen the
+    policy and checked every argument: nothing is checked twice."""
+    session = Session.__new__(Session)
+    session._closed = True
+    session._set_up(policy, timeout=cmd.timeout, output_limit=cmd.output_limit,
+                    idle_timeout=None, copy_limits=None, env=cmd.env, audit=audit, ask=None)
+    session._start_or_clean_up()
+    return session
 
 
 def _message(data: bytes) -> Any:
