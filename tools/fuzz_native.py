@@ -88,7 +88,8 @@ def engine_request(wire: dict[str, object], bound: list[int]) -> bytes:
                                    cpu_time=2.0)}
     cgroup = engine._RunCgroup(plan["cgroup"], plan["rlimits"])  # type: ignore[arg-type]
     ids = SandboxIds(65534, 65534, 65534, 65534, True)
-    return engine.encode(plan, cgroup, ids, os.getpid(), bound)  # type: ignore[arg-type]
+    flat = engine.flat_plan(plan, cgroup, bound)  # type: ignore[arg-type]
+    return engine.encode(plan, cgroup, ids, os.getpid(), bound, flat)  # type: ignore[arg-type]
 
 
 def main() -> int:

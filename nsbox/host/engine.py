@@ -366,13 +366,8 @@ class Submission:
         # Which mounts get a descriptor: every bind, when this process opens them (Sources).
         self.bound = [i for i, op in enumerate(plan["mounts"])
                       if op["op"] == "bind" and held.detached_binds]
-        # The native core's flat plan, with the rlimits the cgroup falls back on; its
-        # descriptors by index: the streams, the pipes the engine makes, the bound sources.
         # ValueError (Unsupported among them) or OverflowError: the helper's launch.
-        self.flat, _placeholders = _native.flatten(
-            {**plan, "rlimits": self.cgroup.rlimits}, [0, 1, 2], 3, 4,
-            {i: 5 + k for k, i in enumerate(self.bound)}, -1, None, _cap_last(), "",
-            IGNORED_SIGNALS)
+        self.flat = flat_plan(self.plan, self.cgroup, self.bound)
         wall = plan.get("wall_time")
         self.wall_us = -1 if wall is None else max(0, round(float(wall) * 1e6))  # TypeError too
 
@@ -433,6 +428,16 @@ class Submission:
     def close(self) -> None:
         """After the run: the writable binds' directories get their modes back."""
         self.launch.cleanup.close()
+
+
+def flat_plan(plan: WirePlan, cgroup: _RunCgroup, bound: list[int]) -> bytes:
+    """The native core's flat plan, with the rlimits the cgroup falls back on; its
+    descriptors by index: the streams, the pipes the engine makes, the ``bound`` sources."""
+    flat, _placeholders = _native.flatten(
+        {**plan, "rlimits": cgroup.rlimits}, [0, 1, 2], 3, 4,
+        {i: 5 + k for k, i in enumerate(bound)}, -1, None, _cap_last(), "",
+        IGNORED_SIGNALS)
+    return flat
 
 
 @functools.cache
