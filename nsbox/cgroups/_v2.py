@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Callable
 from typing import Any
 
 from nsbox.cgroups import _fs, naming
@@ -194,11 +195,11 @@ class V2Backend(Backend):
     def _enabled(self) -> set[str]:
         return set(_fs.read(os.path.join(self.base, "cgroup.subtree_control")).split())
 
-    def prepare(self, ours: set[int] | None = None) -> None:
-        """Enable the controllers in the base's cgroup.subtree_control, moving ``ours`` into a
-        leaf first when the no-internal-processes rule requires it: by default this helper and
-        its launcher; the launch engine's host process names itself and its launch processes
-        (nsbox/host/engine.py)."""
+    def prepare(self, ours: Callable[[], set[int]] | None = None) -> None:
+        """Enable the controllers in the base's cgroup.subtree_control, moving the processes
+        ``ours()`` names into a leaf first when the no-internal-processes rule requires it: by
+        default this helper and its launcher; the launch engine's host process names itself and
+        its launch processes (nsbox/host/engine.py). Asked only then, not at every run."""
         if self._prepared:
             return
         missing = [c for c in self.controllers if c not in self._enabled()]
@@ -210,7 +211,7 @@ class V2Backend(Backend):
             except OSError as exc:
                 if exc.errno != errno.EBUSY:
                     raise
-                self._move_into_leaf(ours if ours is not None else {os.getpid(), os.getppid()})
+                self._move_into_leaf(ours() if ours is not None else {os.getpid(), os.getppid()})
                 _fs.write(control, change)
         self._prepared = True
 

@@ -183,10 +183,11 @@ class _RunCgroup:
         wanted = _wanted(spec)
         supported = backend.supports()
         reason = backend.reason
-        self.v2 = cgroups.is_unified(backend)
-        if cgroups.is_unified(backend) and wanted & supported:
+        v2 = backend if cgroups.is_unified(backend) else None
+        self.v2 = v2 is not None
+        if v2 is not None and wanted & supported:
             try:
-                backend.prepare(ours={os.getpid(), *LaunchProcess.started()})
+                v2.prepare(ours=_ours)
             except OSError as exc:  # another process in this cgroup: nothing can be limited
                 supported, reason = frozenset(), str(exc)
         self.cpu_time: float | None = spec.get("cpu_time")
@@ -206,7 +207,7 @@ class _RunCgroup:
             self.rlimits.extend(spec.get("fallback_rlimits", {}).get(feature, []))
         self.has_accounting = self.made and cgroups.CPU_ACCOUNTING in supported
         self.bases: dict[str, str] = dict(getattr(backend, "bases", {}))
-        self.unified: str | None = (backend.base if cgroups.is_unified(backend)
+        self.unified: str | None = (v2.base if v2 is not None
                                     else getattr(backend, "unified_base", None))
         request = cgroups.Request.from_dict(spec)
         if self.v2:  # a limit of a controller that is not there is not written: it degraded
@@ -346,6 +347,12 @@ def _seconds(usage: dict[str, int | None], name: str) -> float | None:
     if usage.get(f"{name}_us") is not None:
         return int(usage[f"{name}_us"] or 0) / 1e6
     return None
+
+
+def _ours() -> set[int]:
+    """What may move into this process's cgroup leaf on cgroup v2: itself and its live launch
+    processes (the engine, the helper)."""
+    return {os.getpid(), *LaunchProcess.started()}
 
 
 def _wanted(spec: dict[str, Any]) -> set[str]:

@@ -21,9 +21,16 @@ class LaunchProcess:
 
     @classmethod
     def started(cls) -> set[int]:
-        """The pids of the launch processes this host process has started and not stopped: what
-        it may move into a cgroup leaf along with itself (nsbox/cgroups/_v2.py, prepare)."""
-        return {process.pid for process in cls._every if process.pid}
+        """The pids of this host process's live launch processes: what it may move into a
+        cgroup leaf along with itself (nsbox/cgroups/_v2.py, prepare). Each is asked whether it
+        is still its live child (waitpid), so a pid the kernel may have given another process
+        since (it died, it was reaped) is never named."""
+        pids = set()
+        for process in cls._every:
+            with process._lock:
+                if process._alive():
+                    pids.add(process.pid)
+        return pids
 
     def _forget(self) -> None:
         # A forked child must not share its parent's process: it would keep it alive.
