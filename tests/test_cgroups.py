@@ -22,7 +22,7 @@ from conftest import require
 from nsbox import cgroups
 from nsbox.cgroups import naming
 from nsbox.cgroups._host import Hierarchy, read_layout
-from nsbox.cgroups._v2 import V2Backend
+from nsbox.cgroups._v2 import V2Backend, V2Run
 
 HYBRID_MOUNTINFO = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -129,6 +129,31 @@ def _spawn_into(run: cgroups.RunCgroup, code: str) -> subprocess.Popen[bytes]:
     run.attach(proc.pid)
     os.close(write_end)
     return proc
+
+
+def test_usage_is_read_from_the_figures_files_and_missing_ones_on_older_kernels_are_none(
+        tmp_path: Path) -> None:
+    # A v2 run's directory on a kernel before 5.19 and 6.1: no memory.peak, no pids.peak.
+    (tmp_path / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 1500000\n"
+                                       "system_usec 1000000\n")
+    (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
+    figures = cgroups.v2_usage_figures(str(tmp_path))
+    usage = cgroups.Usage(cpu_user=1.5, cpu_system=1.0, oom_kills=1)
+    assert V2Run(str(tmp_path)).usage() == usage
+    # The launch engine hands back the raw numbers of the same files, by field.
+    raw = {"peak_memory": None, "cpu_user": 1500000, "cpu_system": 1000000, "peak_pids": None,
+           "oom_kills": 1}
+    assert sorted(f.field for f in figures) == sorted(raw)
+    assert cgroups.usage_from(figures, raw) == usage
+    assert V2Run(str(tmp_path)).cpu_seconds() == 2.5
+    # v1 without cpuacct: the CPU time comes from the cgroup2 core's cpu.stat.
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    (memory / "memory.max_usage_in_bytes").write_text("1048576\n")
+    (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    v1 = cgroups.v1_usage_figures({"memory": str(memory)}, str(tmp_path))
+    assert cgroups.usage_from(v1, {f.field: f.read() for f in v1}) == cgroups.Usage(
+        peak_memory=1 << 20, cpu_user=1.5, cpu_system=1.0, oom_kills=2)
 
 
 @pytest.mark.cgroup2

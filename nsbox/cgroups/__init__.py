@@ -31,9 +31,11 @@ from nsbox.cgroups._base import (
     MEMORY,
     PIDS,
     Backend,
+    Figure,
     Request,
     RunCgroup,
     Usage,
+    usage_from,
 )
 from nsbox.cgroups._fs import procs
 from nsbox.cgroups._host import THIS_HOST, HostView, Layout, read_layout
@@ -59,6 +61,33 @@ def v2_limit_writes(request: Request) -> list[tuple[str, str, bool]]:
     from nsbox.cgroups import _v2
 
     return _v2.limit_writes(request)
+
+
+def v1_usage_figures(dirs: dict[str, str], unified: str | None) -> list[Figure]:
+    """Where a cgroup v1 run's usage is read (nsbox/cgroups/_v1.py): the launch engine reads
+    the same files."""
+    from nsbox.cgroups import _v1
+
+    return _v1.usage_figures(dirs, unified)
+
+
+def v1_cpu_figure(dirs: dict[str, str], unified: str | None) -> Figure | None:
+    from nsbox.cgroups import _v1
+
+    return _v1.cpu_figure(dirs, unified)
+
+
+def v2_usage_figures(run: str) -> list[Figure]:
+    """Where a cgroup v2 run's usage is read (nsbox/cgroups/_v2.py), for the launch engine."""
+    from nsbox.cgroups import _v2
+
+    return _v2.usage_figures(run)
+
+
+def v2_cpu_figure(run: str) -> Figure:
+    from nsbox.cgroups import _v2
+
+    return _v2.cpu_figure(run)
 
 
 def is_unified(backend: Backend) -> TypeGuard[V2Backend]:
@@ -160,6 +189,6 @@ def describe_host(layout: Layout | None = None, view: HostView = THIS_HOST) -> d
 
 __all__ = [
     "ALL_FEATURES", "CPUS", "CPU_ACCOUNTING", "KILL", "MEMORY", "PIDS", "THIS_HOST", "Backend",
-    "HostView", "Layout", "Request", "RunCgroup", "Usage", "delegate_command", "describe_host",
-    "detect", "get_backend", "is_unified", "procs", "read_layout",
+    "Figure", "HostView", "Layout", "Request", "RunCgroup", "Usage", "delegate_command",
+    "describe_host", "detect", "get_backend", "is_unified", "procs", "read_layout", "usage_from",
 ]

@@ -6,8 +6,11 @@ chooses the backend; each backend (_v2, _v1, _null) implements this interface.
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from nsbox.cgroups import _fs
 
 # What a backend can enforce or measure; ``supports`` returns a subset of these.
 MEMORY = "memory"  # a hard memory limit without swap, with an OOM-kill count
@@ -40,6 +43,42 @@ class Usage:
     cpu_system: float | None = None
     peak_pids: int | None = None
     oom_kills: int = 0
+
+
+@dataclass(frozen=True)
+class Figure:
+    """Where one figure of a run's usage is read: a file of its cgroup, the key of a flat keyed
+    file (cpu.stat, memory.events; "" for a file that holds one number), and the factor from the
+    file's unit to Usage's (seconds, bytes, counts). The backends read them (``read_usage``);
+    the launch engine reads the same files and hands back the raw numbers (``usage_from``)."""
+
+    field: str  # a field of Usage ("cpu" for the CPU time that is polled while a run lasts)
+    path: str
+    key: str = ""
+    scale: float = 1
+
+    def read(self) -> int | None:
+        """The raw number; None where the file or the key is missing (older kernels)."""
+        return _fs.read_keyed(self.path).get(self.key) if self.key else _fs.read_int(self.path)
+
+
+def usage_from(figures: list[Figure], values: Mapping[str, int | None]) -> Usage:
+    """A run's Usage from the raw numbers of ``figures``, by field (None: not there)."""
+    found: dict[str, Any] = {f.field: v if f.scale == 1 else v * f.scale
+                             for f in figures if (v := values.get(f.field)) is not None}
+    return Usage(**found)
+
+
+def read_usage(figures: list[Figure]) -> Usage:
+    return usage_from(figures, {f.field: f.read() for f in figures})
+
+
+def read_seconds(figure: Figure | None) -> float | None:
+    """The CPU time of ``figure`` in seconds; None without one."""
+    if figure is None:
+        return None
+    value = figure.read()
+    return None if value is None else value * figure.scale
 
 
 class RunCgroup(abc.ABC):

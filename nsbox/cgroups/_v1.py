@@ -2,8 +2,9 @@
 
 One run has a directory in every hierarchy nsbox uses (co-mounted controllers such as
 ``cpu,cpuacct`` share one). v1 has no "no internal processes" rule, so run cgroups are plain
-children of this process's own cgroup. The memory and cpu files are driven through cgroupspy's
-controller objects; pids and freezer, which it does not model, as plain files.
+children of this process's own cgroup. The memory and cpu limits are written through cgroupspy's
+controller objects; pids and freezer, which it does not model, as plain files. What a run used is
+read from the files that ``usage_figures`` names, which the launch engine reads as well.
 
 On a hybrid host the cgroup2 mount has no controllers, but it still gives what v1 lacks: a
 race-free ``cgroup.kill`` (Linux 5.14) and an exact ``cgroup.events`` "populated" flag. Without it,
@@ -26,13 +27,47 @@ from nsbox.cgroups._base import (
     MEMORY,
     PIDS,
     Backend,
+    Figure,
     Request,
     RunCgroup,
     Usage,
+    read_seconds,
+    read_usage,
 )
 from nsbox.cgroups._host import THIS_HOST, Hierarchy, HostView
 
 CFS_PERIOD_US = 100_000
+
+
+def usage_figures(dirs: dict[str, str], unified: str | None) -> list[Figure]:
+    """Where a run's usage is read, from its directory in each hierarchy (``dirs``, by
+    controller) and in the cgroup2 mount (``unified``): V1Run.usage, the launch engine."""
+    figures = []
+    if "memory" in dirs:
+        memory = dirs["memory"]
+        figures.append(Figure("peak_memory", os.path.join(memory, "memory.max_usage_in_bytes")))
+        # oom_kill in memory.oom_control counts OOM kills in this cgroup (Linux 4.13).
+        figures.append(Figure("oom_kills", os.path.join(memory, "memory.oom_control"), "oom_kill"))
+    if "cpuacct" in dirs:
+        acct = dirs["cpuacct"]
+        figures.append(Figure("cpu_user", os.path.join(acct, "cpuacct.usage_user"), scale=1e-9))
+        figures.append(Figure("cpu_system", os.path.join(acct, "cpuacct.usage_sys"), scale=1e-9))
+    elif unified:
+        stat = os.path.join(unified, "cpu.stat")
+        figures.append(Figure("cpu_user", stat, "user_usec", 1e-6))
+        figures.append(Figure("cpu_system", stat, "system_usec", 1e-6))
+    if "pids" in dirs:
+        figures.append(Figure("peak_pids", os.path.join(dirs["pids"], "pids.peak")))
+    return figures
+
+
+def cpu_figure(dirs: dict[str, str], unified: str | None) -> Figure | None:
+    """Where the CPU time of every process of a run is polled (None: nowhere)."""
+    if "cpuacct" in dirs:
+        return Figure("cpu", os.path.join(dirs["cpuacct"], "cpuacct.usage"), scale=1e-9)
+    if unified:
+        return Figure("cpu", os.path.join(unified, "cpu.stat"), "usage_usec", 1e-6)
+    return None
 
 
 class V1Run(RunCgroup):
@@ -45,12 +80,11 @@ class V1Run(RunCgroup):
     def _ctl(self, controller: str) -> Any:
         # Imported here: the launch helper starts with `python3 -I -S` and imports what it needs
         # on first use only.
-        from cgroupspy.controllers import CpuAcctController, CpuController, MemoryController
+        from cgroupspy.controllers import CpuController, MemoryController
         from cgroupspy.nodes import Node
 
-        return {"memory": MemoryController, "cpu": CpuController, "cpuacct": CpuAcctController}[
-            controller
-        ](Node(os.fsencode(self.dirs[controller])))
+        return {"memory": MemoryController, "cpu": CpuController}[controller](
+            Node(os.fsencode(self.dirs[controller])))
 
     def set_limits(self, request: Request) -> None:
         if request.memory is not None and "memory" in self.dirs:
@@ -80,30 +114,10 @@ class V1Run(RunCgroup):
             _fs.write(os.path.join(directory, "cgroup.procs"), pid)
 
     def cpu_seconds(self) -> float | None:
-        if "cpuacct" in self.dirs:
-            return int(self._ctl("cpuacct").usage) / 1e9
-        if self.unified:
-            return _fs.read_keyed(os.path.join(self.unified, "cpu.stat"))["usage_usec"] / 1e6
-        return None
+        return read_seconds(cpu_figure(self.dirs, self.unified))
 
     def usage(self) -> Usage:
-        usage = Usage()
-        if "memory" in self.dirs:
-            memory = self._ctl("memory")
-            usage.peak_memory = int(memory.max_usage_in_bytes)
-            # oom_kill in memory.oom_control counts OOM kills in this cgroup (Linux 4.13).
-            usage.oom_kills = int(memory.oom_control.get("oom_kill", 0))
-        if "cpuacct" in self.dirs:
-            acct = self.dirs["cpuacct"]
-            usage.cpu_user = int(_fs.read(os.path.join(acct, "cpuacct.usage_user"))) / 1e9
-            usage.cpu_system = int(_fs.read(os.path.join(acct, "cpuacct.usage_sys"))) / 1e9
-        elif self.unified:
-            stat = _fs.read_keyed(os.path.join(self.unified, "cpu.stat"))
-            usage.cpu_user = stat["user_usec"] / 1e6
-            usage.cpu_system = stat["system_usec"] / 1e6
-        if "pids" in self.dirs:
-            usage.peak_pids = _fs.read_int(os.path.join(self.dirs["pids"], "pids.peak"))
-        return usage
+        return read_usage(usage_figures(self.dirs, self.unified))
 
     def pids(self) -> list[int]:
         found: set[int] = set()

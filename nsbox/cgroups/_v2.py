@@ -40,9 +40,12 @@ from nsbox.cgroups._base import (
     MEMORY,
     PIDS,
     Backend,
+    Figure,
     Request,
     RunCgroup,
     Usage,
+    read_seconds,
+    read_usage,
 )
 from nsbox.cgroups._host import THIS_HOST, V2_CONTROLLERS, Hierarchy, HostView
 
@@ -80,6 +83,24 @@ def limit_writes(request: Request) -> list[tuple[str, str, bool]]:
     return writes
 
 
+def usage_figures(run: str) -> list[Figure]:
+    """Where the usage of the run whose directory is ``run`` is read: V2Run.usage, the launch
+    engine."""
+    stat = os.path.join(run, "cpu.stat")
+    return [
+        Figure("peak_memory", os.path.join(run, "memory.peak")),  # Linux 5.19; before, none
+        Figure("cpu_user", stat, "user_usec", 1e-6),
+        Figure("cpu_system", stat, "system_usec", 1e-6),
+        Figure("peak_pids", os.path.join(run, "pids.peak")),  # Linux 6.1
+        Figure("oom_kills", os.path.join(run, "memory.events"), "oom_kill"),
+    ]
+
+
+def cpu_figure(run: str) -> Figure:
+    """Where the CPU time of every process of the run is polled."""
+    return Figure("cpu", os.path.join(run, "cpu.stat"), "usage_usec", 1e-6)
+
+
 class V2Run(RunCgroup):
     def __init__(self, path: str) -> None:
         self.path = path
@@ -108,19 +129,10 @@ class V2Run(RunCgroup):
         _fs.write(self._file("cgroup.procs"), pid)
 
     def cpu_seconds(self) -> float | None:
-        return _fs.read_keyed(self._file("cpu.stat"))["usage_usec"] / 1e6
+        return read_seconds(cpu_figure(self.path))
 
     def usage(self) -> Usage:
-        stat = _fs.read_keyed(self._file("cpu.stat"))
-        events = _fs.read_keyed(self._file("memory.events"))
-        return Usage(
-            # memory.peak: Linux 5.19; older kernels give no peak.
-            peak_memory=_fs.read_int(self._file("memory.peak")),
-            cpu_user=stat["user_usec"] / 1e6,
-            cpu_system=stat["system_usec"] / 1e6,
-            peak_pids=_fs.read_int(self._file("pids.peak")),  # Linux 6.1
-            oom_kills=events.get("oom_kill", 0),
-        )
+        return read_usage(usage_figures(self.path))
 
     def pids(self) -> list[int]:
         return _fs.procs(self.path)

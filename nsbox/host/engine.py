@@ -40,6 +40,7 @@ from nsbox.helper.sources import Sources
 from nsbox.host.launchprocess import LaunchProcess
 from nsbox.host.output import out_of_descriptors
 from nsbox.policy import identity
+from nsbox.policy import limits as _limits
 from nsbox.sandbox import child as _child
 from nsbox.sandbox import diskfull
 from nsbox.sandbox import native as _native
@@ -159,17 +160,10 @@ class _Writer(_native.Writer):
         self.put_str(path or "")
 
 
-# What a cgroup v2 run used, as (name, file, key) to read (nsbox/cgroups/_v2.py, V2Run.usage).
-# memory.peak: Linux 5.19, pids.peak: 6.1; on older kernels the engine reports none.
-_V2_USAGE = (("peak_memory", "memory.peak", ""), ("cpu_user_us", "cpu.stat", "user_usec"),
-             ("cpu_system_us", "cpu.stat", "system_usec"), ("peak_pids", "pids.peak", ""),
-             ("oom_kills", "memory.events", "oom_kill"))
-
-
-class _RunCgroup:
+class _RunCgroup(_limits.Enforcement):
     """The run's cgroup as the engine gets it, from this host's backend (nsbox/cgroups/_v1.py
     and _v2.py do the same in Python), and the rlimits and degraded notes of what it cannot
-    limit (nsbox/policy/limits.py, RunLimits).
+    limit, decided as the helper's (nsbox/policy/limits.py, Enforcement).
 
     cgroup v1 (and hybrid): a directory in each hierarchy, the child's pid written into each
     before its release. cgroup v2: one directory, which the child is cloned into (clone3,
@@ -180,32 +174,16 @@ class _RunCgroup:
 
     def __init__(self, spec: dict[str, Any], rlimits: list[list[int]]) -> None:
         backend = cgroups.get_backend()
-        wanted = _wanted(spec)
         supported = backend.supports()
         reason = backend.reason
         v2 = backend if cgroups.is_unified(backend) else None
         self.v2 = v2 is not None
-        if v2 is not None and wanted & supported:
+        if v2 is not None and _limits.wanted_features(spec) & supported:
             try:
                 v2.prepare(ours=_ours)
             except OSError as exc:  # another process in this cgroup: nothing can be limited
                 supported, reason = frozenset(), str(exc)
-        self.cpu_time: float | None = spec.get("cpu_time")
-        self.made = bool(wanted & supported)
-        missing = wanted - supported
-        if missing and spec.get("require"):
-            raise HostError(
-                f"cgroup limits are required, but {', '.join(sorted(missing))} cannot be "
-                f"limited here: {reason}", feature="cgroup",
-                hint="run `nsbox doctor`; or drop require_cgroup to accept rlimits instead")
-        from nsbox.policy import limits as _limits
-
-        why = reason or "this host's cgroups lack the controller"
-        self.degraded = [f"{_limits.DEGRADED[f]} [{why}]" for f in sorted(missing)]
-        self.rlimits = [list(r) for r in rlimits]
-        for feature in sorted(missing):
-            self.rlimits.extend(spec.get("fallback_rlimits", {}).get(feature, []))
-        self.has_accounting = self.made and cgroups.CPU_ACCOUNTING in supported
+        super().__init__(spec, rlimits, supported, reason)  # HostError: required, missing
         self.bases: dict[str, str] = dict(getattr(backend, "bases", {}))
         self.unified: str | None = (v2.base if v2 is not None
                                     else getattr(backend, "unified_base", None))
@@ -220,17 +198,11 @@ class _RunCgroup:
 
     def put_cpu(self, w: _Writer) -> None:
         """The CPU-time limit and the file polled for it (nsbox/native/engine.h)."""
-        dirs, unified = self.dirs()
-        cpu_path, cpu_key, cpu_scale = "", "", 1
-        if self.cpu_time is not None and self.has_accounting:
-            if "cpuacct" in dirs:
-                cpu_path = os.path.join(dirs["cpuacct"], "cpuacct.usage")
-            elif unified:
-                cpu_path, cpu_key, cpu_scale = os.path.join(unified, "cpu.stat"), "usage_usec", 1000
-        w.put_int(-1 if cpu_path == "" or self.cpu_time is None else round(self.cpu_time * 1e9))
-        w.put_path(cpu_path)
-        w.put_str(cpu_key)
-        w.put_int(cpu_scale)
+        figure = self.cpu_figure() if self.cpu_time is not None and self.has_accounting else None
+        w.put_int(-1 if figure is None or self.cpu_time is None else round(self.cpu_time * 1e9))
+        w.put_path(figure.path if figure else "")
+        w.put_str(figure.key if figure else "")
+        w.put_int(round(figure.scale * 1e9) if figure else 1)  # nanoseconds per unit
 
     def dirs(self) -> tuple[dict[str, str], str | None]:
         """The run's directory in each v1 hierarchy, and in the unified one."""
@@ -260,11 +232,12 @@ class _RunCgroup:
         w.put_path(os.path.join(unified, "cgroup.kill") if unified else "")
         w.put_path(dirs.get("freezer"))
         w.put_path("")
-        usage = self.usage_files(dirs, unified)
+        usage = self.usage_figures()
         w.put_int(len(usage))
-        for item in usage:
-            for text in item:
-                w.put_str(text)
+        for figure in usage:
+            w.put_str(figure.field)
+            w.put_path(figure.path)
+            w.put_str(figure.key)
         # Spares (v1): cgroups made ahead by the engine, named for it, each with a spawner
         # (nsbox/native/engine_spare.c); once it has left, the peak memory is the run's alone
         # (cgroup-v1 memory.rst 5.4: writing 0 resets max_usage_in_bytes).
@@ -299,66 +272,30 @@ class _RunCgroup:
         return [(os.path.join(run, name), f"?{value}" if optional else value)
                 for name, value, optional in cgroups.v2_limit_writes(self.request)]
 
-    def usage_files(self, dirs: dict[str, str], unified: str | None
-                    ) -> list[tuple[str, str, str]]:
-        """nsbox/cgroups/_v1.py, V1Run.usage (_v2.py, V2Run.usage), as (name, file, key) to
-        read."""
+    def usage_figures(self) -> list[cgroups.Figure]:
+        """Where the run's usage is read (the backend's files), by the engine."""
+        dirs, unified = self.dirs()
         if self.v2:
-            return [(name, os.path.join(unified, file), key)
-                    for name, file, key in _V2_USAGE] if unified else []
-        out = []
-        if "memory" in dirs:
-            out.append(("peak_memory", os.path.join(dirs["memory"], "memory.max_usage_in_bytes"),
-                        ""))
-            out.append(("oom_kills", os.path.join(dirs["memory"], "memory.oom_control"),
-                        "oom_kill"))
-        if "cpuacct" in dirs:
-            out.append(("cpu_user_ns", os.path.join(dirs["cpuacct"], "cpuacct.usage_user"), ""))
-            out.append(("cpu_system_ns", os.path.join(dirs["cpuacct"], "cpuacct.usage_sys"), ""))
-        elif unified:
-            stat = os.path.join(unified, "cpu.stat")
-            out += [("cpu_user_us", stat, "user_usec"), ("cpu_system_us", stat, "system_usec")]
-        if "pids" in dirs:
-            out.append(("peak_pids", os.path.join(dirs["pids"], "pids.peak"), ""))
-        return out
+            return cgroups.v2_usage_figures(unified) if unified else []
+        return cgroups.v1_usage_figures(dirs, unified)
 
-    def outcome(self, usage: dict[str, int | None], exceeded: bool) -> dict[str, Any]:
-        """nsbox/policy/limits.py, RunLimits.finish, from the engine's figures."""
-        outcome: dict[str, Any] = {"degraded": self.degraded, "cpu_time": self.cpu_time,
-                                   "cpu_time_exceeded": exceeded, "accounting": "rusage"}
-        if not self.made:
-            return outcome
-        cpu_user = _seconds(usage, "cpu_user")
-        cpu_system = _seconds(usage, "cpu_system")
-        if self.has_accounting and cpu_user is not None:
-            outcome["accounting"] = "cgroup"
-        outcome.update(peak_memory=usage.get("peak_memory"), cpu_user=cpu_user,
-                       cpu_system=cpu_system, peak_pids=usage.get("peak_pids"),
-                       oom_kills=usage.get("oom_kills") or 0)
-        if self.cpu_time is not None and cpu_user is not None:
-            total = cpu_user + (cpu_system or 0.0)
-            outcome["cpu_time_exceeded"] = exceeded or total >= self.cpu_time
-        return outcome
+    def cpu_figure(self) -> cgroups.Figure | None:
+        """Where the run's CPU time is polled, by the engine."""
+        dirs, unified = self.dirs()
+        if self.v2:
+            return cgroups.v2_cpu_figure(unified) if unified else None
+        return cgroups.v1_cpu_figure(dirs, unified)
 
-
-def _seconds(usage: dict[str, int | None], name: str) -> float | None:
-    if usage.get(f"{name}_ns") is not None:
-        return int(usage[f"{name}_ns"] or 0) / 1e9
-    if usage.get(f"{name}_us") is not None:
-        return int(usage[f"{name}_us"] or 0) / 1e6
-    return None
+    def usage_outcome(self, raw: dict[str, int | None], exceeded: bool) -> dict[str, Any]:
+        """The outcome for the Result from the engine's raw figures, by field."""
+        usage = cgroups.usage_from(self.usage_figures(), raw) if self.made else None
+        return self.outcome(usage, exceeded)
 
 
 def _ours() -> set[int]:
     """What may move into this process's cgroup leaf on cgroup v2: itself and its live launch
     processes (the engine, the helper)."""
     return {os.getpid(), *LaunchProcess.started()}
-
-
-def _wanted(spec: dict[str, Any]) -> set[str]:
-    from nsbox.policy import limits as _limits
-
-    return _limits.wanted_features(spec)
 
 
 class Submission:
@@ -412,7 +349,8 @@ class Submission:
             return raw  # a refusal: the helper's shape already
         data = str(raw.get("child") or "").encode()
         child_trace, setup_error, reported = _read_report(data)
-        limits = self.cgroup.outcome(raw.get("usage") or {}, bool(raw.get("cpu_time_exceeded")))
+        limits = self.cgroup.usage_outcome(raw.get("usage") or {},
+                                           bool(raw.get("cpu_time_exceeded")))
         report: ExitReport = {
             "event": "exit",
             "wait_status": _child.command_status(int(raw["init_status"]), reported),

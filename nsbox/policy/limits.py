@@ -5,7 +5,8 @@ Three sides, like the launch itself:
 - plan side (``plan_limits``): the Policy's Limits become plain data in the Plan: the rlimits
   every run gets, and the cgroup request with the rlimits to fall back on;
 - helper side (``RunLimits``): creates the run's cgroup before the child is released, decides
-  which rlimit fallbacks the child applies, polls CPU time while the run lasts, reads the usage
+  which rlimit fallbacks the child applies (``Enforcement``, which the launch engine's host side
+  decides through as well), polls CPU time while the run lasts, reads the usage
   after it and removes the cgroup;
 - result side (``apply_outcome``): the usage and the limit that ended the run go into the Result
   (status ML for an OOM kill, TO for the CPU-time limit).
@@ -116,31 +117,20 @@ def wanted_features(spec: dict[str, Any]) -> set[str]:
     return wanted
 
 
-class RunLimits:
-    """Helper side of one run's limits. Create before the clone, ``attach`` the child before
-    releasing it, ``poll`` while it runs, ``finish`` after it exited, ``close`` always."""
+class Enforcement:
+    """How one run's limits are enforced, once it is known which cgroup features its cgroup
+    gives (``supported``; ``reason``: why the others are missing): the notes of what degraded,
+    the rlimits the child applies (with the fallbacks of what the cgroup cannot limit), and the
+    outcome for the Result. The helper's RunLimits and the launch engine's run cgroup
+    (nsbox/host/engine.py) are both made of it. HostError where the cgroup is required."""
 
-    def __init__(
-        self, spec: dict[str, Any], rlimits: list[list[int]],
-        backend: cgroups.Backend | None = None,
-        create: Callable[[cgroups.Request], cgroups.RunCgroup] | None = None,
-    ) -> None:
-        """``create`` makes the run's cgroup with its limits (default: the backend's create);
-        the launch helper passes one that takes a cgroup made ahead (nsbox/helper/spawner.py)."""
-        backend = backend if backend is not None else cgroups.get_backend()
+    def __init__(self, spec: dict[str, Any], rlimits: list[list[int]],
+                 supported: frozenset[str], reason: str) -> None:
         self.cpu_time: float | None = spec.get("cpu_time")
         wanted = wanted_features(spec)
-        supported = backend.supports()
-        reason = backend.reason
-        self.cgroup: cgroups.RunCgroup | None = None
-        if wanted & supported:
-            try:
-                self.cgroup = (create or backend.create)(cgroups.Request.from_dict(spec))
-            except OSError as exc:
-                supported, reason = frozenset(), str(exc)
+        self.made = bool(wanted & supported)  # the run has a cgroup
         missing = wanted - supported
         if missing and spec.get("require"):
-            self.close()  # the cgroup made for the controllers that are there
             raise HostError(
                 f"cgroup limits are required, but {', '.join(sorted(missing))} cannot be "
                 f"limited here: {reason}",
@@ -155,7 +145,56 @@ class RunLimits:
         self.rlimits = [list(r) for r in rlimits]
         for feature in sorted(missing):
             self.rlimits.extend(spec.get("fallback_rlimits", {}).get(feature, []))
-        self.has_accounting = self.cgroup is not None and cgroups.CPU_ACCOUNTING in supported
+        self.has_accounting = self.made and cgroups.CPU_ACCOUNTING in supported
+
+    def outcome(self, usage: cgroups.Usage | None, cpu_time_exceeded: bool) -> dict[str, Any]:
+        """The outcome after the run's main process exited (JSON-able, for the Result), from
+        what its cgroup says it used (None: it had none)."""
+        outcome: dict[str, Any] = {
+            "degraded": self.degraded,
+            "cpu_time": self.cpu_time,
+            "cpu_time_exceeded": cpu_time_exceeded,
+            "accounting": "rusage",
+        }
+        if usage is None:
+            return outcome
+        if self.has_accounting and usage.cpu_user is not None:
+            outcome["accounting"] = "cgroup"
+        outcome.update(
+            peak_memory=usage.peak_memory, cpu_user=usage.cpu_user,
+            cpu_system=usage.cpu_system, peak_pids=usage.peak_pids, oom_kills=usage.oom_kills,
+        )
+        if self.cpu_time is not None and usage.cpu_user is not None:
+            total = usage.cpu_user + (usage.cpu_system or 0.0)
+            outcome["cpu_time_exceeded"] = cpu_time_exceeded or total >= self.cpu_time
+        return outcome
+
+
+class RunLimits(Enforcement):
+    """Helper side of one run's limits. Create before the clone, ``attach`` the child before
+    releasing it, ``poll`` while it runs, ``finish`` after it exited, ``close`` always."""
+
+    def __init__(
+        self, spec: dict[str, Any], rlimits: list[list[int]],
+        backend: cgroups.Backend | None = None,
+        create: Callable[[cgroups.Request], cgroups.RunCgroup] | None = None,
+    ) -> None:
+        """``create`` makes the run's cgroup with its limits (default: the backend's create);
+        the launch helper passes one that takes a cgroup made ahead (nsbox/helper/spawner.py)."""
+        backend = backend if backend is not None else cgroups.get_backend()
+        supported = backend.supports()
+        reason = backend.reason
+        self.cgroup: cgroups.RunCgroup | None = None
+        if wanted_features(spec) & supported:
+            try:
+                self.cgroup = (create or backend.create)(cgroups.Request.from_dict(spec))
+            except OSError as exc:
+                supported, reason = frozenset(), str(exc)
+        try:
+            super().__init__(spec, rlimits, supported, reason)
+        except HostError:
+            self.close()  # the cgroup made for the controllers that are there
+            raise
         self.cpu_time_exceeded = False
 
     def attach(self, pid: int) -> None:
@@ -181,28 +220,12 @@ class RunLimits:
 
     def finish(self) -> dict[str, Any]:
         """The outcome after the run's main process exited (JSON-able, for the Result)."""
-        outcome: dict[str, Any] = {
-            "degraded": self.degraded,
-            "cpu_time": self.cpu_time,
-            "cpu_time_exceeded": self.cpu_time_exceeded,
-            "accounting": "rusage",
-        }
         if self.cgroup is None:
-            return outcome
+            return self.outcome(None, self.cpu_time_exceeded)
         # Processes that outlived the main one (daemons, orphans) are killed first, so the
         # figures below are final.
         self.cgroup.kill_all()
-        usage = self.cgroup.usage()
-        if self.has_accounting and usage.cpu_user is not None:
-            outcome["accounting"] = "cgroup"
-        outcome.update(
-            peak_memory=usage.peak_memory, cpu_user=usage.cpu_user,
-            cpu_system=usage.cpu_system, peak_pids=usage.peak_pids, oom_kills=usage.oom_kills,
-        )
-        if self.cpu_time is not None and usage.cpu_user is not None:
-            total = usage.cpu_user + (usage.cpu_system or 0.0)
-            outcome["cpu_time_exceeded"] = self.cpu_time_exceeded or total >= self.cpu_time
-        return outcome
+        return self.outcome(self.cgroup.usage(), self.cpu_time_exceeded)
 
     def close(self) -> None:
         """Remove the run's cgroup (kills whatever is left). Safe to call more than once."""
