@@ -7,6 +7,7 @@ The sandbox-level tests (limits seen through nsbox.run) are in test_limits.py.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import resource
 import signal
@@ -380,6 +381,66 @@ def test_v2_moves_only_its_own_processes_into_a_leaf_to_enable_controllers() -> 
                 assert cgroups._fs.wait_until(lambda n=name: not cgroups._fs.procs(
                     os.path.join(app, n)))
                 os.rmdir(os.path.join(app, name))
+        os.rmdir(app)
+
+
+@pytest.mark.cgroup2
+@pytest.mark.needs_host("cgroup v2 with controllers (runs in the VM)")
+def test_v2_a_helper_run_after_the_engine_started_moves_both_and_is_limited() -> None:
+    """The engine and the helper both live, started by runs without limits (no cgroup setup),
+    then a run with limits through the helper: the host moves itself and both launch processes
+    into its leaf. (The helper alone would take the engine for a stranger: nothing limited.)"""
+    backend = cgroups.detect()
+    if backend.kind != "v2":
+        pytest.skip(f"needs cgroup v2 with controllers (this host: {backend.kind})")
+    base = backend.describe()["cgroup"]
+    app = os.path.join(base, f"nsbox-test-app-{os.getpid()}")
+    os.mkdir(app)
+    owner_code = textwrap.dedent("""
+        import json, os, sys
+        import nsbox
+        from nsbox.host import engine
+        from nsbox.launch import launcher
+        os.read(0, 1)  # wait until the test moved us into the app cgroup
+        free = nsbox.Policy().with_limits(memory=None, pids=None, cpu_time=None)
+        os.environ["NSBOX_ENGINE"] = "1"
+        assert nsbox.run(["true"], free).ok
+        os.environ["NSBOX_ENGINE"] = "0"
+        assert nsbox.run(["true"], free).ok
+        helper, eng = launcher.helper_client.pid, engine.client.pid
+        assert helper and eng, (helper, eng)
+        procs = os.path.join(sys.argv[1], "cgroup.procs")
+        before = sorted(int(p) for p in open(procs).read().split())
+        result = nsbox.run(["true"], nsbox.Policy().with_limits(memory=64 << 20, pids=32))
+        print(json.dumps({"before": before, "ours": sorted([os.getpid(), helper, eng]),
+                          "degraded": result.degraded, "accounting": result.accounting,
+                          "peak_pids": result.peak_pids,
+                          "cgroup": open("/proc/self/cgroup").read().strip()}), flush=True)
+    """)
+    owner = subprocess.Popen([sys.executable, "-c", owner_code, app], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        cgroups._fs.write(os.path.join(app, "cgroup.procs"), owner.pid)
+        out, _ = owner.communicate("x", timeout=120)
+        assert owner.returncode == 0, out
+        seen = json.loads(out)
+        assert seen["before"] == seen["ours"]  # all three were in the app cgroup
+        assert seen["degraded"] == [] and seen["accounting"] == "cgroup", seen
+        assert seen["peak_pids"], seen
+        assert seen["cgroup"].endswith("-leaf"), seen
+        leaf = [n for n in os.listdir(app) if n.endswith("-leaf")]
+        assert len(leaf) == 1 and cgroups._fs.procs(app) == []
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        owner.wait()
+        for name in os.listdir(app):
+            if name.startswith("nsbox-") and os.path.isdir(os.path.join(app, name)):
+                assert cgroups._fs.wait_until(lambda n=name: not cgroups._fs.procs(
+                    os.path.join(app, n)))
+                os.rmdir(os.path.join(app, name))
+        # The launch processes end at their sockets' end-of-file, when the owner exited.
+        assert cgroups._fs.wait_until(lambda: not cgroups._fs.procs(app))
         os.rmdir(app)
 
 

@@ -7,8 +7,8 @@ exempt). So, on the first run, when B does not have the controllers enabled yet:
 
 - if B's only processes are this helper and its parent (the launcher that started it), both are
   moved into a leaf child of B, ``nsbox-<owner>-leaf``, and then the controllers are enabled in B.
-  (A launcher whose runs take the launch engine does the same for itself, its engine and its
-  helper: nsbox/host/engine.py.)
+  (A launcher does it first, before a run through its launch engine or its helper, for
+  itself, its engine and its helper: nsbox/host/launchprocess.py, enable_cgroups.)
   A helper that starts in such a leaf (its launcher was moved there) uses the leaf's parent as
   its base: several launchers in one delegated cgroup share it.
   The launcher is ours (it asked for the sandbox) and stays inside its own cgroup's subtree, so
@@ -210,8 +210,8 @@ class V2Backend(Backend):
     def prepare(self, ours: Callable[[], set[int]] | None = None) -> None:
         """Enable the controllers in the base's cgroup.subtree_control, moving the processes
         ``ours()`` names into a leaf first when the no-internal-processes rule requires it: by
-        default this helper and its launcher; the launch engine's host process names itself and
-        its launch processes (nsbox/host/engine.py). Asked only then, not at every run."""
+        default this helper and its launcher; the host process names itself and its launch
+        processes (nsbox/host/launchprocess.py). Asked only then, not at every run."""
         if self._prepared:
             return
         missing = [c for c in self.controllers if c not in self._enabled()]

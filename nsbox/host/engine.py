@@ -37,7 +37,7 @@ from nsbox.cgroups import naming
 from nsbox.errors import HostError, LaunchError
 from nsbox.helper.launch import Launch, StepFailed, failure_report
 from nsbox.helper.sources import Sources
-from nsbox.host.launchprocess import LaunchProcess
+from nsbox.host.launchprocess import LaunchProcess, enable_cgroups
 from nsbox.host.output import out_of_descriptors
 from nsbox.policy import identity
 from nsbox.policy import limits as _limits
@@ -178,11 +178,8 @@ class _RunCgroup(_limits.Enforcement):
         reason = backend.reason
         v2 = backend if cgroups.is_unified(backend) else None
         self.v2 = v2 is not None
-        if v2 is not None and _limits.wanted_features(spec) & supported:
-            try:
-                v2.prepare(ours=_ours)
-            except OSError as exc:  # another process in this cgroup: nothing can be limited
-                supported, reason = frozenset(), str(exc)
+        if why := enable_cgroups(spec):
+            supported, reason = frozenset(), why
         super().__init__(spec, rlimits, supported, reason)  # HostError: required, missing
         self.bases: dict[str, str] = dict(getattr(backend, "bases", {}))
         self.unified: str | None = (v2.base if v2 is not None
@@ -290,12 +287,6 @@ class _RunCgroup(_limits.Enforcement):
         """The outcome for the Result from the engine's raw figures, by field."""
         usage = cgroups.usage_from(self.usage_figures(), raw) if self.made else None
         return self.outcome(usage, exceeded)
-
-
-def _ours() -> set[int]:
-    """What may move into this process's cgroup leaf on cgroup v2: itself and its live launch
-    processes (the engine, the helper)."""
-    return {os.getpid(), *LaunchProcess.started()}
 
 
 class Submission:

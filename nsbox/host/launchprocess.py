@@ -1,12 +1,17 @@
 """A process this host process starts once and talks to over one socket: the Python launch
 helper (nsbox/launch/launcher.py) and the launch engine (nsbox/host/engine.py). What each
-starts and sends is its own; how it is forgotten in a fork, found alive and ended is this."""
+starts and sends is its own; how it is forgotten in a fork, found alive and ended is this, and
+the cgroup v2 setup that a run of either needs from this host process first."""
 
 from __future__ import annotations
 
 import os
 import socket
 import threading
+from typing import Any
+
+from nsbox import cgroups
+from nsbox.policy import limits
 
 
 class LaunchProcess:
@@ -74,3 +79,23 @@ class LaunchProcess:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+
+
+def enable_cgroups(spec: dict[str, Any]) -> str:
+    """Before a run whose limits want a cgroup (``spec``: its plan's "cgroup"), on cgroup v2:
+    enable the controllers below this process's cgroup, moving this process and its live launch
+    processes into a leaf where the no-internal-processes rule requires it (nsbox/cgroups/_v2.py,
+    prepare). The host does it before the engine's runs and the helper's alike: the helper,
+    which would move only itself and this process, would meet the engine in that cgroup as a
+    stranger and limit nothing. Returns why it cannot ("": done, or nothing to do)."""
+    wanted = limits.wanted_features(spec)
+    if not wanted:
+        return ""
+    backend = cgroups.get_backend()
+    if not cgroups.is_unified(backend) or not wanted & backend.supports():
+        return ""
+    try:
+        backend.prepare(ours=lambda: {os.getpid(), *LaunchProcess.started()})
+    except OSError as exc:  # another process in this cgroup: nothing can be limited
+        return str(exc)
+    return ""

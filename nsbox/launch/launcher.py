@@ -18,7 +18,7 @@ from nsbox import cgroups, errors
 from nsbox._sys import wire as _wire
 from nsbox.errors import CommandNotFound, HostError, LaunchError, PolicyError, SetupError
 from nsbox.host import engine, isolation
-from nsbox.host.launchprocess import LaunchProcess
+from nsbox.host.launchprocess import LaunchProcess, enable_cgroups
 from nsbox.host.network import RunNetwork
 from nsbox.host.output import (  # noqa: F401 (Stream, send_kill: sessions use them from here)
     HOST_GRACE,
@@ -87,6 +87,9 @@ class _HelperClient(LaunchProcess):
         self.send_request({"plan": wire_plan}, fds)
 
     def send_request(self, request: dict[str, Any], fds: list[int]) -> None:
+        plan = request.get("plan") or request.get("pool", {}).get("plan") or {}
+        # What stops the helper's cgroup v2 setup, it finds again and reports as degraded.
+        enable_cgroups(plan.get("cgroup") or {})
         with self._lock:
             try:
                 sock = self._running()
