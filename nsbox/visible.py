@@ -26,11 +26,13 @@ shows as ``\\udcNN``). It has two forms:
 A program's own output of ``nsbox run`` or ``session exec`` is not touched: that is the
 program talking to its user, as it would outside nsbox. What nsbox itself says about what the
 sandbox made is passed through here. ``json_text`` is the form for programs: JSON, every
-character outside printable ASCII as a ``\\u`` escape.
+character outside printable ASCII as a ``\\u`` escape, and a name that is not UTF-8 as text with
+U+FFFD and its exact bytes beside it (``json_ready``).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -79,5 +81,50 @@ def _line(line: str) -> str:
 
 
 def json_text(value: Any, **options: Any) -> str:
-    """``value`` as JSON in printable ASCII only (json.dumps leaves DEL as it is)."""
-    return json.dumps(value, ensure_ascii=True, **options).replace("\x7f", "\\u007f")
+    """``value`` as JSON in printable ASCII only (json.dumps leaves DEL as it is), its strings
+    made Unicode first (``json_ready``)."""
+    return json.dumps(json_ready(value), ensure_ascii=True, **options).replace(
+        "\x7f", "\\u007f")
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with every string made Unicode text. A name that is not UTF-8 (Python keeps
+    its bytes as lone surrogates, U+DC80-U+DCFF) would be written as ``\\udcff``, an escape
+    that strict JSON parsers refuse (RFC 8259, 8.2: such a string is not interoperable). It is
+    written with U+FFFD for each byte that is no UTF-8 instead, and, where it is a member of an
+    object, its exact bytes beside it, in base64, under the member's name with ``_bytes``
+    (``"path": "bad\\ufffd", "path_bytes": "YmFk/w=="``)."""
+    if isinstance(value, str):
+        return value if _is_unicode(value) else _replaced(value)
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out[json_ready(key)] = json_ready(item)
+            if isinstance(item, str) and not _is_unicode(item):
+                out[f"{json_ready(key)}_bytes"] = base64.b64encode(_raw(item)).decode()
+        return out
+    if isinstance(value, list | tuple):
+        return [json_ready(item) for item in value]
+    return value
+
+
+def _is_unicode(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _raw(text: str) -> bytes:
+    """The bytes a name with surrogate escapes stood for (os.fsencode's way)."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no byte stands for (U+D800-U+DC7F, U+DD00-)
+        return text.encode("utf-8", "surrogatepass")
+
+
+def _replaced(text: str) -> str:
+    return _raw(text).decode("utf-8", "replace")

@@ -315,6 +315,26 @@ def test_paths_stay_in_the_workspace_and_symlinks_are_not_followed(
     assert [f["name"] for f in out["listed"].structured_content["files"]] == ["target.txt"]
 
 
+def test_a_name_that_is_not_utf8_is_listed_with_its_bytes(caller_server: Server):
+    """A file the agent's command names with a byte that is not UTF-8: the tools still answer
+    (the SDK's JSON refuses lone surrogates), the name in U+FFFD, its bytes beside it."""
+    async def scenario() -> tuple[Any, Any, Any]:
+        async with connect(caller_server) as client:
+            made = await call(client, "run_bash", command="printf x > \"$(printf 'bad\\377')\"")
+            listed = await call(client, "list_files")
+            ran = await call(client, "run_bash", command="ls")
+            return made, listed, ran
+
+    made, listed, ran = run(scenario)
+    assert not made.is_error, text_of(made)
+    assert not listed.is_error, text_of(listed)
+    [entry] = listed.structured_content["files"]
+    assert entry["name"] == "bad\ufffd"
+    assert base64.b64decode(entry["name_bytes"]) == b"bad\xff"
+    assert "bad\\udcff" in text_of(listed)  # shown to a person as an escape
+    assert not ran.is_error and ran.structured_content["stdout"].startswith("bad"), text_of(ran)
+
+
 def test_timeout_gives_TO_and_the_session_keeps_working(caller_server: Server):
     async def scenario() -> tuple[Any, ...]:
         async with connect(caller_server) as client:

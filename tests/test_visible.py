@@ -3,6 +3,7 @@ character a terminal could obey is shown as an escape, and the escapes tell the 
 
 from __future__ import annotations
 
+import base64
 import json
 
 from hypothesis import given, settings
@@ -44,6 +45,29 @@ def test_text_keeps_lines_and_tabs_and_escapes_the_rest() -> None:
     assert visible.quoted('a"b \x1b') == '"a\\"b \\x1b"'
     assert visible.json_text({"k": "\x7f\u202e\x1b"}) == '{"k": "\\u007f\\u202e\\u001b"}'
     assert json.loads(visible.json_text({"k": "\x7f"})) == {"k": "\x7f"}
+
+
+def test_json_of_a_name_that_is_not_utf8_is_unicode_with_its_bytes_beside_it() -> None:
+    shown = visible.json_text({"changes": [{"path": "bad\udcff.sh", "kind": "added"}],
+                               "names": ["x\udc80"]})
+    assert "\\udc" not in shown  # no lone surrogate escape: strict parsers refuse them
+    data = json.loads(shown)
+    assert data["changes"] == [{"path": "bad\ufffd.sh", "path_bytes": "YmFk/y5zaA==",
+                                "kind": "added"}]
+    assert base64.b64decode(data["changes"][0]["path_bytes"]) == b"bad\xff.sh"
+    assert data["names"] == ["x\ufffd"]
+    assert visible.json_text({"path": "café"}) == '{"path": "caf\\u00e9"}'  # UTF-8: as it was
+
+
+@settings(max_examples=500, derandomize=True)
+@given(st.binary())
+def test_json_keeps_the_exact_bytes_of_any_name(raw: bytes) -> None:
+    name = raw.decode("utf-8", "surrogateescape")  # as os.listdir gives it
+    data = json.loads(visible.json_text({"path": name}))
+    data["path"].encode("utf-8")  # Unicode text: no lone surrogate
+    exact = base64.b64decode(data["path_bytes"]) if "path_bytes" in data else data[
+        "path"].encode()
+    assert exact == raw
 
 
 @settings(max_examples=500, derandomize=True)

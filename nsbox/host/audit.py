@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from nsbox import visible
 from nsbox.errors import NsboxError
 from nsbox.policy.policy import Policy
 from nsbox.result import Result
@@ -146,7 +147,8 @@ class AuditLog:
         record = dict(record)
         if "env" in record:
             record["env"] = {name: REDACTED for name in record["env"]}
-        line = json.dumps(redact(record, secrets), sort_keys=False) + "\n"
+        # Names the sandbox made that are not UTF-8: text with U+FFFD and their bytes beside.
+        line = json.dumps(visible.json_ready(redact(record, secrets)), sort_keys=False) + "\n"
         with self._lock:
             if self._fd < 0:
                 raise NsboxError(f"the audit file {self.path} is closed")

@@ -475,4 +475,7 @@ def to_mcp(reply: Reply, types: Any) -> Any:
     for _name, png in reply.images:
         content.append(types.ImageContent(type="image", data=base64.b64encode(png).decode(),
                                           mime_type="image/png"))
-    return types.CallToolResult(content=content, structured_content=reply.data)
+    # A name the sandbox made that is not UTF-8 cannot be serialized as it is (the SDK's
+    # JSON refuses surrogates): text with U+FFFD and its bytes beside it (visible.json_ready).
+    return types.CallToolResult(content=content,
+                                structured_content=visible.json_ready(reply.data))
