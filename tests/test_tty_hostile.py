@@ -426,15 +426,17 @@ def test_nsbox_stopped_from_elsewhere_gives_the_terminal_back_until_it_goes_on(
     # In raw mode no key stops nsbox; `kill -TSTP` does. bash, the caller's shell with job
     # control, has its terminal back in its own modes while nsbox is stopped; `fg` continues
     # it, and then the run must have raw mode again (bash puts back no job's modes): typed
-    # keys reach the sandbox's pty one by one, Ctrl-C is no signal for nsbox.
+    # keys reach the sandbox's pty one by one, Ctrl-C is no signal for nsbox. And the
+    # sandbox's program is told to draw its screen again (SIGWINCH): the shell drew there.
     user = UserRunner("caller", public_tree)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(user.tree), "HOME": "/tmp",
            "TERM": "xterm", "PS1": "PROMPT> "}
     term = Terminal(["bash", "--norc", "--noprofile", "-i"], env)
     terminals.append(term)
     term.expect(b"PROMPT> ")
-    term.send(f"{PYTHON} -m nsbox run --tty -- sh -c "
-              "'echo READY; read line; echo got:$line'\r".encode())
+    program = ("import signal; signal.signal(signal.SIGWINCH, lambda *_: print('redraw', "
+               "flush=True)); print('READY', flush=True); print('got:' + input())")
+    term.send(f'{PYTHON} -m nsbox run --tty -- python3 -c "{program}"\r'.encode())
     term.expect(b"READY\r\n")  # the line the command wrote, not the one typed
     raw = term.modes()
     assert raw != term.before
@@ -446,6 +448,7 @@ def test_nsbox_stopped_from_elsewhere_gives_the_terminal_back_until_it_goes_on(
     assert term.modes() != raw
     term.send(b"fg\r")
     assert wait_until(lambda: term.modes() == raw)
+    term.expect(b"redraw\r\n")
     term.send(b"typed\r")
     term.expect(b"got:typed\r\n")
     term.expect(b"PROMPT> ")

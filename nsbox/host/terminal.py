@@ -26,7 +26,8 @@ or ``ssh -t``: an editor or a shell needs them, which is why it is asked for wit
   nothing handles it) puts them back first, and once no process of the sandbox holds its pty
   they are put back while the run goes on, so that Ctrl-C reaches nsbox again;
 - SIGTSTP (nsbox stopped from elsewhere: in raw mode no key sends it) puts them back while
-  nsbox is stopped, and SIGCONT sets raw mode again.
+  nsbox is stopped, and SIGCONT sets raw mode again and has the sandbox's program redraw its
+  screen (a SIGWINCH).
 
 Only SIGKILL of nsbox itself leaves the terminal raw (``stty sane`` or ``reset`` repairs it);
 SIGSTOP leaves it raw until SIGCONT.
@@ -227,15 +228,24 @@ class Relay:
             except termios.error:
                 pass  # the terminal is gone
             if self.master >= 0:
-                self._copy_size()  # the window may have changed meanwhile
+                self._copy_size(redraw=True)
 
     def _on_winch(self, _signum: int, _frame: Any) -> None:
         if self.master >= 0:
             self._copy_size()
 
-    def _copy_size(self) -> None:
+    def _copy_size(self, redraw: bool = False) -> None:
+        """The caller's window size onto the sandbox's pty. ``redraw`` (nsbox goes on after it
+        was stopped): the screen was the caller's shell's meanwhile, so a full-screen program
+        must draw it again, which it does on SIGWINCH. The kernel sends that only when the size
+        changes (ioctl_tty(2), TIOCSWINSZ), and a pty master can send the foreground group
+        SIGINT, SIGQUIT and SIGTSTP alone (TIOCSIG): so the size is set one column narrower
+        first, then as it is."""
         try:
-            set_window_size(self.master, *window_size(self.fd_in))
+            rows, cols = window_size(self.fd_in)
+            if redraw and cols > 1:
+                set_window_size(self.master, rows, cols - 1)
+            set_window_size(self.master, rows, cols)
         except OSError:
             pass  # the pty has gone with the sandbox
 
