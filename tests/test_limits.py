@@ -112,6 +112,19 @@ def test_plan_never_asks_for_more_than_the_hard_limit_allows() -> None:
         assert nofile[1:] == [hard, hard]
 
 
+def test_a_cpu_share_above_the_cpus_this_process_may_use_is_refused_by_name() -> None:
+    available = len(os.sched_getaffinity(0))
+    assert limits.plan_limits(Limits(cpus=available))["cgroup"]["cpus"] == available
+    with pytest.raises(PolicyError, match=f"is more than the {available} CPU") as raised:
+        limits.plan_limits(Limits(cpus=available + 0.5))
+    assert raised.value.key == "limits.cpus" and f"at most {available}" in str(raised.value.hint)
+    # On the command line the option is named, and nothing is launched.
+    cli = subprocess.run([sys.executable, "-m", "nsbox", "run", "--cpus", str(available + 1),
+                          "--", "true"], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 125, cli.stderr
+    assert cli.stderr.startswith(f"nsbox: --cpus: {available + 1} is more than"), cli.stderr
+
+
 def test_without_cgroups_the_run_falls_back_to_rlimits_and_says_so() -> None:
     plan = limits.plan_limits(Limits(memory=64 * M, pids=16, cpus=0.5, cpu_time=3))
     run = limits.RunLimits(plan["cgroup"], plan["rlimits"], NullBackend("no cgroup here"))

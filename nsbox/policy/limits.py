@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nsbox import cgroups
-from nsbox.errors import HostError
+from nsbox.errors import HostError, PolicyError
 
 if TYPE_CHECKING:  # the launch helper imports this module: keep its start small
     from nsbox.policy.policy import Limits
@@ -91,6 +91,8 @@ def plan_limits(limits: Limits) -> dict[str, Any]:
         rlimits.append(_rlimit(resource.RLIMIT_CPU, max(1, math.ceil(limits.cpu_time))))
     if limits.memory is not None:
         fallback[cgroups.MEMORY] = [_rlimit(resource.RLIMIT_AS, limits.memory)]
+    if limits.cpus is not None:
+        _check_cpus(limits.cpus)
     return {
         "rlimits": rlimits,
         "cgroup": {
@@ -102,6 +104,18 @@ def plan_limits(limits: Limits) -> dict[str, Any]:
             "fallback_rlimits": fallback,
         },
     }
+
+
+def _check_cpus(cpus: float) -> None:
+    # A share above the CPUs the sandbox may run on (it inherits this process's affinity,
+    # sched_setaffinity(2)) would be written as a quota that never holds: a limit that limits
+    # nothing is refused here, where the host is known, not accepted as one.
+    available = len(os.sched_getaffinity(0))
+    if cpus > available:
+        raise PolicyError(
+            f"{cpus:g} is more than the {available} CPU(s) this process may run on: a quota "
+            "that large limits nothing", key="limits.cpus",
+            hint=f"give at most {available}, or none for no CPU limit")
 
 
 def wanted_features(spec: dict[str, Any]) -> set[str]:
