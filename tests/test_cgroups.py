@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -326,15 +327,32 @@ def test_unprivileged_user_without_delegation_gets_the_null_backend_and_a_reason
     assert "65534" in info["reason"]
 
 
-@pytest.mark.cgroup2
-@pytest.mark.needs_host("cgroup v2 with controllers (runs in the VM)")
-def test_v2_moves_only_its_own_processes_into_a_leaf_to_enable_controllers() -> None:
+@pytest.fixture
+def app() -> Iterator[str]:
+    """An application's own cgroup, below this process's base (cgroup v2 with controllers), as
+    a service's; removed with what nsbox made in it once every process in it ended (the
+    launch processes end at their sockets' end-of-file, when the process that started them
+    exited)."""
     backend = cgroups.detect()
     if backend.kind != "v2":
         pytest.skip(f"needs cgroup v2 with controllers (this host: {backend.kind})")
-    base = backend.describe()["cgroup"]
-    app = os.path.join(base, f"nsbox-test-app-{os.getpid()}")
+    app = os.path.join(backend.describe()["cgroup"], f"nsbox-test-app-{os.getpid()}")
     os.mkdir(app)
+    try:
+        yield app
+    finally:
+        for name in os.listdir(app):
+            if name.startswith("nsbox-") and os.path.isdir(os.path.join(app, name)):
+                assert cgroups._fs.wait_until(lambda n=name: not cgroups._fs.procs(
+                    os.path.join(app, n)))
+                os.rmdir(os.path.join(app, name))
+        assert cgroups._fs.wait_until(lambda: not cgroups._fs.procs(app))
+        os.rmdir(app)
+
+
+@pytest.mark.cgroup2
+@pytest.mark.needs_host("cgroup v2 with controllers (runs in the VM)")
+def test_v2_moves_only_its_own_processes_into_a_leaf_to_enable_controllers(app: str) -> None:
     owner_code = textwrap.dedent("""
         import os, sys
         from nsbox import cgroups
@@ -376,26 +394,15 @@ def test_v2_moves_only_its_own_processes_into_a_leaf_to_enable_controllers() -> 
     finally:
         other.kill()
         other.wait()
-        for name in os.listdir(app):
-            if name.startswith("nsbox-") and os.path.isdir(os.path.join(app, name)):
-                assert cgroups._fs.wait_until(lambda n=name: not cgroups._fs.procs(
-                    os.path.join(app, n)))
-                os.rmdir(os.path.join(app, name))
-        os.rmdir(app)
 
 
 @pytest.mark.cgroup2
 @pytest.mark.needs_host("cgroup v2 with controllers (runs in the VM)")
-def test_v2_a_helper_run_after_the_engine_started_moves_both_and_is_limited() -> None:
+def test_v2_a_helper_run_after_the_engine_started_moves_both_and_is_limited(
+        app: str) -> None:
     """The engine and the helper both live, started by runs without limits (no cgroup setup),
     then a run with limits through the helper: the host moves itself and both launch processes
     into its leaf. (The helper alone would take the engine for a stranger: nothing limited.)"""
-    backend = cgroups.detect()
-    if backend.kind != "v2":
-        pytest.skip(f"needs cgroup v2 with controllers (this host: {backend.kind})")
-    base = backend.describe()["cgroup"]
-    app = os.path.join(base, f"nsbox-test-app-{os.getpid()}")
-    os.mkdir(app)
     owner_code = textwrap.dedent("""
         import json, os, sys
         import nsbox
@@ -434,14 +441,6 @@ def test_v2_a_helper_run_after_the_engine_started_moves_both_and_is_limited() ->
         if owner.poll() is None:
             owner.kill()
         owner.wait()
-        for name in os.listdir(app):
-            if name.startswith("nsbox-") and os.path.isdir(os.path.join(app, name)):
-                assert cgroups._fs.wait_until(lambda n=name: not cgroups._fs.procs(
-                    os.path.join(app, n)))
-                os.rmdir(os.path.join(app, name))
-        # The launch processes end at their sockets' end-of-file, when the owner exited.
-        assert cgroups._fs.wait_until(lambda: not cgroups._fs.procs(app))
-        os.rmdir(app)
 
 
 def test_a_spawner_that_cannot_enter_its_cgroup_stops_the_spawners_and_says_why(
