@@ -169,8 +169,7 @@ class _RunCgroup(_limits.Enforcement):
     before its release. cgroup v2: one directory, which the child is cloned into (clone3,
     CLONE_INTO_CGROUP), below this process's cgroup, where the controllers are enabled first;
     should the no-internal-processes rule require it, this process and its launch processes
-    move into a leaf of their cgroup then, as the Python helper moves itself and its launcher
-    (nsbox/cgroups/_v2.py)."""
+    move into a leaf of their cgroup then (nsbox/host/launchprocess.py, enable_cgroups)."""
 
     def __init__(self, spec: dict[str, Any], rlimits: list[list[int]]) -> None:
         backend = cgroups.get_backend()
