@@ -147,8 +147,9 @@ class AuditLog:
         record = dict(record)
         if "env" in record:
             record["env"] = {name: REDACTED for name in record["env"]}
+        record = redact(record, secrets)
         # Names the sandbox made that are not UTF-8: text with U+FFFD and their bytes beside.
-        line = json.dumps(visible.json_ready(redact(record, secrets)), sort_keys=False) + "\n"
+        line = json.dumps(visible.json_ready(record), sort_keys=False) + "\n"
         with self._lock:
             if self._fd < 0:
                 raise NsboxError(f"the audit file {self.path} is closed")
