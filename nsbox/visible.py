@@ -99,9 +99,12 @@ def json_ready(value: Any) -> Any:
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
-            out[json_ready(key)] = json_ready(item)
+            name = json_ready(key)
             if isinstance(item, str) and not _is_unicode(item):
-                out[f"{json_ready(key)}_bytes"] = base64.b64encode(_raw(item)).decode()
+                out[name] = _replaced(item)
+                out[f"{name}_bytes"] = base64.b64encode(_raw(item)).decode()
+            else:
+                out[name] = json_ready(item)
         return out
     if isinstance(value, list | tuple):
         return [json_ready(item) for item in value]
