@@ -68,7 +68,8 @@ def _nproc_counts_per_user_namespace() -> bool:
 
 def plan_limits(limits: Limits) -> dict[str, Any]:
     """The Plan's part for limits: ``rlimits`` ([resource, soft, hard] lists) and ``cgroup``.
-    The values were checked when the Limits were made (nsbox/policy/policy.py)."""
+    The values were checked when the Limits were made (nsbox/policy/policy.py); a CPU share is
+    checked here against the CPUs of this host, which a Policy does not know."""
     rlimits = [
         [resource.RLIMIT_CORE, 0, 0],  # no core dumps: they would write the sandbox's memory out
         _rlimit(resource.RLIMIT_NOFILE, limits.open_files),
