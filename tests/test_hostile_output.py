@@ -30,6 +30,7 @@ from sessiontools import UserRunner, user_runner
 from nsbox import visible
 
 CANARY_NAME = "nsbox-hook-ran"
+NAME_REASON = "its name holds a control, format or non-UTF-8 character: not written on the host"
 DEVELOPER_UID = 1000
 
 # The sandbox's files: name -> content (python3 in the sandbox writes them, with names of any
@@ -169,8 +170,9 @@ def test_session_diff_on_a_terminal_shows_every_byte_and_obeys_none(as_user: Use
         # Listed first and marked: a file that make runs; then the others by path, each name
         # and mode as it is. The sandbox's 777 lands as 755 (group and other write cleared).
         assert text[0] == "!   added  Makefile mode 644 [runs on the host: make runs its recipes]"
+        # A name a terminal would obey is listed, with its diff, and never written.
         for name in SHOWN_NAMES:
-            assert f"    added  {name} mode 644" in text, name
+            assert f"    added  {name} mode 644 (not applied: {NAME_REASON})" in text, name
         assert "    added  new.sh mode 755 (asked 777)" in text
         assert " modified  deploy.sh mode 755 -> 755 (asked 777)" not in text
         assert " modified  deploy.sh" in text
@@ -207,16 +209,18 @@ def test_session_apply_lands_no_hook_and_no_world_writable_file(as_user: UserRun
         assert b"Read-only file system" in ran.stdout + ran.stderr
         code, shown = run_on_terminal(nsbox_argv(as_user.prefix(), "session", "apply", sid),
                                       _env(as_user, runtime))
-        assert code == 0, shown
+        assert code == 1, shown
         assert obeyed(shown) == []
         applied = [line for line in lines(shown) if line.startswith("  applied  ")]
         assert sorted(applied) == sorted(f"  applied  {name}" for name in [
-            "Makefile", "deploy.sh", "new.sh", "nl\\n+++ b", *SHOWN_NAMES])
+            "Makefile", "deploy.sh", "new.sh"])
+        for name in ["nl\\n+++ b", *SHOWN_NAMES]:
+            assert f"nsbox: not applied: {name}: {NAME_REASON}" in lines(shown), name
     finally:
         _cli(as_user, runtime, "session", "stop", sid)
-    # Host-side evidence: the files with their exact names, no group or other write.
-    for name, content in HOSTILE.items():
-        assert (project / name).read_bytes() == content.encode()
+    # Host-side evidence: no name a terminal obeys, no group or other write.
+    assert sorted(p.name for p in project.iterdir()) == [
+        ".git", "Makefile", "README.md", "deploy.sh", "new.sh"]
     for name in ("deploy.sh", "new.sh"):
         assert stat.S_IMODE((project / name).stat().st_mode) == 0o755, name
     assert not any(stat.S_IMODE(p.lstat().st_mode) & 0o022 for p in project.iterdir()
@@ -265,7 +269,7 @@ def test_a_git_directory_made_by_the_sandbox_is_never_applied(as_user: UserRunne
             else:
                 assert "nsbox: not applied: .husky/pre-commit: in the git hooks directory " \
                        "(core.hooksPath)" in refused
-            assert "  applied  zzz\\x1b[3J\\x1b[2J" in applied.stdout.decode()
+            assert f"nsbox: not applied: zzz\\x1b[3J\\x1b[2J: {NAME_REASON}" in refused
         finally:
             _cli(as_user, runtime, "session", "stop", sid)
         assert not (project / "sub" / ".git").exists()
@@ -275,6 +279,90 @@ def test_a_git_directory_made_by_the_sandbox_is_never_applied(as_user: UserRunne
             assert not (project / ".git").exists()
             assert _git(project, "init", "-q", uid=_owner(as_user)).returncode == 0
         _commit_on_the_host(project, as_user)
+
+
+BARE_REASON = ("in a directory git takes for a repository (it holds HEAD and refs or objects): "
+               "git runs its hooks and obeys its config on the host; never applied "
+               "(rule git-dir)")
+
+
+def _fsmonitor_repo(where: str) -> str:
+    """A shell line that makes ``where`` a repository to git (HEAD, refs, objects) whose
+    config runs a command on every `git status`: a bare repository by any name."""
+    config = ("[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n"
+              f"\\tworktree = .\\n\\tfsmonitor = touch /tmp/{CANARY_NAME}-fsmonitor\\n")
+    return (f"mkdir -p {where}/refs/heads {where}/objects; "
+            f"touch {where}/refs/heads/.keep {where}/objects/.keep; "
+            f"echo 'ref: refs/heads/main' > {where}/HEAD; printf '{config}' > {where}/config")
+
+
+@pytest.mark.parametrize("layout", ["made", "the-project's"])
+def test_a_repository_of_any_name_takes_no_change(as_user: UserRunner, layout: str):
+    """git takes a directory of any name that holds HEAD, refs and objects for a repository,
+    and `git status` there runs its core.fsmonitor: apply writes no change into one, whether
+    the sandbox made it or the project holds one (a bare repository of its tests)."""
+    for project in _make_project(as_user, git=True):
+        if layout == "the-project's":
+            assert _git(project, "init", "-q", "--bare", "fixtures/repo.git",
+                        uid=_owner(as_user)).returncode == 0
+        runtime = project.parent / "runtime"
+        start = _cli(as_user, runtime, "session", "start", "--project", str(project))
+        assert start.returncode == 0, start.stderr
+        sid = start.stdout.decode().strip()
+        where = "vendor/lib" if layout == "made" else "fixtures/repo.git"
+        try:
+            made = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
+                        f"{_fsmonitor_repo(where)}; echo ok > notes.txt")
+            assert made.returncode == 0, made.stderr
+            applied = _cli(as_user, runtime, "session", "apply", sid)
+        finally:
+            _cli(as_user, runtime, "session", "stop", sid)
+        assert applied.returncode == 1, applied.stdout
+        assert f"nsbox: not applied: {where}/config: {BARE_REASON}" in applied.stderr.decode()
+        assert sorted(applied.stdout.decode().splitlines()) == [
+            "  applied  notes.txt", *(["  applied  vendor"] if layout == "made" else [])]
+        # Host-side evidence: no config of the sandbox's, and git runs nothing of it.
+        assert (project / "notes.txt").read_text() == "ok\n"
+        if layout == "made":
+            assert os.listdir(project / "vendor") == []
+        else:
+            assert "fsmonitor" not in (project / where / "config").read_text()
+            before = _canaries()
+            _git(project / where, "status", uid=_owner(as_user))
+            assert _canaries() == before
+        _commit_on_the_host(project, as_user)
+
+
+def test_collect_writes_no_git_directory_and_no_repository(as_user: UserRunner):
+    """`session collect` into a checkout (or anywhere): what apply never writes is not
+    written there either; the checkout's own .git keeps its config and gets no hook."""
+    for dest in _make_project(as_user, git=True):
+        runtime = dest.parent / "runtime"
+        config = (dest / ".git" / "config").read_bytes()
+        start = _cli(as_user, runtime, "session", "start")
+        assert start.returncode == 0, start.stderr
+        sid = start.stdout.decode().strip()
+        hook = f"#!/bin/sh\\ntouch /tmp/{CANARY_NAME}-$$\\n"
+        try:
+            made = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
+                        f"{_fsmonitor_repo('.git')}; {_fsmonitor_repo('out/bare')}; "
+                        f"mkdir -p .git/hooks; printf '{hook}' > .git/hooks/pre-commit; "
+                        "chmod 755 .git/hooks/pre-commit; echo 42 > out/result.txt")
+            assert made.returncode == 0, made.stderr
+            collected = _cli(as_user, runtime, "session", "collect", sid, "--dest", str(dest))
+        finally:
+            _cli(as_user, runtime, "session", "stop", sid)
+        assert collected.returncode == 0, collected.stderr
+        said = collected.stderr.decode()
+        for rel in (".git/config", ".git/HEAD", ".git/hooks/pre-commit"):
+            assert f'nsbox: not collected: "{rel}": under .git' in said, rel
+        assert f'nsbox: not collected: "out/bare/config": {BARE_REASON}' in said
+        # Host-side evidence: the result landed, nothing of git's did; git runs no hook.
+        assert (dest / "out" / "result.txt").read_text() == "42\n"
+        assert (dest / ".git" / "config").read_bytes() == config
+        assert not (dest / ".git" / "hooks" / "pre-commit").exists()
+        assert not (dest / "out" / "bare").exists()
+        _commit_on_the_host(dest, as_user)
 
 
 def test_run_project_and_listings_show_names_escaped(as_user: UserRunner, project: Path):
@@ -382,9 +470,11 @@ s.close()
     review = out["texts"][2].splitlines()
     assert review[0] == ("! added: Makefile (mode new -> 644) [runs on the host: make runs its "
                          "recipes]")
-    assert "added: zzz\\x1b[3J\\x1b[2J (mode new -> 644)" in review
+    assert (f"added: zzz\\x1b[3J\\x1b[2J (mode new -> 644) (not applicable: {NAME_REASON})"
+            in review)
     assert "+a\\x1b[3J\\x1b[2J\\x1b[Hclean" in review
-    assert out["texts"][3] == "applied: Makefile\napplied: zzz\\x1b[3J\\x1b[2J"
+    assert out["texts"][3] == ("applied: Makefile\n"
+                               f"not applied: zzz\\x1b[3J\\x1b[2J: {NAME_REASON}")
     assert set(HOSTILE) <= set(out["paths"])
 
 
@@ -398,19 +488,82 @@ def test_the_hooks_directory_is_found_where_git_would_look(tmp_path: Path,
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    assert autorun.hooks_dir(str(root)) is None
+    assert autorun.hooks_dirs(str(root)) == ()
     # A user's global hooksPath, relative: each work tree's own directory.
     (home / ".gitconfig").write_text("[core]\n\thooksPath = .githooks\n")
-    assert autorun.hooks_dir(str(root)) == ".githooks"
-    assert autorun.never_applied(".GitHooks/pre-push", ".githooks") == autorun.HOOKS_REASON
+    assert autorun.hooks_dirs(str(root)) == (".githooks",)
+    assert autorun.never_applied(".GitHooks/pre-push", (".githooks",)) == autorun.HOOKS_REASON
     # The project's own setting comes first; one outside the project is no part of it.
     (root / ".git" / "config").write_text('[Core]\n\tHooksPath = "tools/hooks"\n')
-    assert autorun.hooks_dir(str(root)) == "tools/hooks"
+    assert autorun.hooks_dirs(str(root)) == ("tools/hooks",)
     (root / ".git" / "config").write_text(f"[core]\n\thooksPath = {tmp_path}/elsewhere\n")
-    assert autorun.hooks_dir(str(root)) is None
+    assert autorun.hooks_dirs(str(root)) == ()
+    # A repository below the project's top has a hooks directory of its own.
+    (root / "sub" / ".git").mkdir(parents=True)
+    (root / "sub" / ".git" / "config").write_text("[core]\n\thooksPath = h\n")
+    assert autorun.hooks_dirs(str(root), ["sub", "sub/.git"]) == ("sub/h",)
     for rel in (".git/hooks/x", "sub/.GIT/config", "a/b/.git"):
-        assert autorun.never_applied(rel, None) == autorun.GIT_REASON, rel
-    assert autorun.never_applied(".gitignore", None) is None
+        assert autorun.never_applied(rel) == autorun.GIT_REASON, rel
+    assert autorun.never_applied(".gitignore") is None
+
+
+def test_the_hooks_directory_of_a_linked_work_tree_and_of_an_include(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A linked work tree (``.git`` a file) reads the common directory's config, and a config
+    may set core.hooksPath in a file it includes: git finds the hooks there, so does apply."""
+    from nsbox.host import autorun
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    main = tmp_path / "main" / ".git"
+    (main / "worktrees" / "wt").mkdir(parents=True)
+    (main / "worktrees" / "wt" / "commondir").write_text("../..\n")
+    (main / "config").write_text("[core]\n\thooksPath = tools/hooks\n")
+    work_tree = tmp_path / "wt"
+    work_tree.mkdir()
+    (work_tree / ".git").write_text(f"gitdir: {main}/worktrees/wt\n")
+    assert autorun.hooks_dirs(str(work_tree)) == ("tools/hooks",)
+    # The work tree's own config.worktree is read before the common config.
+    (main / "worktrees" / "wt" / "config.worktree").write_text("[core]\n\thooksPath = wt-h\n")
+    assert autorun.hooks_dirs(str(work_tree)) == ("wt-h",)
+    # An include (and an includeIf, its condition taken as met), relative to the config.
+    project = tmp_path / "app"
+    (project / ".git").mkdir(parents=True)
+    (project / ".git" / "config").write_text(
+        '[core]\n\tbare = false\n[includeIf "gitdir:~/elsewhere/"]\n\tpath = extra.inc\n')
+    (project / ".git" / "extra.inc").write_text("[include]\n\tpath = ../../deep.inc\n")
+    (tmp_path / "deep.inc").write_text("[core]\n\thooksPath = .hooks\n")
+    assert autorun.hooks_dirs(str(project)) == (".hooks",)
+    (tmp_path / "deep.inc").write_text("[include]\n\tpath = deep.inc\n")  # a loop ends
+    assert autorun.hooks_dirs(str(project)) == ()
+
+
+def test_a_directory_git_takes_for_a_repository_takes_no_change():
+    """git takes a directory of any name that holds HEAD and refs (or objects, or a commondir)
+    for a bare repository, and obeys its config (core.fsmonitor): nothing lands in one, in
+    any case, whether the sandbox made it or the project had it."""
+    from nsbox.host import autorun
+
+    made = ["vendor/lib/HEAD", "vendor/lib/config", "vendor/lib/refs/heads/.keep", "README.md"]
+    found = autorun.git_dirs(made)
+    assert found == frozenset({"vendor/lib"})
+    for rel in ("vendor/lib", "vendor/lib/config", "Vendor/LIB/hooks/pre-commit"):
+        assert autorun.never_applied(rel, (), found) == autorun.BARE_REASON, rel
+    assert autorun.never_applied("vendor/other.py", (), found) is None
+    assert autorun.git_dirs(["x/HEAD", "x/objects"]) == frozenset({"x"})
+    assert autorun.git_dirs(["x/Head", "x/COMMONDIR"]) == frozenset({"x"})
+    assert autorun.git_dirs(["HEAD", "refs"]) == frozenset({""})
+    assert autorun.never_applied("anything", (), frozenset({""})) == autorun.BARE_REASON
+    # HEAD alone, or refs alone, is no repository.
+    assert autorun.git_dirs(["docs/HEAD", "src/refs/x", "HEADS", "a/HEAD/refs"]) == frozenset()
+
+
+def test_a_name_a_terminal_obeys_never_lands():
+    from nsbox.host import autorun
+
+    for rel in ("zzz\x1b[3J", "a/b\u202etxt.sh", "new\nline", "bad\udcff"):
+        assert autorun.never_applied(rel) == autorun.NAME_REASON, repr(rel)
+    assert autorun.never_applied("caf\u00e9/\u65e5\u672c.txt") is None
     assert autorun.runs_it("deep/dir/Makefile") == "make runs its recipes"
     assert autorun.runs_it(".github/workflows/ci.yml") == "CI runs these workflows"
     assert autorun.runs_it("src/app.py") is None

@@ -1,4 +1,4 @@
-"""Project files the host runs by itself: what apply never writes, and what review marks.
+"""Project files the host runs by itself: what never lands on the host, and what review marks.
 
 A change applied to a project lands where the host's own tools act without being asked. git
 runs ``.git/hooks/*`` and obeys ``.git/config`` (core.fsmonitor, core.sshCommand, filter and
@@ -6,9 +6,17 @@ diff drivers: each one a command), so nothing under a ``.git`` is ever applied: 
 sees the project's git directories read-only (nsbox/host/projectmasks.py), and a ``.git`` it
 makes where none was is refused here too (``git init`` keeps the hooks of a ``.git`` it
 finds; a ``sub/.git`` file can point git at a directory of the sandbox's making). A component
-is compared in any case: a case-insensitive filesystem takes ``.GIT`` for ``.git``. The
-directory that core.hooksPath names inside the project (husky's ``.husky``) holds git hooks
-as well and is refused the same way.
+is compared in any case: a case-insensitive filesystem takes ``.GIT`` for ``.git``. git takes
+a directory of any name for a repository when it holds HEAD and refs (a bare one: git looks
+for one in each directory it starts from, and safe.bareRepository admits it by default), so
+such a directory is refused the same way (``git_dirs``). The directory that core.hooksPath
+names inside the project (husky's ``.husky``) holds git hooks as well and is refused the same
+way, as git finds it: for a linked work tree (``.git`` a file) in the common directory's
+config, and through ``[include]`` files.
+
+A name with a character a terminal obeys or hides (not ``str.isprintable``) never lands
+either: every later ``ls``, file manager or script on the host would meet it as made. The same
+rule book decides what ``collect`` writes (nsbox/session/files.py).
 
 The other files a host runs by itself are applied when chosen, but the review lists them
 first, each marked with what runs it (``AUTORUN``).
@@ -19,6 +27,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from collections.abc import Iterable, Sequence
 
 from nsbox.policy.rules import secret_matcher
 
@@ -64,7 +73,18 @@ GIT_REASON = ("under .git: git runs its hooks and obeys its config on the host; 
               "applied (rule git-dir)")
 HOOKS_REASON = ("in the git hooks directory (core.hooksPath): git runs these on the host; "
                 "never applied (rule git-dir)")
+BARE_REASON = ("in a directory git takes for a repository (it holds HEAD and refs or objects): "
+               "git runs its hooks and obeys its config on the host; never applied "
+               "(rule git-dir)")
+GIT_DIR_REASONS = (GIT_REASON, BARE_REASON, HOOKS_REASON)  # listed first in review, marked
+NAME_REASON = ("its name holds a control, format or non-UTF-8 character: not written on the "
+               "host")
 _HOOKS_PATH = re.compile(r"^\s*hookspath\s*=\s*(.+?)\s*$", re.IGNORECASE)
+_INCLUDE_PATH = re.compile(r"^\s*path\s*=\s*(.+?)\s*$", re.IGNORECASE)
+_INCLUDE_DEPTH = 10  # git's own limit (config.c MAX_INCLUDE_DEPTH)
+# What makes a directory holding HEAD a repository to git (setup.c is_git_directory: objects
+# and refs; a linked work tree's git directory has a commondir instead).
+REPOSITORY_MARKS = ("refs", "objects", "commondir")
 
 
 def is_git(rel: str) -> bool:
@@ -82,26 +102,80 @@ def runs_it(rel: str) -> str | None:
     return None
 
 
-def hooks_dir(root: str) -> str | None:
-    """The directory (relative to ``root``) that core.hooksPath names, when it lies inside
-    the project; None otherwise. The project's .git/config first, then this user's and the
-    system's config (git's order: the first that sets it wins); read here, not by git: a
-    plain ``hooksPath = DIR`` in the core section (includes are not followed)."""
+def git_dirs(paths: Iterable[str]) -> frozenset[str]:
+    """The directories (in lower case; "" for the top) that git would take for a repository,
+    in the tree whose entries (at any depth; a file stands for the directories above it) are
+    ``paths``: each that holds a HEAD and a refs, objects or commondir."""
+    names: set[str] = set()
+    for path in paths:
+        parts = path.lower().split("/")
+        names.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    found = set()
+    for name in names:
+        top, _, last = name.rpartition("/")
+        if last == "head" and any(_below(top, mark) in names for mark in REPOSITORY_MARKS):
+            found.add(top)
+    return frozenset(found)
+
+
+def _below(top: str, name: str) -> str:
+    return f"{top}/{name}" if top else name
+
+
+def hooks_dirs(root: str, paths: Iterable[str] = ()) -> tuple[str, ...]:
+    """The directories (relative to ``root``) that core.hooksPath names inside the project,
+    for the work tree at ``root`` and each one below it (a ``sub/.git`` among ``paths``)."""
+    tops = {""} | {rel.rpartition("/")[0] for rel in paths
+                   if rel.rpartition("/")[2].lower() == ".git"}
+    found = {hooks for top in sorted(tops)
+             if (hooks := _hooks_dir(root, posixpath.join(root, top))) is not None}
+    return tuple(sorted(found))
+
+
+def _hooks_dir(root: str, work_tree: str) -> str | None:
+    """The directory core.hooksPath names for ``work_tree``, relative to ``root`` when it lies
+    inside; None otherwise. git's order (the last read wins, so the first found here): the
+    work tree's config.worktree, its repository's config, this user's, the system's."""
     home = os.path.expanduser("~")
     xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    for config in (os.path.join(root, ".git", "config"), os.path.join(home, ".gitconfig"),
+    for config in (*_repository_configs(work_tree), os.path.join(home, ".gitconfig"),
                    os.path.join(xdg, "git", "config"), "/etc/gitconfig"):
         value = _hooks_path(config)
         if value is None:
             continue
-        full = posixpath.normpath(posixpath.join(root, os.path.expanduser(value)))
+        full = posixpath.normpath(posixpath.join(work_tree, os.path.expanduser(value)))
         if full.startswith(root.rstrip("/") + "/"):
             return full[len(root.rstrip("/")) + 1:]
         return None
     return None
 
 
-def _hooks_path(config: str) -> str | None:
+def _repository_configs(work_tree: str) -> list[str]:
+    """The config files of the repository of ``work_tree``: ``.git/config``, or for a linked
+    work tree (``.git`` a file, "gitdir: DIR") its config.worktree and the config of the
+    common directory (DIR/commondir)."""
+    dot_git = os.path.join(work_tree, ".git")
+    if os.path.isdir(dot_git):
+        return [os.path.join(dot_git, "config.worktree"), os.path.join(dot_git, "config")]
+    first = _first_line(dot_git)
+    if not first.startswith("gitdir:"):
+        return []
+    git_dir = os.path.join(work_tree, first[len("gitdir:"):].strip())
+    common = os.path.join(git_dir, _first_line(os.path.join(git_dir, "commondir")) or ".")
+    return [os.path.join(git_dir, "config.worktree"), os.path.join(common, "config")]
+
+
+def _first_line(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline(4096).strip()
+    except OSError:
+        return ""
+
+
+def _hooks_path(config: str, depth: int = 0) -> str | None:
+    """The last core.hooksPath that ``config`` sets, an ``[include]`` or ``[includeIf]``
+    file's where it sets one (each condition taken as met: refusing more is the safe side)."""
     try:
         with open(config, encoding="utf-8", errors="replace") as f:
             lines = f.read(1024 * 1024).splitlines()
@@ -113,18 +187,30 @@ def _hooks_path(config: str) -> str | None:
         if stripped.startswith("["):
             section = stripped.strip("[]").strip().lower()
             continue
-        match = _HOOKS_PATH.match(line)
-        if section == "core" and match:
+        if section == "core" and (match := _HOOKS_PATH.match(line)):
             found = match.group(1).strip('"')  # the last one in a file wins
+        elif (section == "include" or section.startswith("includeif")) and (
+                match := _INCLUDE_PATH.match(line)) and depth < _INCLUDE_DEPTH:
+            included = os.path.join(os.path.dirname(config),
+                                    os.path.expanduser(match.group(1).strip('"')))
+            found = _hooks_path(included, depth + 1) or found
     return found
 
 
-def never_applied(rel: str, hooks: str | None) -> str | None:
-    """Why the change at ``rel`` is never applied (a git directory, the hooks directory), or
-    None."""
+def never_applied(rel: str, hooks: Sequence[str] = (),
+                  repositories: frozenset[str] = frozenset()) -> str | None:
+    """Why the change at ``rel`` never lands on the host (under a .git, in a directory git
+    takes for a repository (``git_dirs``), in a hooks directory (``hooks_dirs``), a name a
+    terminal obeys), or None."""
     if is_git(rel):
         return GIT_REASON
-    if hooks is not None and (rel.lower() == hooks.lower()
-                              or rel.lower().startswith(hooks.lower() + "/")):
+    parts = rel.lower().split("/")
+    if "" in repositories or any("/".join(parts[:i]) in repositories
+                                 for i in range(1, len(parts) + 1)):
+        return BARE_REASON
+    lowered = rel.lower()
+    if any(lowered == h.lower() or lowered.startswith(h.lower() + "/") for h in hooks):
         return HOOKS_REASON
+    if not rel.isprintable():
+        return NAME_REASON
     return None

@@ -149,7 +149,7 @@ class Project:
         self.view = projectmasks.scan(self.root, policy.project_secrets)
         self.baseline = self.view.entries
         self.masked = self.view.masked
-        self.hooks = autorun.hooks_dir(self.root)
+        self.hooks = autorun.hooks_dirs(self.root, self.baseline)
         # Group and other write never land: a root caller's file would be rewritable by any
         # local user (the sandbox's chmod 777 is its own business until then).
         self.umask = caller_umask() | 0o022
@@ -224,6 +224,10 @@ class Project:
             base = self.baseline.get(path)
             for change in self._change(path, item, base, upper):
                 out[change.path] = change
+        # The tree as apply would leave it: a directory git would take for a repository there
+        # (one the sandbox made, or a bare one of the project's) takes no change.
+        repositories = autorun.git_dirs([*self.baseline, *(
+            path for path, item in upper.items() if item.get("kind") != "whiteout")])
         result = []
         for path in sorted(out):
             change = out[path]
@@ -235,8 +239,8 @@ class Project:
             if change.kind != "symlink" and change.kind != "refused" and now != self.baseline.get(
                     path):
                 change = _with(change, conflict=True)
-            result.append(self._marked(change))
-        return sorted(result, key=lambda c: (0 if autorun.never_applied(c.path, self.hooks)
+            result.append(self._marked(change, repositories))
+        return sorted(result, key=lambda c: (0 if c.reason in autorun.GIT_DIR_REASONS
                                              else 1 if c.runs_on_host else 2, c.path))
 
     def _hidden(self, path: str) -> bool:
@@ -244,8 +248,11 @@ class Project:
         return path in self.view.masks or any(
             path == d or path.startswith(d + "/") for d in self.view.covered)
 
-    def _marked(self, change: Change) -> Change:
-        never = autorun.never_applied(change.path, self.hooks)
+    def _marked(self, change: Change, repositories: frozenset[str]) -> Change:
+        never = autorun.never_applied(change.path, self.hooks, repositories)
+        if never == autorun.NAME_REASON:
+            # Listed with its diff, never written: only a new name would land on the host.
+            return _with(change, reason=never) if change.kind == "added" else change
         if never is not None:
             kind = change.kind if change.kind in ("symlink", "refused") else "refused"
             return _with(change, kind=kind, reason=never)

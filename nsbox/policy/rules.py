@@ -107,8 +107,9 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
          "connect(2) and open(2) of these work through a read-only bind (unix(7)): a way to "
          "the host process that listens", "remove it, or bind a directory without it"),
     # --- what comes out of a sandbox: refused whatever the policy says ---
-    Rule("git-dir", "a project change under a .git (any depth, any case) or in the directory "
-         "core.hooksPath names",
+    Rule("git-dir", "a project change (or a collected file) under a .git (any depth, any "
+         "case), in a directory git takes for a repository (HEAD and refs or objects: a bare "
+         "one, by any name), or in the directory core.hooksPath names",
          "git runs hooks and obeys its config on the host, as the user who runs git",
          "the sandbox sees .git read-only; copy a file out with `nsbox session cp` and read it "
          "before placing it yourself", can_allow=False),

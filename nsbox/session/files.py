@@ -25,6 +25,7 @@ from nsbox._sys import paths
 from nsbox._sys.wire import FileEntry, FileOp, InitRequest, write_all
 from nsbox.errors import FileTransferError, PolicyError, SandboxFileNotFound
 from nsbox.host import audit as auditmod
+from nsbox.host import autorun
 from nsbox.plan import plan as planmod
 from nsbox.policy import checks
 from nsbox.policy.policy import MiB
@@ -156,17 +157,24 @@ class FileTransfer:
         """Copy the files ``files(patterns, root)`` lists into the host directory ``dest``
         (created if missing), keeping their relative paths. Returns what was copied.
 
-        A name that the sandbox made with a character a terminal obeys or hides (a control,
-        a bidi or other format character, a byte that is not UTF-8: not ``str.isprintable``)
-        is not written on the host, where every later ``ls``, file manager or script would
-        meet it as made: it is skipped with its reason (``read_file`` still reads it)."""
+        What apply never writes into a project is not written here either, each skipped
+        with its reason (nsbox/host/autorun.py; ``read_file`` still reads it): a name with a
+        character a terminal obeys or hides (a control, a bidi or other format character, a
+        byte that is not UTF-8), where every later ``ls``, file manager or script would meet
+        it as made; a file under a ``.git``, in a directory git takes for a repository, or in
+        a hooks directory of ``dest``'s repository, which git would obey or run on the host
+        (``git status`` in ``dest`` runs a core.fsmonitor the sandbox wrote)."""
+        listed = self.files(patterns, root, skipped=skipped)
+        repositories = autorun.git_dirs([info.path for info in listed]
+                                        + _repository_marks(dest, listed))
+        hooks = autorun.hooks_dirs(dest) if os.path.isdir(dest) else ()
         found = []
-        for info in self.files(patterns, root, skipped=skipped):
-            if info.path.isprintable():
+        for info in listed:
+            never = autorun.never_applied(info.path, hooks, repositories)
+            if never is None:
                 found.append(info)
             elif skipped is not None:
-                skipped.append((info.path, "its name holds a control, format or non-UTF-8 "
-                                "character: not written on the host"))
+                skipped.append((info.path, never))
         try:
             os.makedirs(dest, exist_ok=True)
             dest_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -189,6 +197,21 @@ class FileTransfer:
         finally:
             os.close(dest_fd)
         return found
+
+
+def _repository_marks(dest: str, listed: list[FileInfo]) -> list[str]:
+    """The entries of ``dest`` that make a directory a repository to git (HEAD, refs, objects,
+    commondir), in each directory a listed file would land in: a HEAD there and a refs the
+    sandbox sends make one too."""
+    marks = []
+    tops = {"/".join(parts[:i]) for info in listed
+            for parts in [info.path.split("/")] for i in range(len(parts))}
+    for top in sorted(tops):
+        for name in ("HEAD", *autorun.REPOSITORY_MARKS):
+            rel = f"{top}/{name}" if top else name
+            if os.path.lexists(os.path.join(dest, rel)):
+                marks.append(rel)
+    return marks
 
 
 def _check_relative(path: str) -> None:
