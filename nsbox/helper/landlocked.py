@@ -97,7 +97,7 @@ class LandlockCloner(Cloner):
 def prepare(launch: Launch, plan: WirePlan, held: identity.Holdings) -> None:
     """The sandbox's ids and directories, in ``plan["landlock"]``: ``ids`` [uid, gid, mapper],
     ``workspace`` (made fresh unless given), ``tmp``. Writable directories are pinned (their
-    modes put back at the end, nsbox/helper/sources.py). Raises HostError, OSError."""
+    ACLs and modes put back at the end, nsbox/helper/sources.py). Raises HostError, OSError."""
     landlock = plan["landlock"]
     ids = identity.decide(held, plan["host_uid"], plan["host_gid"])
     landlock["ids"] = [ids.uid, ids.gid, ids.mapper]

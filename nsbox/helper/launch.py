@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from nsbox.helper import pool as _helper_pool
     from nsbox.helper import spawner as _spawner
     from nsbox.helper.seccomp_notify import DeniedSyscalls
+    from nsbox.policy import identity as _identity
     from nsbox.policy import limits as _limits
 
 NAMESPACES = (
@@ -91,7 +92,7 @@ class Launch:
         self.mnt_ns = -1  # held until the report is out (hold_namespace)
         self.spawner: _spawner.Spawner | None = None  # the clone's spawner (helper/spawner.py)
         self.reaped = False
-        self.pins: list[tuple[int, int]] = []  # writable binds' directories (helper/sources.py)
+        self.pins: list[_identity.Pin] = []  # writable binds' directories (helper/sources.py)
         # Set by the clone (nsbox/helper/clone.py): the child was born in the run's cgroup
         # (clone3 into it, or a spawner's), so nothing is attached afterwards.
         self.born_in_cgroup = False

@@ -1,6 +1,7 @@
 """The bind sources of a launch, on the helper's side: each writable bind's directory pinned
-(its mode restored when the sandbox ends), and, where the helper may, every source copied as a
-detached mount (idmapped for a writable bind as root) that the child moves into place.
+(its ACLs and mode restored when the sandbox ends), and, where the helper may, every source
+copied as a detached mount (idmapped for a writable bind as root) that the child moves into
+place.
 
 Without CAP_SYS_ADMIN of the initial user namespace (a regular user, root in a container) the
 child binds each source by path with its own identity instead (nsbox/policy/identity.py).
@@ -91,11 +92,13 @@ class Sources:
 
 
 def release_pins(launch: Launch) -> None:
-    """The sandbox is gone (or never ran): its writable binds' directories get their modes
-    back (it may own them through the bind and chmod them, e.g. to 0777)."""
+    """The sandbox is gone (or never ran): its writable binds' directories get their ACLs and
+    modes back (it may own them through the bind, chmod them to 0777 or give them a default
+    ACL that every file made there later would follow). The one place for every launch: the
+    helper's, the launch engine's (nsbox/host/engine.py) and a Landlock sandbox's."""
     pins, launch.pins = launch.pins, []
-    for fd, mode in pins:
+    for held in pins:
         try:
-            identity.restore_mode(fd, mode)
+            identity.restore(held)
         finally:
-            os.close(fd)
+            os.close(held.fd)

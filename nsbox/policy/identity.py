@@ -24,6 +24,7 @@ shows one level up only; deeper ancestors are out of sight (docs/threat-model.md
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -229,21 +230,82 @@ def _writable_by(st: os.stat_result, ids: SandboxIds, source: str) -> bool:
         return False
 
 
-def pin(source: str) -> tuple[int, int]:
-    """An O_PATH descriptor of a writable bind's directory and its mode now.
+# The POSIX ACLs of a directory, as the kernel keeps them: xattrs in the format of
+# include/uapi/linux/posix_acl_xattr.h. A default ACL makes whatever is made in the directory
+# later ignore the umask (acl(5), "OBJECT CREATION AND DEFAULT ACLs"): other::rwx there gives
+# every host user the files its owner makes after the run.
+ACL_XATTRS = ("system.posix_acl_access", "system.posix_acl_default")
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A writable bind's directory, held (``pin``): its O_PATH descriptor, its mode, and its
+    ACLs as they were (name, raw value or None when it had none; none at all listed when its
+    filesystem keeps no ACLs)."""
+
+    fd: int
+    mode: int
+    acls: tuple[tuple[str, bytes | None], ...]
+
+
+def pin(source: str) -> Pin:
+    """An O_PATH descriptor of a writable bind's directory, with its mode and ACLs now.
 
     Through the bind, the sandbox may own the directory (its owner, or idmapped to it) and
-    loosen its mode (chmod 777 /workspace) for every host user to see or change; the helper
-    puts the mode back when the sandbox ends (restore_mode). The descriptor keeps the inode, so
-    a rename or a symlink swapped in meanwhile changes nothing.
+    loosen its mode (chmod 777 /workspace) or give it an ACL (a default ACL with other::rwx)
+    for every host user to see or change; the helper puts both back when the sandbox ends
+    (``restore``). The descriptor keeps the inode, so a rename or a symlink swapped in
+    meanwhile changes nothing. Only this directory: what the sandbox makes inside is its own.
     """
     fd = os.open(source, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    return fd, stat.S_IMODE(os.fstat(fd).st_mode)
+    try:
+        acls = []
+        for name in ACL_XATTRS:
+            try:
+                acls.append((name, _acl(fd, name)))
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+                # No ACLs on this filesystem: nothing to keep, none can be set.
+        return Pin(fd, stat.S_IMODE(os.fstat(fd).st_mode), tuple(acls))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _acl(fd: int, name: str) -> bytes | None:
+    """The raw xattr ``name`` of the pinned directory, None when it has none. f*xattr refuse an
+    O_PATH descriptor (EBADF); its /proc link reaches the same inode, never another path's."""
+    try:
+        return os.getxattr(f"/proc/self/fd/{fd}", name)
+    except OSError as exc:
+        if exc.errno == errno.ENODATA:
+            return None
+        raise
+
+
+def restore(held: Pin) -> bool:
+    """Put back the pinned directory's ACLs, then its mode (setting an access ACL sets the
+    mode's group bits; the chmod after sets the ACL's mask: acl(5)); False when something
+    failed (never raises: the helper calls it while reaping)."""
+    link = f"/proc/self/fd/{held.fd}"
+    done = True
+    for name, value in held.acls:
+        try:
+            now = _acl(held.fd, name)
+            if now == value:
+                continue
+            if value is None:
+                os.removexattr(link, name)
+            else:
+                os.setxattr(link, name, value)
+        except OSError:
+            done = False
+    return restore_mode(held.fd, held.mode) and done
 
 
 def restore_mode(fd: int, mode: int) -> bool:
-    """Put back the pinned directory's mode; False when that failed (never raises: the helper
-    calls it while reaping)."""
+    """Put back the pinned directory's mode; False when that failed (never raises)."""
     try:
         if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
             # fchmod refuses an O_PATH descriptor; its /proc link reaches the same inode.
