@@ -183,12 +183,14 @@ def test_session_diff_on_a_terminal_shows_every_byte_and_obeys_none(as_user: Use
         assert "+x = 1  # \\u202e\\u2066 hidden \\u2069" in text
         assert "+++ b/nl\\n+++ b/README.md" in text
         assert text.count("+++ b/README.md") == 0
-        assert text[-2].startswith("nsbox: 1 change(s) marked '!'")
+        assert text[-3].startswith("nsbox: 1 change(s) marked '!'")
+        assert text[-2].startswith(f"nsbox: to apply exactly these: nsbox session apply {sid} "
+                                   "--reviewed ")
         # The same through pipes (click removes colour codes only, and only there).
         piped = _cli(as_user, runtime, "session", "diff", sid)
         assert piped.returncode == 0
         assert obeyed(piped.stdout + piped.stderr) == []
-        assert piped.stdout.decode().splitlines() == text[:-2]
+        assert piped.stdout.decode().splitlines() == text[:-3]
         # The JSON form keeps every value exact, in printable ASCII.
         as_json = _cli(as_user, runtime, "session", "diff", "--json", sid)
         assert as_json.stdout.isascii() and obeyed(as_json.stdout) == []

@@ -271,6 +271,63 @@ def test_cli_session_diff_apply_discard(as_user: UserRunner, project: Path):
         _cli(as_user, runtime, "session", "stop", sid)
 
 
+def test_apply_with_the_review_writes_what_was_reviewed_or_nothing(as_user: UserRunner,
+                                                                   project: Path):
+    """The agent makes a harmless change, the user reviews it; before the user applies, the
+    agent's next command rewrites the reviewed file and adds another. apply with the review
+    (the CLI's token, the API's list of changes) writes nothing of it; the host keeps its
+    tree. For the same paths, an unchanged review applies."""
+    runtime, sid = _start_session(as_user, project)
+    try:
+        assert _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
+                    "printf 'def main():\\n    return 2\\n' > src/app.py").returncode == 0
+        diff = _cli(as_user, runtime, "session", "diff", sid, "src")
+        assert "+    return 2" in diff.stdout.decode()
+        hint = diff.stderr.decode().splitlines()[-1]
+        assert hint.startswith(f"nsbox: to apply exactly these: nsbox session apply {sid} "
+                               "--reviewed "), hint
+        token = hint.split("--reviewed ")[1].split()[0]
+        assert len(token) == 32 and hint.endswith(f"{token} src")
+        swapped = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
+                       f"printf 'import os\\nos.system(\\\"touch /tmp/{CANARY}\\\")\\n' "
+                       "> src/app.py; echo evil > src/evil.py")
+        assert swapped.returncode == 0, swapped.stderr
+        before = snapshot(project)
+        refused = _cli(as_user, runtime, "session", "apply", sid, "--reviewed", token, "src")
+        assert refused.returncode != 0
+        assert refused.stderr.decode().startswith(
+            "nsbox: reviewed: the changes are not the ones reviewed: the sandbox changed them "
+            "since; "
+            "nothing was applied"), refused.stderr
+        assert snapshot(project) == before  # host-side: not a byte written
+        # Reviewed again, applied as reviewed.
+        diff = _cli(as_user, runtime, "session", "diff", sid, "--json", "src")
+        token = json.loads(diff.stdout)["review"]
+        applied = _cli(as_user, runtime, "session", "apply", sid, "--reviewed", token, "src")
+        assert applied.returncode == 0, applied.stderr
+        assert sorted(applied.stdout.decode().splitlines()) == [
+            "  applied  src/app.py", "  applied  src/evil.py"]
+    finally:
+        _cli(as_user, runtime, "session", "stop", sid)
+    out = as_user.script(f"""
+s = nsbox.Session(project={str(project)!r})
+s.run(["sh", "-c", "echo one > /workspace/notes.txt"])
+reviewed = s.changes()
+s.run(["sh", "-c", "echo two > /workspace/notes.txt"])
+try:
+    s.apply(reviewed=reviewed)
+    error = None
+except nsbox.errors.PolicyError as e:
+    error = e.key
+host = open({str(project / "notes.txt")!r}).read()
+s.apply(["notes.txt"], reviewed=[c for c in s.changes() if c.path == "notes.txt"])
+emit(error=error, host=host)
+s.close()
+""")
+    assert out == {"error": "reviewed", "host": "host notes\n"}
+    assert project.joinpath("notes.txt").read_text() == "two\n"
+
+
 def test_cli_session_diff_larger_than_a_datagram(as_user: UserRunner, project: Path):
     # The supervisor's reply is about 700 KB, more than one SOCK_SEQPACKET datagram may be
     # (the socket's send buffer, about 208 KB by default).
@@ -362,10 +419,15 @@ seen = bench.changes()
 review = Reviewer(s.id)
 listed = review.changes().data
 host_before = open({readme!r}).read()
-applied = review.apply(["README.md"]).data
+try:
+    review.apply(["README.md"], "0" * 32)
+    stale = None
+except nsbox.errors.PolicyError as e:
+    stale = e.key
+applied = review.apply(["README.md"], review.changes(["README.md"]).data["review"]).data
 dropped = review.discard().data
 after = bench.changes().data
-emit(status=ran.data["status"], agent=seen.data, text=seen.text, listed=listed,
+emit(status=ran.data["status"], agent=seen.data, text=seen.text, listed=listed, stale=stale,
      host_before=host_before, applied=applied, dropped=dropped, after=after,
      agent_tools=list(AGENT_TOOLS), review_tools=list(REVIEW_TOOLS),
      bench_has=[n for n in ("apply", "discard") if hasattr(bench, n)])
@@ -379,6 +441,7 @@ s.close()
     assert out["review_tools"] == ["changes", "apply", "discard"]
     assert out["listed"]["changes"] == out["agent"]["changes"]
     assert out["host_before"] == "# app\n"  # nothing landed before the user applied
+    assert out["stale"] == "reviewed" and len(out["listed"]["review"]) == 32
     assert out["applied"] == {"applied": ["README.md"], "conflicts": [], "refused": []}
     assert out["dropped"] == {"discarded": ["notes.txt"]}
     assert out["after"]["changes"] == []

@@ -209,6 +209,7 @@ class SupervisorRequest(TypedDict, total=False):
     patterns: list[str]  # files, collect
     dest: str  # collect: an absolute host directory
     paths: list[str] | None  # changes, apply, discard
+    reviewed: str | None  # apply: the review's token (nsbox/host/project.py review_token)
 
 
 class FileEntry(TypedDict):
@@ -237,6 +238,7 @@ class SupervisorReply(TypedDict, total=False):
     files: list[FileEntry]  # files, collect
     skipped: list[Skipped]
     changes: list[dict[str, Any]]  # changes: Change.to_dict() each
+    review: str  # changes: the token of exactly these changes, for apply's "reviewed"
     applied: list[str]  # apply: ApplyReport.to_dict()
     conflicts: list[str]
     refused: list[Skipped]

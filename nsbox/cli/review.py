@@ -8,6 +8,7 @@ session's supervisor (nsbox/session/supervisor.py); ``nsbox session`` registers 
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import Any, NoReturn
 
@@ -88,11 +89,19 @@ def diff(session_id: str, paths: tuple[str, ...], summary: bool, as_json: bool) 
     if marked:
         click.echo(f"nsbox: {marked} change(s) marked '!' (listed first): files under .git, "
                    "never applied, or files the host runs by itself", err=True)
+    if reply["changes"]:
+        # A command run after this review could change what apply would write: with the
+        # token, apply writes only these changes, or nothing.
+        chosen = "".join(f" {shlex.quote(p)}" for p in paths)
+        click.echo(f"nsbox: to apply exactly these: nsbox session apply {session_id} "
+                   f"--reviewed {reply['review']}{visible.name(chosen)}", err=True)
 
 
-def _decide(op: str, session_id: str, paths: tuple[str, ...]) -> SupervisorReply:
+def _decide(op: str, session_id: str, paths: tuple[str, ...],
+            reviewed: str | None = None) -> SupervisorReply:
     try:
-        return request(session_id, {"op": op, "paths": list(paths) or None})
+        return request(session_id, {"op": op, "paths": list(paths) or None,
+                                    **({"reviewed": reviewed} if reviewed else {})})
     except NsboxError as error:
         _fail(error)
 
@@ -100,17 +109,22 @@ def _decide(op: str, session_id: str, paths: tuple[str, ...]) -> SupervisorReply
 @click.command()
 @click.argument("session_id", metavar="ID")
 @click.argument("paths", metavar="[PATH]...", nargs=-1)
-def apply(session_id: str, paths: tuple[str, ...]) -> None:
+@click.option("--reviewed", metavar="TOKEN",
+              help="Write only if the changes are still those `nsbox session diff` showed "
+                   "with this token (for the same PATHs); otherwise nothing.")
+def apply(session_id: str, paths: tuple[str, ...], reviewed: str | None) -> None:
     """Write session ID's changes to its project (all, or those at or below PATH).
 
     A file changed on the host since the session started is a conflict and is not written;
-    symlinks, hard links, FIFOs and files over the copy limit are never written.
+    symlinks, hard links, FIFOs and files over the copy limit are never written. Without
+    --reviewed, what the sandbox holds now is written, which a command run since the review
+    may have changed.
 
     \b
     Example:
-      nsbox session apply $ID src/app.py
+      nsbox session apply $ID --reviewed TOKEN src/app.py
     """
-    reply = _decide("apply", session_id, paths)
+    reply = _decide("apply", session_id, paths, reviewed)
     for path in reply["applied"]:
         click.echo(f"  applied  {visible.name(path)}")
     for path in reply["conflicts"]:

@@ -23,10 +23,12 @@ from __future__ import annotations
 import difflib
 import errno
 import hashlib
+import json
 import os
 import re
 import secrets
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -471,6 +473,16 @@ def _check_relative(path: str) -> None:
     parts = path.split("/")
     if path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in path:
         raise FileTransferError(path, "the sandbox listed a path that leaves the project")
+
+
+def review_token(changes: Sequence[Change]) -> str:
+    """A digest of exactly these changes as a review shows them (path, kind, content digest,
+    mode, symlink target, what refuses one): ``apply`` with it writes only if the changes are
+    still these. 128 bits: the sandbox makes both what is reviewed and what it would swap in,
+    so a shorter digest would let it search for two sets that share one."""
+    shown = sorted([c.path, c.kind, c.is_dir, c.sha256, c.mode, c.target, c.reason]
+                   for c in changes)
+    return hashlib.sha256(json.dumps(shown, ensure_ascii=True).encode()).hexdigest()[:32]
 
 
 def order(changes: list[Change]) -> list[Change]:

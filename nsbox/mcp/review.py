@@ -45,16 +45,22 @@ class Reviewer:
         self.session_id = session_id
         self._lock = threading.Lock()
 
-    def _request(self, op: str, paths: list[str] | None = None) -> SupervisorReply:
+    def _request(self, op: str, paths: list[str] | None = None,
+                 reviewed: str | None = None) -> SupervisorReply:
         with self._lock:
-            return request(self.session_id, {"op": op, "paths": paths or None})
+            return request(self.session_id, {"op": op, "paths": paths or None,
+                                             **({"reviewed": reviewed} if reviewed else {})})
 
-    def changes(self) -> Reply:
-        found = self._request("changes")["changes"]
-        return Reply({"changes": found}, render_changes(found))
+    def changes(self, paths: list[str] | None = None) -> Reply:
+        reply = self._request("changes", paths)
+        found = reply["changes"]
+        token = (f"\nreview token {reply['review']}: apply with it to write exactly these "
+                 "changes, or nothing" if found else "")
+        return Reply({"changes": found, "review": reply["review"]},
+                     render_changes(found) + token)
 
-    def apply(self, paths: list[str] | None = None) -> Reply:
-        report = self._request("apply", paths)
+    def apply(self, paths: list[str] | None = None, reviewed: str | None = None) -> Reply:
+        report = self._request("apply", paths, reviewed)
         lines = [f"applied: {visible.name(p)}" for p in report["applied"]]
         lines += [f"conflict (not written): {visible.name(p)}" for p in report["conflicts"]]
         lines += [f"not applied: {visible.name(r['path'])}: {visible.name(r['reason'])}"
@@ -99,14 +105,22 @@ def build_review_server(reviewer: Reviewer) -> "MCPServer":
         description="Paths relative to the project (a directory means everything below it); "
                     "none: every change")]
 
-    async def changes() -> Annotated[types.CallToolResult, schemas.ChangesOutput]:
-        """List the agent's changes to the project, with unified diffs of text files."""
-        return await call(reviewer.changes)
+    Reviewed = Annotated[str | None, Field(
+        description="The review token `changes` gave for the same paths: nothing is written "
+                    "unless the changes are still exactly those")]
 
-    async def apply(paths: Paths = None) -> Annotated[types.CallToolResult, schemas.ApplyOutput]:
+    async def changes(paths: Paths = None
+                      ) -> Annotated[types.CallToolResult, schemas.ChangesOutput]:
+        """List the agent's changes to the project, with unified diffs of text files, and
+        the review token that makes apply write exactly these."""
+        return await call(reviewer.changes, paths)
+
+    async def apply(paths: Paths = None, reviewed: Reviewed = None
+                    ) -> Annotated[types.CallToolResult, schemas.ApplyOutput]:
         """Write the chosen changes into the project; a file changed on the host since the
-        session started is reported as a conflict and not written."""
-        return await call(reviewer.apply, paths)
+        session started is reported as a conflict and not written. With ``reviewed`` (the
+        token of `changes`), nothing is written if the agent changed them since."""
+        return await call(reviewer.apply, paths, reviewed)
 
     async def discard(paths: Paths = None
                       ) -> Annotated[types.CallToolResult, schemas.DiscardOutput]:

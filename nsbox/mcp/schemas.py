@@ -68,6 +68,8 @@ class ChangesOutput(BaseModel):
     changes: list[dict[str, Any]] = Field(description="One entry per changed path: kind "
                                           "(added, modified, deleted, mode), path, diff")
     session: str | None = Field(default=None, description="The session the user reviews")
+    review: str | None = Field(default=None, description="The review token of exactly these "
+                               "changes: apply with it writes them, or nothing")
 
 
 class Refusal(BaseModel):

@@ -91,12 +91,21 @@ class ProjectReview(FileTransfer):
             contents[change.path] = part
         return contents
 
-    def apply(self, paths: Sequence[str] | None = None) -> projectmod.ApplyReport:
+    def apply(self, paths: Sequence[str] | None = None, *,
+              reviewed: Sequence[projectmod.Change] | str | None = None
+              ) -> projectmod.ApplyReport:
         """Write the chosen changes (all, or those at or below ``paths``) into the project
         directory, as this process, atomically per file. A change whose host file changed
-        since the session started is a conflict and is not written."""
+        since the session started is a conflict and is not written.
+
+        ``reviewed``: the changes the user reviewed (as ``changes(paths)`` gave them, or their
+        ``review_token``, which ``nsbox session diff`` prints); nothing is written unless the
+        chosen changes are still exactly those. Without it, apply writes what the sandbox
+        holds now, which a command run since the review may have changed."""
         project = self._project_or_refuse()
-        chosen = _choose(self.changes(diff=False), paths)
+        chosen = choose(self.changes(diff=False), paths)
+        if reviewed is not None:
+            _check_reviewed(chosen, reviewed)
         report = projectmod.ApplyReport()
         with self._lock:
             contents = self._upper([c for c in chosen if c.applicable and not c.conflict])
@@ -131,13 +140,29 @@ class ProjectReview(FileTransfer):
         sandbox changes them again). The sandbox keeps its own view until the session ends;
         nothing reaches the host."""
         project = self._project_or_refuse()
-        chosen = _choose(self.changes(diff=False), paths)
+        chosen = choose(self.changes(diff=False), paths)
         project.discard(chosen)
         return [c.path for c in chosen]
 
 
-def _choose(changes: list[projectmod.Change],
-            paths: Sequence[str] | None) -> list[projectmod.Change]:
+def review_token(changes: Sequence[projectmod.Change]) -> str:
+    """The digest ``apply(reviewed=)`` takes for exactly these changes."""
+    return projectmod.review_token(changes)
+
+
+def _check_reviewed(chosen: list[projectmod.Change],
+                    reviewed: Sequence[projectmod.Change] | str) -> None:
+    token = reviewed if isinstance(reviewed, str) else review_token(reviewed)
+    if review_token(chosen) != token:
+        raise PolicyError("the changes are not the ones reviewed: the sandbox changed them "
+                          "since; nothing was applied", key="reviewed",
+                          hint="review them again (nsbox session diff) and apply with the "
+                               "token it prints")
+
+
+def choose(changes: list[projectmod.Change],
+           paths: Sequence[str] | None) -> list[projectmod.Change]:
+    """The changes at or below ``paths`` (all for None)."""
     if paths is None:
         return changes
     if isinstance(paths, str):

@@ -18,8 +18,9 @@ checked with SO_PEERCRED on top of the directory's 0700):
   {"op": "get", "path"}          fds [memfd]      -> {"size", "sha256"} (data in the memfd)
   {"op": "files", "patterns"}                     -> {"files": [...], "skipped": [...]}
   {"op": "collect", "dest", "patterns"}           -> the same, copied into dest (absolute)
-  {"op": "changes", "paths"}                      -> {"changes": [...]} (a project session)
-  {"op": "apply", "paths"}                        -> {"applied", "conflicts", "refused"}
+  {"op": "changes", "paths"}                      -> {"changes": [...], "review": token}
+                                                     (a project session)
+  {"op": "apply", "paths", "reviewed"}            -> {"applied", "conflicts", "refused"}
   {"op": "discard", "paths"}                      -> {"discarded": [...]}
   {"op": "info"}                                  -> {"id", "pid", "commands", "idle"}
   {"op": "stop"}                                  -> {"ok": true}, then the session ends
@@ -45,6 +46,7 @@ from nsbox import errors
 from nsbox._sys import wire as _wire
 from nsbox._sys.wire import SessionRecord, SupervisorReply, SupervisorRequest
 from nsbox.errors import NsboxError, PolicyError
+from nsbox.session import review
 from nsbox.session.run import run_command
 from nsbox.session.session import Session
 
@@ -277,16 +279,14 @@ class Supervisor:
 
     def changes(self, request: SupervisorRequest, _fds: list[int], _conn: socket.socket
                 ) -> SupervisorReply:
-        wanted = request.get("paths")
-        changes = self.session.changes()
-        if wanted:
-            changes = [c for c in changes if any(c.path == w or c.path.startswith(w + "/")
-                                                 for w in wanted)]
-        return {"changes": [c.to_dict() for c in changes]}
+        changes = review.choose(self.session.changes(), request.get("paths") or None)
+        return {"changes": [c.to_dict() for c in changes],
+                "review": review.review_token(changes)}
 
     def apply(self, request: SupervisorRequest, _fds: list[int], _conn: socket.socket
               ) -> SupervisorReply:
-        return cast(SupervisorReply, self.session.apply(request.get("paths")).to_dict())
+        return cast(SupervisorReply, self.session.apply(
+            request.get("paths"), reviewed=request.get("reviewed")).to_dict())
 
     def discard(self, request: SupervisorRequest, _fds: list[int], _conn: socket.socket
                 ) -> SupervisorReply:
