@@ -312,6 +312,10 @@ def mount_dev(target: int, devices: list[str], shm_size: int) -> None:
     move_into_place(path, target)
 
 
+# The ptys of one sandbox (its --tty terminal among them): nsbox/native/devproc.c, PTY_MAX.
+PTY_MAX = 64
+
+
 def mount_devpts(dev: str) -> None:
     """The sandbox's own terminals: a new devpts instance at /dev/pts, /dev/ptmx leading to it.
 
@@ -319,12 +323,64 @@ def mount_devpts(dev: str) -> None:
     sandbox's are not visible outside (devpts in the kernel's Documentation/filesystems). No
     ``gid=tty``: gid 5 is not mapped in the sandbox's user namespace, so a pty belongs to the
     group of the process that opens it.
+
+    ``max`` caps the instance at PTY_MAX ptys. The kernel's own limit is one count for every
+    instance of the host (kernel.pty.max, of which kernel.pty.reserve is kept for the host's
+    initial devpts; Documentation/filesystems/devpts.rst): without a ``max``, one sandbox
+    opening /dev/ptmx in a loop took all 3,071 others, and every other sandbox's terminal
+    (``--tty``) failed with ENOSPC.
     """
     pts = dev + "/pts"
     os.mkdir(pts)
     _libc.mount("devpts", pts, "devpts", _libc.MS_NOSUID | _libc.MS_NOEXEC,
-                "newinstance,ptmxmode=0666,mode=0620")
+                f"newinstance,ptmxmode=0666,mode=0620,max={PTY_MAX}")
     os.symlink("pts/ptmx", dev + "/ptmx")
+
+
+# The limits of the sandbox's user namespace on what the kernel counts per user of every user
+# namespace (ucounts; /proc/sys/user, the "user" sysctls in the kernel's
+# Documentation/admin-guide/sysctl/user.rst), the same in nsbox/native/devproc.c. The kernel
+# charges each inotify instance, watch, fanotify group and mark to the user that made it in its
+# own namespace and again to the owner of each namespace above it, against that namespace's
+# limit: a sandbox's are charged to the user who launched it (host root for a root helper),
+# and a sandbox without limits of its own could take all of that user's 128 inotify
+# instances, so that its inotify_init failed with EMFILE during the run. The sandbox's
+# namespace maps one uid, so these are the sandbox's totals (docs/limits.md, "Shared kernel
+# resources"). The namespaces' own limits (max_*_namespaces) are left alone: the seccomp
+# filter refuses new namespaces, and a session's commands need pid and mount namespaces.
+USER_NAMESPACE_LIMITS = (
+    ("max_inotify_instances", 32), ("max_inotify_watches", 8192),
+    ("max_fanotify_groups", 32), ("max_fanotify_marks", 8192),
+)
+
+
+def limit_user_namespace(proc: str) -> None:
+    """Write USER_NAMESPACE_LIMITS through the new ``proc``, before its /proc/sys is read-only.
+
+    The kernel shows the writer the limits of its own user namespace, and lets it write them
+    with CAP_SYS_RESOURCE there (set_permissions in kernel/ucount.c), which the sandbox holds
+    until just before exec: afterwards nothing in the sandbox can raise them. A kernel without
+    one of them (built without fanotify; Linux 5.12 has no fanotify limits) has nothing to
+    limit there.
+    """
+    for name, value in USER_NAMESPACE_LIMITS:
+        try:
+            fd = os.open(f"{proc}/sys/user/{name}", os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise _limit_failed(name, exc) from None
+        try:
+            os.write(fd, str(value).encode())
+        except OSError as exc:
+            raise _limit_failed(name, exc) from None
+        finally:
+            os.close(fd)
+
+
+def _limit_failed(name: str, exc: OSError) -> OSError:
+    err = exc.errno or 0
+    return OSError(err, f"write('/proc/sys/user/{name}'): {os.strerror(err)}")
 
 
 def mount_proc(target: int) -> None:
@@ -332,6 +388,7 @@ def mount_proc(target: int) -> None:
     # proc mount in a user namespace (mount_too_revealing in fs/namespace.c).
     path = BUILD
     _libc.mount("proc", path, "proc", _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC)
+    limit_user_namespace(path)
     protect_proc(path, OLDROOT + "/dev/null", EMPTY)
     move_into_place(path, target)
 
