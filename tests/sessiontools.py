@@ -38,11 +38,12 @@ def find(marker):
 
 USERNS = Path(__file__).with_name("_userns.py")
 NESTED_MAPS = "0 0 1,65534 65534 1"  # root of a user namespace, as a container's
-# A network namespace of the test's own, with an address no rule of the proxy refuses: what a
-# host on the internet would be, here on that namespace's loopback device (ip-address(8)).
+# A network namespace of the test's own, where an address no rule of the proxy refuses is
+# another host: a second namespace behind a veth pair (tests/_farhost.py), not an address of
+# the test's own namespace, which the proxy refuses as "this host". Two sockets listening
+# there are passed in NSBOX_TEST_FAR_FDS.
 PUBLIC_ADDRESS = "1.2.3.4"
-OWN_NETWORK = ["unshare", "--net", "--", "sh", "-ec",
-               f"ip link set lo up; ip addr add {PUBLIC_ADDRESS}/32 dev lo; " 'exec "$@"', "sh"]
+OWN_NETWORK = [PYTHON, str(Path(__file__).with_name("_farhost.py")), PUBLIC_ADDRESS, "2"]
 
 
 class UserRunner:

@@ -9,7 +9,8 @@ link-local, in any IPv4-mapped, -compatible, NAT64, 6to4 or Teredo form) is refu
 the usual reason, never offered for approval: the host's loopback listener gets nothing.
 
 An address that can be approved is a public one: the approvals run in a network namespace of
-the test's own (root makes it; sessiontools.OWN_NETWORK), where 1.2.3.4 is a local address."""
+the test's own (root makes it; sessiontools.OWN_NETWORK), where 1.2.3.4 is another host behind
+a veth pair (an address of the namespace itself would be refused: rule "this host")."""
 
 from __future__ import annotations
 
@@ -50,10 +51,10 @@ def _own_network() -> list[str]:
     return OWN_NETWORK
 
 
-# Two HTTP servers on the public address of the test's own network, started by the script
-# (which runs in that namespace), answering "approved" and "never".
+# Two HTTP servers on the public address of the test's own network, started by the script on
+# the sockets listening there (sessiontools.OWN_NETWORK), answering "approved" and "never".
 SERVERS = f"""
-import http.server, threading
+import http.server, os, socket, threading
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.server.seen.append(self.requestline)
@@ -64,8 +65,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *args):
         pass
+far = iter(os.environ["NSBOX_TEST_FAR_FDS"].split(","))
 def serve(body):
-    server = http.server.ThreadingHTTPServer(({PUBLIC_ADDRESS!r}, 0), Handler)
+    server = http.server.ThreadingHTTPServer(({PUBLIC_ADDRESS!r}, 0), Handler,
+                                             bind_and_activate=False)
+    server.socket.close()
+    server.socket = socket.socket(fileno=int(next(far)))  # listening on the far host
+    server.server_port = server.socket.getsockname()[1]
     server.seen, server.body = [], body
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

@@ -11,9 +11,10 @@ there by the sandbox's setup and passed out as a file descriptor — so the sand
 The request's head is parsed by nsbox/host/httphead.py. The host must match the allow-list
 (nsbox.policy.netrules). The proxy resolves the name itself and connects to an address it has
 checked, never to the name again, so a DNS answer that changes between check and connect
-(rebinding) cannot steer it elsewhere. Denials get an HTTP error with
-a short reason; every attempt is recorded. One accept thread plus one thread per connection, all
-ended by ``close()``.
+(rebinding) cannot steer it elsewhere, nor to an address of the host's own interfaces
+(nsbox/host/ownaddress.py). Denials get an HTTP error with a short reason; every attempt is
+recorded, within bounds (nsbox/host/netlog.py). One accept thread plus one thread per
+connection, all ended by ``close()``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nsbox.host.httphead import MAX_HEAD, Denied, error_response, parse_head
+from nsbox.host.netlog import ProxyLog
+from nsbox.host.ownaddress import is_this_host
 from nsbox.policy.netrules import (
     AllowEntry,
     IPAddress,
@@ -48,7 +51,8 @@ class ProxyLimits:
     max_bytes: int = 256 * 1024 * 1024  # both directions, all connections of the run
     connect_timeout: float = 10.0  # seconds, to the upstream server
     idle_timeout: float = 60.0  # seconds without a byte either way
-    max_records: int = 1000  # attempts kept in the log; the rest are only counted
+    max_records: int = 1000  # allowed and refused attempts each, kept in the log per report
+    max_questions: int = 256  # distinct hosts put to ``ask`` in the proxy's life; then refused
 
 
 class _Stopped(Exception):
@@ -69,12 +73,14 @@ class NetworkProxy:
         self._listener = listener
         self._allow = allow
         # Hosts not on the list are put to ``ask`` (one question at a time); each answer is
-        # remembered for the proxy's life and logged.
+        # remembered for the proxy's life (up to ``max_questions`` of them) and logged. The
+        # approved are admitted like entries, but never count as listed literally.
         self._ask = ask
         self._ask_lock = threading.Lock()
         self._answers: dict[tuple[str, int], bool] = {}
-        self._answer_log: list[dict[str, Any]] = []
+        self._approved: tuple[AllowEntry, ...] = ()
         self._limits = limits or ProxyLimits()
+        self._log = ProxyLog(self._limits.max_records, asking=ask is not None)
         self._getaddrinfo = resolve  # the host's resolver; replaceable to test rebinding
         self._lock = threading.Lock()
         self._slot_free = threading.Condition(self._lock)
@@ -84,8 +90,6 @@ class NetworkProxy:
         self._sockets: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
         self._accept_thread: threading.Thread | None = None
-        self._records: list[tuple[float, dict[str, Any]]] = []  # (start time, record)
-        self._dropped = 0
         self._bytes = 0
         self._active = 0
         self._closed = False
@@ -141,18 +145,13 @@ class NetworkProxy:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def report(self) -> dict[str, Any]:
-        """The log of the run: every attempt in order, and totals (for Result.extra)."""
+    def report(self, reset: bool = False) -> dict[str, Any]:
+        """The log since the start, or since the last ``reset`` (each command of a session):
+        the attempts in order, the sums per destination, and totals (for Result.extra)."""
+        data = self._log.report(reset)
         with self._lock:
-            # In the order the connections began (the log's times are rounded to milliseconds).
-            records = [record for _, record in sorted(self._records, key=lambda r: r[0])]
-            return {
-                "attempts": records,
-                "attempts_dropped": self._dropped,
-                **({"answers": list(self._answer_log)} if self._ask is not None else {}),
-                "bytes_total": self._bytes,
-                "threads_left": len(self._threads),
-            }
+            data.update(bytes_total=self._bytes, threads_left=len(self._threads))
+        return data
 
     # --- accepting -----------------------------------------------------------------------------
 
@@ -176,7 +175,7 @@ class NetworkProxy:
                     raise
                 self._admit(conn)
         except Exception as exc:  # fail closed and say so; never a traceback on the host
-            self._record(None, None, None, False, f"proxy stopped: {exc}", 0, 0, time.time())
+            self._log.attempt(None, None, None, False, f"proxy stopped: {exc}", 0, 0, time.time())
         finally:
             self._listener.close()
 
@@ -217,7 +216,8 @@ class NetworkProxy:
         try:
             head, rest = self._read_head(client)
             method, host, port, default_port, new_head = parse_head(head)
-            if not any(e.matches(host, port, default_port) for e in self._allow):
+            if not any(e.matches(host, port, default_port)
+                       for e in (*self._allow, *self._approved)):
                 if self._ask is None:
                     raise Denied(403, f"{host}:{port} is not in the allow-list")
                 self._never_asked(host, port, default_port)
@@ -237,19 +237,20 @@ class NetworkProxy:
                 self._send(upstream, first)
                 up += len(first)
             up, down, end = self._relay(client, upstream, up, down)
-            self._record(method, host, port, True, end, up, down, started, address)
+            self._log.attempt(method, host, port, True, end, up, down, started, address)
         except Denied as denied:
-            self._record(method, host, port, False, denied.reason, up, down, started, address)
+            self._log.attempt(method, host, port, False, denied.reason, up, down, started, address)
             with contextlib.suppress(OSError, _Stopped):
                 self._send(client, error_response(denied.status, denied.reason))
         except _Stopped as stopped:
             reason = str(stopped) or "proxy closed"
-            self._record(method, host, port, admitted, reason, up, down, started, address)
+            self._log.attempt(method, host, port, admitted, reason, up, down, started, address)
         except OSError as exc:
-            self._record(method, host, port, admitted, f"error: {exc}", up, down, started, address)
+            reason = f"error: {exc}"
+            self._log.attempt(method, host, port, admitted, reason, up, down, started, address)
         except Exception as exc:  # a bug here must not print a traceback into the host's stderr
             reason = f"internal error: {type(exc).__name__}: {exc}"
-            self._record(method, host, port, admitted, reason, up, down, started, address)
+            self._log.attempt(method, host, port, admitted, reason, up, down, started, address)
         finally:
             for sock in (client, upstream):
                 if sock is not None:
@@ -276,8 +277,9 @@ class NetworkProxy:
 
     def _read_head(self, client: socket.socket) -> tuple[bytes, bytes]:
         client.setblocking(False)
-        data = b""
-        while b"\r\n\r\n" not in data:
+        data = bytearray()
+        end = -1
+        while end < 0:
             if len(data) > MAX_HEAD:
                 raise Denied(431, f"request head larger than {MAX_HEAD} bytes")
             self._wait(
@@ -289,9 +291,12 @@ class NetworkProxy:
                 continue
             if not chunk:
                 raise _Stopped("client closed before a request")
+            # Only the new bytes (and the 3 before them) can complete the blank line: a head
+            # trickled a byte at a time must not be scanned and copied whole on every recv.
+            start = max(0, len(data) - 3)
             data += chunk
-        head, _, rest = data.partition(b"\r\n\r\n")
-        return head, rest
+            end = data.find(b"\r\n\r\n", start)
+        return bytes(data[:end]), bytes(data[end + 4:])
 
     def _never_asked(self, host: str, port: int, default_port: int) -> None:
         """An address the rules refuse is refused as it would be if it were listed, never put
@@ -305,7 +310,7 @@ class NetworkProxy:
         literal = parse_address(host)
         if literal is None or literally_listed(self._allow, literal, port, default_port):
             return
-        why = forbidden_reason(literal)
+        why = self._forbidden(literal)
         if why is not None:
             raise Denied(403, f"{host} resolves to {why}; list that address itself to allow it")
 
@@ -315,25 +320,37 @@ class NetworkProxy:
         or an IP address as ``ipaddress`` writes it, printable ASCII only.
         An approved name is then treated as listed (its addresses still pass the rules of
         ``_resolve``); an approved IP literal as listed literally, since that very address was
-        put to the user. A callback that fails or answers anything but True refuses."""
+        put to the user. A callback that fails or answers anything but True refuses. Past
+        ``max_questions`` distinct hosts, a new one is refused without a question: the answers
+        are kept for the proxy's life, and a sandbox can name hosts without end."""
         with self._ask_lock:
             key = (host, port)
-            if key not in self._answers:
-                assert self._ask is not None
-                try:
-                    answer = self._ask(host, port) is True
-                    if answer:
-                        entry = parse_entry(f"[{host}]:{port}" if ":" in host
-                                            else f"{host}:{port}")
-                except Exception:
-                    answer = False
-                self._answers[key] = answer
-                with self._lock:
-                    self._answer_log.append({"time": round(time.time(), 3), "host": host,
-                                             "port": port, "approved": answer})
+            if key in self._answers:
+                return self._answers[key]
+            if len(self._answers) >= self._limits.max_questions:
+                self._log.not_asked()
+                raise Denied(403, f"{host}:{port} is not in the allow-list and was not asked: "
+                                  f"the limit of {self._limits.max_questions} questions of this "
+                                  "run or session was reached")
+            assert self._ask is not None
+            try:
+                answer = self._ask(host, port) is True
                 if answer:
-                    self._allow = (*self._allow, entry)
-            return self._answers[key]
+                    entry = parse_entry(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+            except Exception:
+                answer = False
+            self._answers[key] = answer
+            self._log.answer(host, port, answer, time.time())
+            if answer:
+                self._approved = (*self._approved, entry)
+            return answer
+
+    def _forbidden(self, addr: IPAddress) -> str | None:
+        """forbidden_reason, with the host's own addresses; fails closed."""
+        try:
+            return forbidden_reason(addr, is_this_host)
+        except OSError as exc:
+            return f"address {addr}, which could not be told apart from this host's own ({exc})"
 
     def _resolve(self, host: str, port: int, default_port: int) -> list[IPAddress]:
         """The addresses of ``host`` the rules allow, in the resolver's order. The proxy
@@ -354,7 +371,7 @@ class NetworkProxy:
         allowed: list[IPAddress] = []
         reasons = []
         for addr in candidates:
-            why = forbidden_reason(addr)
+            why = self._forbidden(addr)
             if why is None or literally_listed(self._allow, addr, port, default_port):
                 if unmap(addr) not in allowed:
                     allowed.append(unmap(addr))
@@ -465,33 +482,3 @@ class NetworkProxy:
                 else:
                     down += len(data)
         return up, down, "closed"
-
-    def _record(
-        self,
-        method: str | None,
-        host: str | None,
-        port: int | None,
-        allowed: bool,
-        reason: str,
-        up: int,
-        down: int,
-        started: float,
-        address: str | None = None,
-    ) -> None:
-        record = {
-            "time": round(started, 3),
-            "method": method,
-            "host": host,
-            "port": port,
-            "address": address,
-            "allowed": allowed,
-            "reason": reason,
-            "bytes_up": up,
-            "bytes_down": down,
-            "duration": round(time.time() - started, 3),
-        }
-        with self._lock:
-            if len(self._records) < self._limits.max_records:
-                self._records.append((started, record))
-            else:
-                self._dropped += 1

@@ -49,7 +49,6 @@ class RunNetwork:
         self.ask = ask  # put hosts not on the list to the embedding application
         self.proxy: NetworkProxy | None = None
         self.error: str | None = None
-        self._reported = (0, 0)  # proxy log entries and answers of ``ask`` in earlier reports
 
     def serve(self, fds: list[int]) -> None:
         """Called with the descriptors of the helper's "proxy" message; takes ownership."""
@@ -84,9 +83,9 @@ class RunNetwork:
         if self.proxy is not None:
             self.proxy.close()
 
-    def report(self) -> dict[str, Any] | None:
+    def report(self, reset: bool = False) -> dict[str, Any] | None:
         """``Result.extra["network"]``: None for the default mode, else the mode and, in allow
-        mode, the proxy's log."""
+        mode, the proxy's log (since the last ``reset``)."""
         if self.network.mode == "none":
             return None
         data: dict[str, Any] = {"mode": self.network.effective_mode}
@@ -94,25 +93,15 @@ class RunNetwork:
             data["note"] = "empty allow-list: no network"
         if self.proxy is not None:
             data["proxy"] = f"{PROXY_HOST}:{self.network.proxy_port}"
-            data.update(self.proxy.report())
+            data.update(self.proxy.report(reset))
         if self.error is not None:
             data["error"] = self.error
         return data
 
     def report_since(self) -> dict[str, Any] | None:
-        """``report`` with the attempts and answers of ``ask`` since the last call only: each
-        command of a session gets its own (the session's proxy serves them all)."""
-        data = self.report()
-        if data is None:
-            return None
-        attempts, answers = data.get("attempts"), data.get("answers")
-        seen, answered = self._reported
-        if isinstance(attempts, list):
-            data["attempts"], seen = attempts[seen:], len(attempts)
-        if isinstance(answers, list):
-            data["answers"], answered = answers[answered:], len(answers)
-        self._reported = (seen, answered)
-        return data
+        """``report`` of what happened since the last call only: each command of a session
+        gets its own log, with its own bounds (the session's proxy serves them all)."""
+        return self.report(reset=True)
 
 
 def from_options(base: Network, mode: str | None, allow_hosts: tuple[str, ...]) -> Network:

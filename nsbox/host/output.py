@@ -7,6 +7,7 @@ Used by ``nsbox.run`` and pools (nsbox/launch/launcher.py) and by sessions
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -176,14 +177,55 @@ class _Watch:
                 send_kill(self.sock, "output")
         self.kept += len(chunk)
         if stream.sink is not None:
-            try:
-                _wire.write_all(stream.sink, chunk)
-            except BrokenPipeError:
-                pass  # the reader of passthrough went away: the run goes on, capped as before
+            TERMINAL_HOLD.write(stream.sink, chunk)
             if len(stream.kept) < stream.head_limit:
                 stream.kept += chunk[:stream.head_limit - len(stream.kept)]
         else:
             stream.kept += chunk
+
+
+class TerminalHold:
+    """Output passed through (the CLI's stdout and stderr), held while nsbox asks a person on
+    the terminal (``nsbox run --ask``, nsbox/cli/oneshot.py) and sent on after the answer.
+
+    The sandbox's output goes raw to the terminal the question is drawn on; let through while
+    the question waits, it could redraw the question to name another host (CR, erase-line)
+    and the answer would go to the host asked for, not the one shown. Held, it cannot: what
+    the person answers is nsbox's question alone. One for the process, as its terminal is;
+    what it holds is what ``on_output`` let through, so no more than the run's output cap.
+    Questions come one at a time (the proxy's ask lock), so hold and release do not nest."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[tuple[int, bytes]] | None = None  # None: not holding
+
+    def write(self, fd: int, chunk: bytes) -> None:
+        with self._lock:  # taken while writing too: a hold begins after the write in progress
+            if self._held is not None:
+                self._held.append((fd, chunk))
+            else:
+                _pass_on(fd, chunk)
+
+    def hold(self) -> None:
+        with self._lock:
+            if self._held is None:
+                self._held = []
+
+    def release(self) -> None:
+        """Send on what was held, in order, and pass output through again."""
+        with self._lock:
+            held, self._held = self._held or [], None
+            for fd, chunk in held:
+                _pass_on(fd, chunk)
+
+
+def _pass_on(fd: int, chunk: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError):
+        # The reader of passthrough went away: the run goes on, capped as before.
+        _wire.write_all(fd, chunk)
+
+
+TERMINAL_HOLD = TerminalHold()
 
 
 def _kill_by_pidfd(pidfd: int, signum: int = signal.SIGKILL) -> bool:

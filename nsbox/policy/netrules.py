@@ -6,14 +6,16 @@ literal (``127.0.0.1:8080``, ``[::1]:8080``). Without a port an entry allows 443
 80 for plain HTTP requests.
 
 Names are resolved on the host side and the proxy connects to an address it has checked here.
-Addresses that lead to the host itself, its local networks or a cloud provider's metadata
-service are refused unless the allow-list names that very address as a literal.
+Addresses that lead to the host itself (its loopback, and any address of its own interfaces:
+rule "this host"), its local networks or a cloud provider's metadata service are refused unless
+the allow-list names that very address as a literal.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,21 +199,34 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _6TO4 = ipaddress.ip_network("2002::/16")
 
 
-def forbidden_reason(addr: IPAddress) -> str | None:
-    """Why the proxy must not connect to ``addr`` (unless listed literally), or None."""
+THIS_HOST = "this host"  # the rule of an address of the host's own interfaces
+
+
+def forbidden_reason(
+    addr: IPAddress, this_host: Callable[[IPAddress], bool] | None = None
+) -> str | None:
+    """Why the proxy must not connect to ``addr`` (unless listed literally), or None.
+    ``this_host`` tells whether an address is one of the host's own (nsbox/host/ownaddress.py:
+    a public or global address of its interfaces leads to its services as surely as loopback);
+    it may raise OSError, which the caller turns into a refusal."""
     if isinstance(addr, ipaddress.IPv6Address):
         embedded: ipaddress.IPv4Address | None = addr.ipv4_mapped or addr.sixtofour
         if embedded is None and addr in _NAT64:
             embedded = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
         if embedded is not None:
-            inner = forbidden_reason(embedded)
-            return f"{inner} (embedded {embedded})" if inner else None
+            inner = forbidden_reason(embedded, this_host)
+            if inner:
+                return f"{inner} (embedded {embedded})"
+            if addr.ipv4_mapped is not None:
+                return None  # the connection goes to the IPv4 address itself
         table = _DENIED_V6
     else:
         table = _DENIED_V4
     for net, why in table:
         if addr in net:
             return f"{why} address {addr}"
+    if this_host is not None and this_host(addr):
+        return f"{THIS_HOST} address {addr} (an address of its own interfaces)"
     return None
 
 
