@@ -100,6 +100,9 @@ def test_plan_carries_the_rlimits_every_run_gets() -> None:
     assert by_resource[resource.RLIMIT_FSIZE] == (M, M)
     assert by_resource[resource.RLIMIT_NPROC] == (64, 64)
     assert by_resource[resource.RLIMIT_CPU] == (3, 3)  # whole seconds, SIGKILL at the limit
+    # Charged to the launching user as well (docs/limits.md, "Shared kernel resources").
+    assert by_resource[resource.RLIMIT_MSGQUEUE] == (256 * 1024, 256 * 1024)
+    assert by_resource[resource.RLIMIT_SIGPENDING] == (4096, 4096)
     assert resource.RLIMIT_AS not in by_resource  # only a fallback: see below
     assert plan["cgroup"]["memory"] == 512 * M
 

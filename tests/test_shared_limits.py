@@ -18,9 +18,11 @@ import pytest
 from conftest import PYTHON, Runner
 from sessiontools import UserRunner, user_runner
 
+from nsbox.policy import limits
 from nsbox.sandbox import mounts
 
-# The sandbox's own limits (nsbox/sandbox/mounts.py, PTY_MAX and USER_NAMESPACE_LIMITS).
+# The sandbox's own limits (nsbox/sandbox/mounts.py, PTY_MAX and USER_NAMESPACE_LIMITS;
+# nsbox/policy/limits.py, MSGQUEUE_BYTES).
 PTY_MAX = 64
 LIMITS = {"max_inotify_instances": 32, "max_inotify_watches": 8192,
           "max_fanotify_groups": 32, "max_fanotify_marks": 8192}
@@ -39,18 +41,31 @@ while len(fds) < 200:
 print(json.dumps({"count": len(fds), "error": error}))
 """
 
-# Takes inotify instances or fanotify groups (argv[1]) until the kernel refuses (at most 1000),
-# says how many, and holds them until its stdin ends.
-HOLD_PROBE = """
-import ctypes, errno, json, os, sys
+# Makes one of argv[1]: an inotify instance, a fanotify group, or a POSIX message queue of
+# 10 messages of 8 KiB (mq_overview(7)'s defaults: about 82 KB charged to its user).
+TAKE = """
+import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
-def take():
-    if sys.argv[1] == "inotify":
+class MqAttr(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_long) for name in ("flags", "maxmsg", "msgsize", "curmsgs")]
+def take(kind, name):
+    if kind == "inotify":
         return libc.inotify_init1(os.O_CLOEXEC)
+    if kind == "mqueue":
+        return libc.mq_open(name.encode(), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600,
+                            ctypes.byref(MqAttr(0, 10, 8192, 0)))
     return libc.fanotify_init(0x200 | 1, os.O_RDONLY)  # FAN_REPORT_FID | FAN_CLOEXEC
+"""
+
+# Takes inotify instances, fanotify groups or message queues (argv[1]) until the kernel refuses
+# (at most 1000), says how many, and holds them until its stdin ends.
+HOLD_PROBE = TAKE + """
+import errno, json, sys
+def take_one():
+    return take(sys.argv[1], f"/nsbox-probe-{len(fds)}")
 fds, error = [], ""
 while len(fds) < 1000:
-    fd = take()
+    fd = take_one()
     if fd < 0:
         error = errno.errorcode[ctypes.get_errno()]
         break
@@ -70,11 +85,12 @@ probe = subprocess.Popen(
     [sys.executable, "-m", "nsbox", "run", "-q", "--", "/usr/bin/python3", "-c", {probe!r},
      kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd="/")
 held = json.loads(probe.stdout.readline() or "null")
-if kind == "inotify":
-    fd = libc.inotify_init1(os.O_CLOEXEC)
-else:
-    fd = libc.fanotify_init(0x200 | 1, os.O_RDONLY)
+exec({take!r})
+name = f"/nsbox-test-{{os.getpid()}}"
+fd = take(kind, name)
 own = "" if fd >= 0 else os.strerror(ctypes.get_errno())
+if kind == "mqueue" and fd >= 0:
+    libc.mq_unlink(name.encode())
 probe.stdin.close()
 emit(held=held, own=own, code=probe.wait(timeout=60))
 """
@@ -89,6 +105,40 @@ def _core_env() -> dict[str, str]:
     """The launch core under test, for a CLI run the test starts."""
     return {name: os.environ[name] for name in ("NSBOX_NATIVE", "NSBOX_ENGINE")
             if name in os.environ}
+
+
+def test_a_sandbox_leaves_its_owner_message_queues(as_user: UserRunner) -> None:
+    """POSIX message queues are charged to the user who launched the sandbox too, against
+    that user's RLIMIT_MSGQUEUE (819200 bytes): without the sandbox's own rlimit it made 9 and
+    the owner's mq_open failed EMFILE. With 256 KiB of its own it makes 3 (82 KB each)."""
+    body = OWNER.format(kind="mqueue", tree=str(as_user.tree), core_env=_core_env(),
+                        probe=HOLD_PROBE, take=TAKE)
+    found = as_user.script(body)
+    assert found == {"held": {"count": 3, "error": "EMFILE"}, "own": "", "code": 0}
+
+
+# Queues a blocked real-time signal to itself until the kernel refuses (at most 5000 times).
+# sigqueue(3), not kill(2): past the limit the kernel drops a kill's real-time signal silently.
+SIGNAL_PROBE = """
+import ctypes, errno, json, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+count, error = 0, ""
+while count < 5000:
+    if libc.sigqueue(os.getpid(), int(signal.SIGRTMIN), ctypes.c_long(0)) != 0:
+        error = errno.errorcode[ctypes.get_errno()]
+        break
+    count += 1
+print(json.dumps({"count": count, "error": error}))
+"""
+
+
+def test_a_sandbox_queues_at_most_its_own_pending_signals(sandbox: Runner) -> None:
+    """Queued signals are charged to the launching user as well, against its
+    RLIMIT_SIGPENDING: the sandbox has a limit of its own (sigqueue(3): EAGAIN past it)."""
+    result = sandbox.run([PYTHON, "-c", SIGNAL_PROBE])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"count": limits.PENDING_SIGNALS, "error": "EAGAIN"}
 
 
 def test_a_sandbox_opens_at_most_its_own_ptys(sandbox: Runner) -> None:
@@ -107,7 +157,7 @@ def test_a_sandbox_leaves_its_owner_inotify_and_fanotify(as_user: UserRunner,
     the user who launched it: without the sandbox's own limit, the sandbox took all of the
     owner's (128 for root here) and the owner's own inotify_init failed EMFILE."""
     body = OWNER.format(kind=kind, tree=str(as_user.tree), core_env=_core_env(),
-                        probe=HOLD_PROBE)
+                        probe=HOLD_PROBE, take=TAKE)
     found = as_user.script(body)
     limit = LIMITS["max_inotify_instances" if kind == "inotify" else "max_fanotify_groups"]
     assert found == {"held": {"count": limit, "error": "EMFILE"}, "own": "", "code": 0}

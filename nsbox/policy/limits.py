@@ -66,6 +66,10 @@ def _nproc_counts_per_user_namespace() -> bool:
     return (major, minor) >= (5, 14)
 
 
+MSGQUEUE_BYTES = 256 * 1024  # a quarter of Linux's default (819200: mq_overview(7))
+PENDING_SIGNALS = 4096
+
+
 def plan_limits(limits: Limits) -> dict[str, Any]:
     """The Plan's part for limits: ``rlimits`` ([resource, soft, hard] lists) and ``cgroup``.
     The values were checked when the Limits were made (nsbox/policy/policy.py); a CPU share is
@@ -73,6 +77,13 @@ def plan_limits(limits: Limits) -> dict[str, Any]:
     rlimits = [
         [resource.RLIMIT_CORE, 0, 0],  # no core dumps: they would write the sandbox's memory out
         _rlimit(resource.RLIMIT_NOFILE, limits.open_files),
+        # Counted in the sandbox's user namespace and again for the user who launched it,
+        # against that user's own limit (ucounts, Linux 5.14): without limits of its own a
+        # sandbox's POSIX message queues took all of host root's 819200 bytes (root's
+        # mq_open(3) then failed with EMFILE), and its queued signals could take root's
+        # RLIMIT_SIGPENDING (sigqueue(3): EAGAIN). docs/limits.md, "Shared kernel resources".
+        _rlimit(resource.RLIMIT_MSGQUEUE, MSGQUEUE_BYTES),
+        _rlimit(resource.RLIMIT_SIGPENDING, PENDING_SIGNALS),
     ]
     if limits.file_size is not None:
         rlimits.append(_rlimit(resource.RLIMIT_FSIZE, limits.file_size))
