@@ -367,6 +367,48 @@ def test_collect_writes_no_git_directory_and_no_repository(as_user: UserRunner):
         _commit_on_the_host(dest, as_user)
 
 
+def test_collect_and_cp_write_a_new_file_never_into_an_existing_one(as_user: UserRunner):
+    """A file the sandbox sends lands as a new file renamed over the name: an existing file
+    there is never written into, so a hard link to a file elsewhere keeps that file as it was,
+    a setuid file does not become a setuid copy of the sandbox's program (root writing keeps
+    the bit: CAP_FSETID), and a world-writable one does not stay open to every user."""
+    for dest in _make_project(as_user, git=False):
+        runtime = dest.parent / "runtime"
+        outside = dest.parent / "outside.txt"
+        outside.write_text("host\n")
+        os.link(outside, dest / "notes.txt")
+        for name, mode in (("tool", 0o4755), ("tool2", 0o4755), ("ww.txt", 0o666)):
+            (dest / name).write_text("host\n")
+            (dest / name).chmod(mode)
+        if os.geteuid() == 0:
+            for path in (outside, dest / "tool", dest / "tool2", dest / "ww.txt"):
+                os.chown(path, _owner(as_user), _owner(as_user))
+                os.chmod(path, stat.S_IMODE(path.lstat().st_mode))  # chown cleared set-id
+            (dest / "tool").chmod(0o4755)
+            (dest / "tool2").chmod(0o4755)
+        start = _cli(as_user, runtime, "session", "start")
+        assert start.returncode == 0, start.stderr
+        sid = start.stdout.decode().strip()
+        try:
+            made = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
+                        "echo sandbox > notes.txt; cp /usr/bin/id tool; echo sandbox > ww.txt")
+            assert made.returncode == 0, made.stderr
+            collected = _cli(as_user, runtime, "session", "collect", sid, "--dest", str(dest))
+            assert collected.returncode == 0, collected.stderr
+            copied = _cli(as_user, runtime, "session", "cp", f"{sid}:tool", str(dest / "tool2"))
+            assert copied.returncode == 0, copied.stderr
+        finally:
+            _cli(as_user, runtime, "session", "stop", sid)
+        # Host-side evidence: the file elsewhere is untouched; no set-id bit, no world write.
+        assert outside.read_text() == "host\n"
+        assert (dest / "notes.txt").read_text() == "sandbox\n"
+        assert (dest / "notes.txt").stat().st_nlink == 1
+        for name in ("tool", "tool2"):
+            assert (dest / name).read_bytes() == Path("/usr/bin/id").read_bytes()
+            assert stat.S_IMODE((dest / name).stat().st_mode) & 0o7000 == 0, name
+        assert stat.S_IMODE((dest / "ww.txt").stat().st_mode) & 0o022 == 0
+
+
 def test_run_project_and_listings_show_names_escaped(as_user: UserRunner, project: Path):
     """`nsbox run --project` (its "added NAME" lines), `session ls`, `session collect` and a
     file transfer error quoting a sandbox-made name: all escaped, on a terminal."""

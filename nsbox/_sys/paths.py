@@ -7,13 +7,16 @@ component is opened with O_NOFOLLOW relative to the one before (openat(2)), so a
 planted anywhere on the way fails with ELOOP instead of being followed out of the tree, and a
 file in the way with ENOTDIR; the OSError's filename is the component that failed. ``walk`` is
 the loop itself, which the Python child's mount targets (nsbox/sandbox/mounts.py) and a bind
-source without openat2 (nsbox/_sys/libc.py) take too.
+source without openat2 (nsbox/_sys/libc.py) take too. ``replace_file`` is the one way the host
+writes a file a sandbox made: a new inode, renamed over the name.
 Imported by every side: nothing here may import more than the standard library.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import stat
 from collections.abc import Callable, Iterable
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -64,3 +67,56 @@ def open_dir_below(start: int, parts: Iterable[str], *, create: bool = False) ->
         return os.open(part, _DIR_FLAGS, dir_fd=fd)
 
     return walk(start, parts, open_next, close_start=True)
+
+
+def replace_file(dir_fd: int, name: str, chunks: Iterable[bytes], mode: int) -> None:
+    """Write ``chunks`` as the file ``name`` of the directory ``dir_fd``, atomically: a new file
+    beside it (O_EXCL, O_NOFOLLOW), its mode set to exactly ``mode``, fsync, rename(2) over
+    the name. Never into an existing file: writing in place would keep its inode, and with it a
+    hard link elsewhere, a group or world write, or a set-id bit that a caller with CAP_FSETID
+    (root) does not clear by writing (a sandbox's program written into a setuid file stays
+    setuid). A name that is there and is not a regular file (a directory, a FIFO) is refused:
+    IsADirectoryError, or OSError EEXIST."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        pass
+    else:
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(21, "Is a directory", name)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            raise FileExistsError(17, "not a regular file", name)
+    tmp = f".{name[:200]}.nsbox-{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600, dir_fd=dir_fd)
+    try:
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
+        os.fchmod(fd, mode & 0o777)  # never a set-id bit
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.close(fd)
+    try:
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces a symlink itself
+    except BaseException:
+        os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.fsync(dir_fd)
+
+
+def caller_umask() -> int:
+    """This process's umask, read without changing it (os.umask would, for every thread):
+    proc(5), the Umask line of /proc/self/status (Linux 4.7)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from nsbox import errors, visible
+from nsbox._sys import paths
 from nsbox._sys.wire import FileEntry, SupervisorReply, SupervisorRequest, SupervisorStart
 from nsbox.cli import options as _options
 from nsbox.cli import review, shared
@@ -314,10 +315,10 @@ def cp(source: str, dest: str) -> None:
             reply = request(session_id, {"op": "get", "path": path}, [memfd])
             if os.path.isdir(dest):
                 dest = os.path.join(dest, os.path.basename(path.rstrip("/")))
-            os.lseek(memfd, 0, os.SEEK_SET)
-            with os.fdopen(memfd, "rb") as src, open(dest, "wb") as out:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
+            try:
+                _write_out(memfd, dest)
+            finally:
+                os.close(memfd)
             click.echo(f"{dest}: {reply['size']} bytes, sha256 {reply['sha256']}", err=True)
         elif remote_dest and not remote_src:
             session_id, path = remote_dest.groups()
@@ -336,6 +337,24 @@ def cp(source: str, dest: str) -> None:
             raise click.UsageError("exactly one of SOURCE and DEST must be ID:PATH")
     except NsboxError as error:
         shared.fail(error)
+
+
+def _write_out(memfd: int, dest: str) -> None:
+    """The file a session sent (in ``memfd``) as the host file ``dest``: a new file renamed
+    over the name, never written into an existing one, whose set-id bit or hard link would
+    take the sandbox's bytes (nsbox/_sys/paths.py, replace_file)."""
+    try:
+        dir_fd = os.open(os.path.dirname(os.path.abspath(dest)),
+                         os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.lseek(memfd, 0, os.SEEK_SET)
+            chunks = iter(lambda: os.read(memfd, 1 << 20), b"")
+            paths.replace_file(dir_fd, os.path.basename(dest), chunks,
+                               0o666 & ~paths.caller_umask())
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise NsboxError(f"cannot write {visible.name(dest)}: {exc.strerror or exc}") from None
 
 
 @session.command(name="ls")

@@ -26,14 +26,13 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nsbox import visible
-from nsbox._sys.paths import open_dir_beneath
+from nsbox._sys.paths import caller_umask, open_dir_beneath, replace_file
 from nsbox.errors import FileTransferError, PolicyError, SetupError
 from nsbox.host import autorun, pathrules, projectmasks
 from nsbox.host.projectmasks import Entry
@@ -358,30 +357,11 @@ class Project:
 
     def write(self, change: Change, data: bytes) -> None:
         """Write ``data`` at the change's path atomically: a new file beside it, fsync, rename
-        (rename(2) replaces the name, never follows it)."""
+        (rename(2) replaces the name, never follows it; nsbox/_sys/paths.py)."""
         dir_fd, name = self._open_parent(change.path, create=True)
         try:
-            tmp = f".{name}.nsbox-{secrets.token_hex(4)}"
             mode = (change.mode if change.mode is not None else 0o644) & 0o777 & ~self.umask
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fchmod(fd, mode)  # never a set-id bit, nor group or other write
-                os.fsync(fd)
-            except BaseException:
-                os.close(fd)
-                os.unlink(tmp, dir_fd=dir_fd)
-                raise
-            os.close(fd)
-            try:
-                os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except OSError:
-                os.unlink(tmp, dir_fd=dir_fd)
-                raise
-            os.fsync(dir_fd)
+            replace_file(dir_fd, name, [data], mode)  # no set-id bit, no group or other write
         finally:
             os.close(dir_fd)
         self._record(change.path)
@@ -445,19 +425,6 @@ def _size(value: Any) -> int | None:
 def _ended(line: str) -> str:
     """A diff line ends with a newline, also the last line of a file that has none."""
     return line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
-
-
-def caller_umask() -> int:
-    """This process's umask, read without changing it (os.umask would, for every thread):
-    proc(5), the Umask line of /proc/self/status (Linux 4.7)."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
 
 
 def _text(data: bytes) -> str | None:

@@ -16,13 +16,12 @@ import hashlib
 import json
 import os
 import re
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from nsbox._sys import paths
-from nsbox._sys.wire import FileEntry, FileOp, InitRequest, write_all
+from nsbox._sys.wire import FileEntry, FileOp, InitRequest
 from nsbox.errors import FileTransferError, PolicyError, SandboxFileNotFound
 from nsbox.host import audit as auditmod
 from nsbox.host import autorun
@@ -158,12 +157,14 @@ class FileTransfer:
         (created if missing), keeping their relative paths. Returns what was copied.
 
         What apply never writes into a project is not written here either, each skipped
-        with its reason (nsbox/host/autorun.py; ``read_file`` still reads it): a name with a
+        with its reason (``read_file`` still reads it): a name with a
         character a terminal obeys or hides (a control, a bidi or other format character, a
         byte that is not UTF-8), where every later ``ls``, file manager or script would meet
         it as made; a file under a ``.git``, in a directory git takes for a repository, or in
         a hooks directory of ``dest``'s repository, which git would obey or run on the host
-        (``git status`` in ``dest`` runs a core.fsmonitor the sandbox wrote)."""
+        (``git status`` in ``dest`` runs a core.fsmonitor the sandbox wrote). docs/sessions.md,
+        "A project's changes", says which. Each file is written as a new one, renamed over the
+        name: an existing file's inode (a setuid file, a hard link) never takes the bytes."""
         listed = self.files(patterns, root, skipped=skipped)
         repositories = autorun.git_dirs([info.path for info in listed]
                                         + _repository_marks(dest, listed))
@@ -223,23 +224,15 @@ def _check_relative(path: str) -> None:
 
 def _write_below(dest_fd: int, path: str, data: bytes, mode: int) -> None:
     """Write ``data`` at ``path`` below the directory ``dest_fd``, creating directories and
-    never following a symlink on the way."""
+    never following a symlink on the way; a new file renamed over the name, never written into
+    an existing one (nsbox/_sys/paths.py, replace_file: a setuid file or a hard link there
+    would take the sandbox's bytes)."""
     _check_relative(path)
     *dirs, name = path.split("/")
     fd = paths.open_dir_below(os.dup(dest_fd), dirs, create=True)
     try:
-        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                      | os.O_CLOEXEC, mode, dir_fd=fd)
-        try:
-            if not stat.S_ISREG(os.fstat(out).st_mode):
-                raise FileTransferError(path, "the destination is not a regular file")
-            os.ftruncate(out, 0)
-            try:
-                write_all(out, data)
-            except OSError:
-                os.unlink(name, dir_fd=fd)  # no truncated copy is left behind (ENOSPC)
-                raise
-        finally:
-            os.close(out)
+        paths.replace_file(fd, name, [data], mode & ~paths.caller_umask())
+    except (IsADirectoryError, FileExistsError):
+        raise FileTransferError(path, "the destination is not a regular file") from None
     finally:
         os.close(fd)
