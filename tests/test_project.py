@@ -328,6 +328,50 @@ s.close()
     assert project.joinpath("notes.txt").read_text() == "two\n"
 
 
+CHANGE_EVERY_OTHER = """
+rows = open("/workspace/data.csv").read().splitlines(True)
+open("/workspace/data.csv", "w").write("".join(r if i % 2 else "changed," + r
+                                               for i, r in enumerate(rows)))
+open("/workspace/big.txt", "w").write("short\\n")
+"""
+CHANGE_ONE = """
+rows = open("/workspace/data.csv").read().splitlines(True)
+rows = [r[len("changed,"):] if r.startswith("changed,") else r for r in rows]
+rows[12000] = "one line changed\\n"
+open("/workspace/data.csv", "w").write("".join(rows))
+"""
+
+
+def test_a_diff_costs_the_host_little_whatever_the_sandbox_changed(as_user: UserRunner,
+                                                                     project: Path):
+    """difflib's work grows with the product of the lines that differ: a sandbox that changes
+    every other line of a large file of unique lines (a CSV) kept the review busy for most of a
+    minute. Such a change is listed without a diff, with why; one line changed in the same
+    file still has its diff; a host file over the diff limit is never diffed against nothing."""
+    rows = [f"{i},{i * 7919 % 100003},row-{i}\n" for i in range(25_000)]
+    project.joinpath("data.csv").write_text("".join(rows))
+    project.joinpath("big.txt").write_text("x" * 100 + "\n" * (1 << 20))
+    if os.geteuid() == 0:
+        owner = project.stat()
+        for name in ("data.csv", "big.txt"):
+            os.chown(project / name, owner.st_uid, owner.st_gid)
+    out = as_user.script(f"""
+s = nsbox.Session(project={str(project)!r})
+s.run(["python3", "-c", {CHANGE_EVERY_OTHER!r}])
+seen = {{c.path: [c.kind, c.diff is not None, c.no_diff] for c in s.changes()}}
+s.run(["python3", "-c", {CHANGE_ONE!r}])
+one = [c.diff for c in s.changes() if c.path == "data.csv"][0]
+emit(seen=seen, one=one)
+s.close()
+""")
+    assert out["seen"]["data.csv"] == [
+        "modified", False, "too many lines changed to diff here (25000 and 25000 lines)"]
+    assert out["seen"]["big.txt"] == [
+        "modified", False, "the host's file is over 1 MiB, or could not be read"]
+    added = [line for line in out["one"].splitlines() if line.startswith("+")]
+    assert added == ["+++ b/data.csv", "+one line changed"]
+
+
 def test_cli_session_diff_larger_than_a_datagram(as_user: UserRunner, project: Path):
     # The supervisor's reply is about 700 KB, more than one SOCK_SEQPACKET datagram may be
     # (the socket's send buffer, about 208 KB by default).

@@ -49,6 +49,9 @@ def _notes(item: dict[str, Any]) -> str:
         note += f" -> {visible.quoted(item.get('target'))}"
     elif item.get("binary"):
         note += f" binary, {item.get('size')} bytes, sha256 {item.get('sha256')}"
+    elif item.get("no_diff"):
+        note += (f" ({visible.name(item['no_diff'])}), {item.get('size')} bytes, "
+                 f"sha256 {item.get('sha256')}")
     if item.get("runs_on_host"):
         note += f" [runs on the host: {visible.name(item['runs_on_host'])}]"
     return note

@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 UPPER = "/.nsbox-project/upper"  # the sandbox's upper layer (nsbox/sandbox/projectfs.py UPPER)
 MAX_CHANGES = 20_000  # changed entries listed
 DIFF_MAX = 1024 * 1024  # text files up to this size get a unified diff
+# difflib's work grows with the product of the two sides' lines where they differ: a sandbox
+# that changed every other line of a 25,000-line file kept the host's review at 90% of a core
+# for 49 s. Past this product (lines after the common head and tail are set aside; a few
+# tenths of a second) the change is listed with its sizes and digest, without a diff.
+DIFF_WORK = 4_000_000
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _LINES = re.compile(r"[^\n]*\n|[^\n]+")
 
@@ -64,6 +69,7 @@ class Change:
     target: str | None = None  # of a symlink
     diff: str | None = None  # unified diff of a text file
     binary: bool = False
+    no_diff: str | None = None  # why a text file's change has no diff (too many lines changed)
     conflict: bool = False  # the host's file changed since the session started
     reason: str | None = None
     runs_on_host: str | None = None  # what on the host runs this file by itself (autorun.py)
@@ -332,20 +338,27 @@ class Project:
         """``change`` with a unified diff when old and new are text, else marked binary."""
         if change.kind not in ("added", "modified") or change.is_dir:
             return change
-        old = b""
+        old: bytes | None = b""
         if change.kind == "modified":
             try:
-                old = self.host_read(change.path, DIFF_MAX) or b""
+                old = self.host_read(change.path, DIFF_MAX)  # None: over the limit
             except OSError:
-                old = b""
+                old = None  # no diff rather than one against an empty file
+        if old is None:
+            return _with(change, no_diff=f"the host's file is over {DIFF_MAX >> 20} MiB, or "
+                                         "could not be read")
         old_text, new_text = _text(old), _text(new) if new is not None else None
         if old_text is None or new_text is None:
             return _with(change, binary=True)
         # Lines end at "\n" only (str.splitlines would also cut at CR, FF, U+2028...), and
         # the headers show the path escaped: a name holding "\n+++ b/x" forges no header.
+        old_lines, new_lines = _LINES.findall(old_text), _LINES.findall(new_text)
+        if _diff_work(old_lines, new_lines) > DIFF_WORK:
+            return _with(change, no_diff=f"too many lines changed to diff here "
+                                         f"({len(old_lines)} and {len(new_lines)} lines)")
         name = visible.name(change.path)
         lines = difflib.unified_diff(
-            _LINES.findall(old_text), _LINES.findall(new_text),
+            old_lines, new_lines,
             fromfile="/dev/null" if change.kind == "added" else f"a/{name}",
             tofile=f"b/{name}")
         return _with(change, diff="".join(_ended(line) for line in lines))
@@ -420,6 +433,18 @@ def _with(change: Change, **values: Any) -> Change:
 
 def _size(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _diff_work(old: list[str], new: list[str]) -> int:
+    """The product of the two sides' lines once their common head and tail are set aside."""
+    head = 0
+    while head < len(old) and head < len(new) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while (tail < len(old) - head and tail < len(new) - head
+           and old[-1 - tail] == new[-1 - tail]):
+        tail += 1
+    return (len(old) - head - tail) * (len(new) - head - tail)
 
 
 def _ended(line: str) -> str:
