@@ -144,3 +144,40 @@ def test_run_in_seccomp_learning_mode_records_the_denied_syscalls(tmp_path: Path
     assert record["seccomp_denied"] == result.extra["seccomp_denied"]
     assert record["files_produced"] is None
     assert record["session"] is None
+
+
+MANY_FILES = r"""
+import os
+for i in range(1000):
+    name = f"{i:04d}-" + "\x01" * 200
+    open(name, "w").write(str(i))
+"""
+
+
+def test_the_record_stays_small_whatever_the_sandbox_makes(tmp_path: Path):
+    """A sandbox chooses how many files it makes and how long their names are: 1000 names of
+    control characters (each 6 bytes as JSON) made a line of 15 MB per command. The record
+    lists the first 100, paths cut, with how many more and a digest of the whole list."""
+    log = tmp_path / "audit.jsonl"
+    result = nsbox.run(["python3", "-c", MANY_FILES], audit=str(log), timeout=30)
+    assert result.status == nsbox.Status.OK, result.stderr
+    (record,) = lines(log)
+    produced = record["files_produced"]
+    assert len(produced) == 100 and record["files_produced_more"] == 900
+    assert all(len(entry["path"]) <= 512 for entry in produced)
+    assert produced[0]["path"] == "0000-" + "\x01" * 200
+    assert len(record["files_produced_digest"]) == 64
+    assert log.stat().st_size < 200_000
+
+
+def test_a_long_path_is_cut_and_the_list_keeps_its_digest():
+    from nsbox.host import audit
+
+    files = [{"path": "d/" * 400 + "f", "size": 1, "sha256": "0" * 64}]
+    out = audit.produced_files(files)
+    assert out["files_produced"] == [{"path": ("d/" * 400)[:512], "size": 1,
+                                      "sha256": "0" * 64, "path_truncated": True}]
+    assert out["files_produced_more"] == 0
+    whole = json.dumps(files, sort_keys=True).encode()
+    assert out["files_produced_digest"] == hashlib.sha256(whole).hexdigest()
+    assert audit.produced_files(files[:0]) == {"files_produced": []}

@@ -100,8 +100,34 @@ def command_record(
         }
         record["network"] = result.extra.get("network")
         record["seccomp_denied"] = result.extra.get("seccomp_denied")
-    record["files_produced"] = list(files_produced)
+    record.update(produced_files(list(files_produced)))
     return record
+
+
+# The files a command produced, as the record lists them: a sandbox chooses how many and how
+# long their names are (1000 names of escapes made a 15 MB line per command).
+PRODUCED_LISTED = 100
+PATH_KEPT = 512  # characters of a listed path
+
+
+def produced_files(files: list[dict[str, Any]]) -> dict[str, Any]:
+    """``files_produced``: the first PRODUCED_LISTED, each path cut at PATH_KEPT characters
+    (``path_truncated``); past them ``files_produced_more`` (how many) and
+    ``files_produced_digest``, the SHA-256 of the whole list (canonical JSON), which the
+    workspace's listing can be checked against."""
+    listed = []
+    for entry in files[:PRODUCED_LISTED]:
+        path = entry.get("path")
+        if isinstance(path, str) and len(path) > PATH_KEPT:
+            entry = {**entry, "path": path[:PATH_KEPT], "path_truncated": True}
+        listed.append(entry)
+    out: dict[str, Any] = {"files_produced": listed}
+    if len(files) > PRODUCED_LISTED or len(listed) != len(files) or any(
+            "path_truncated" in e for e in listed):
+        whole = json.dumps(visible.json_ready(files), sort_keys=True).encode()
+        out["files_produced_more"] = len(files) - len(listed)
+        out["files_produced_digest"] = hashlib.sha256(whole).hexdigest()
+    return out
 
 
 def redact(value: Any, secrets: Iterable[str]) -> Any:
