@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -238,3 +240,25 @@ def test_session_exec_options_stop_at_the_id(cli: Cli):
         assert b"Missing argument 'COMMAND...'" in missing.stderr
     finally:
         cli("session", "stop", sid)
+
+
+def test_without_a_runtime_directory_the_home_is_used_before_tmp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Without $XDG_RUNTIME_DIR or /run/user/UID (root here), /tmp/nsbox-UID is a name any
+    local user could make first, and every session command would then refuse: a private home
+    comes before it. A home others may write in does not."""
+    import nsbox.session.supervisor as supervisor
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(supervisor, "RUN_USER", str(tmp_path / "no-run-user"))
+    home = Path(tempfile.mkdtemp(prefix="nsbox-home-", dir="/tmp"))  # short: a socket's path
+    try:
+        os.chmod(home, 0o755)
+        monkeypatch.setenv("HOME", str(home))
+        made = Path(runtime_dir())
+        assert made == home / ".local" / "state" / "nsbox"
+        assert made.stat().st_mode & 0o777 == 0o700
+        os.chmod(home, 0o777)
+        assert runtime_dir() == f"/tmp/nsbox-{os.getuid()}"
+    finally:
+        shutil.rmtree(home)

@@ -58,18 +58,43 @@ TITLES = (b"nsbox.cli.supervisor", b"nsbox._supervisor")
 # --- the user's private runtime directory ----------------------------------------------------
 
 
+RUN_USER = "/run/user"  # the login manager's runtime directories (pam_systemd)
+_SOCKET_ROOM = 100  # sun_path holds 108 bytes (unix(7)): the directory, "/", ID.sock
+
+
 def runtime_dir() -> str:
     """The invoking user's private directory for session sockets, created if missing.
 
     $XDG_RUNTIME_DIR/nsbox or /run/user/UID/nsbox when that base is the user's own 0700
-    directory, else /tmp/nsbox-UID. An existing directory is used only if it is a real
-    directory (not a symlink) owned by the user with no access for group or others.
+    directory; else ~/.local/state/nsbox when the home is the user's own and no one else may
+    write in it; else /tmp/nsbox-UID, a name any local user could take first (the command then
+    says so). An existing directory is used only if it is a real directory (not a symlink)
+    owned by the user with no access for group or others.
     """
     uid = os.getuid()
-    for base in (os.environ.get("XDG_RUNTIME_DIR"), f"/run/user/{uid}"):
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), f"{RUN_USER}/{uid}"):
         if base and _private_dir(base, uid):
             return _ensure_private(os.path.join(base, "nsbox"), uid)
+    home = os.path.expanduser("~")
+    state = os.path.join(home, ".local", "state")
+    if _own_home(home, uid) and len(state) + len("/nsbox/") + 20 < _SOCKET_ROOM:
+        try:
+            os.makedirs(state, mode=0o700, exist_ok=True)
+        except OSError:
+            pass  # a read-only home: /tmp then
+        else:
+            return _ensure_private(os.path.join(state, "nsbox"), uid)
     return _ensure_private(f"/tmp/nsbox-{uid}", uid)
+
+
+def _own_home(path: str, uid: int) -> bool:
+    """A home that is the user's own directory, in which no one else may make a name (a
+    symlink to plant where the runtime directory goes)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022
 
 
 def _private_dir(path: str, uid: int) -> bool:
