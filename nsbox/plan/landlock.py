@@ -137,10 +137,13 @@ def weaker(policy: Policy, abi: int, own_uid: bool) -> list[str]:
         "seccomp",
     ]
     owned = "the caller's own files" if own_uid else f"files of host uid {policy.host_uid}"
-    lines.append(f"metadata: the mode (short of group or other write), times and extended "
-                 f"attributes of {owned} outside the workspace can be changed by name (Landlock "
-                 "governs contents); chown by name, and chmod by name to a group- or "
-                 "world-writable mode, are refused (EPERM), also in the workspace")
+    lines.append(f"metadata: the mode (short of group or other write) and times of {owned} "
+                 "outside the workspace can be changed (Landlock governs contents); chown by "
+                 "name, and chmod to a group- or world-writable mode, are refused (EPERM), "
+                 "extended attributes and ACLs cannot be changed (ENOTSUP), also in the "
+                 "workspace")
+    lines.append("watches: inotify and fanotify answer ENOSYS (a watch would name the host's "
+                 "files, and the instances are the uid's); tail -f and the like poll")
     if abi < _landlock.SCOPES_ABI:
         lines += [
             f"signals: Landlock ABI {abi} does not scope them (ABI 6 does): the sandbox can "
