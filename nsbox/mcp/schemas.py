@@ -19,6 +19,8 @@ class FileEntry(BaseModel):
     name: str = Field(description="Path relative to /workspace, or absolute under /input")
     size: int = Field(description="Size in bytes")
     sha256: str = Field(description="SHA-256 of the content, hex")
+    name_truncated: bool | None = Field(
+        default=None, description="The name was too long to show whole: its start and end")
 
 
 class RunOutput(BaseModel):
@@ -38,7 +40,9 @@ class RunOutput(BaseModel):
     stdout_truncated: bool
     stderr_truncated: bool
     files: list[FileEntry] = Field(description="Files of /workspace the command created or "
-                                   "changed")
+                                   "changed (the first 50)")
+    files_total: int | None = Field(default=None, description="How many files it created or "
+                                    "changed, also those not in files")
     network: dict[str, Any] | None = Field(
         default=None, description="Every connection through the proxy, when there is one")
     notes: list[str] | None = Field(default=None,
@@ -62,6 +66,8 @@ class ListOutput(BaseModel):
     files: list[FileEntry] = Field(description="The regular files below /workspace")
     inputs: list[FileEntry] | None = Field(
         default=None, description="The read-only input files below /input")
+    truncated: bool | None = Field(default=None, description="The listing of /workspace was "
+                                   "cut at its size: the files after these are not in it")
 
 
 class ChangesOutput(BaseModel):

@@ -26,6 +26,7 @@ from nsbox.mcp.probe import Installed, probe_installed
 from nsbox.mcp.review import publish_for_review
 from nsbox.mcp.tools import DEFAULT_TIMEOUT, Workbench, agent_policy, require_sdk, to_mcp
 from nsbox.mcp.tools import ServerConfig as ServerConfig  # the configuration of serve()
+from nsbox.mcp.turns import Call
 from nsbox.session.policy import INPUT_DIR
 from nsbox.session.session import Session
 from nsbox.version import VERSION
@@ -72,23 +73,22 @@ def build_server(bench: Workbench, installed: Installed | None = None) -> "MCPSe
     limit = bench.config.max_timeout
 
     async def call(fn: Any, *args: Any) -> types.CallToolResult:
+        handle = Call()  # this call, for cancel()
         try:
             # abandon_on_cancel: a client that cancels (or goes away) does not wait for the
-            # sandbox. A command's non-zero exit is a result, not a tool error: only nsbox's
-            # own errors are.
-            reply = await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+            # sandbox; cancel() makes the abandoned thread do nothing more (nsbox/mcp/turns.py).
+            # A command's non-zero exit is a result, not a tool error: only nsbox's own
+            # errors are.
+            reply = await anyio.to_thread.run_sync(lambda: fn(*args, call=handle),
+                                                   abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            # Waiting, the call never runs; its command running, it stops now (status SG).
+            bench.cancel(handle)
+            raise
         except NsboxError as error:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=f"error: {error}")], is_error=True)
         return to_mcp(reply, types)
-
-    async def run_command(fn: Any, text: str, timeout: float) -> types.CallToolResult:
-        handle = object()  # this call, for cancel()
-        try:
-            return await call(fn, text, timeout, handle)
-        except anyio.get_cancelled_exc_class():
-            bench.cancel(handle)  # the client cancelled: the command stops now (status SG)
-            raise
 
     Timeout = Annotated[float, Field(
         description=f"Wall-clock limit in seconds (at most {limit:g}); the command and "
@@ -103,14 +103,14 @@ def build_server(bench: Workbench, installed: Installed | None = None) -> "MCPSe
         """Run Python code in the sandbox. Returns the status (OK, RE non-zero exit, TO time
         limit, ML memory limit, OL output limit, SG signal), the exit code, stdout and stderr,
         and the files the code wrote (PNG files also as images)."""
-        return await run_command(bench.run_python, code, timeout)
+        return await call(bench.run_python, code, timeout)
 
     async def run_bash(
         command: Annotated[str, Field(description="A bash command, run with /workspace as cwd")],
         timeout: Timeout = DEFAULT_TIMEOUT,
     ) -> Ran:
         """Run a bash command in the sandbox. Returns the same as run_python."""
-        return await run_command(bench.run_bash, command, timeout)
+        return await call(bench.run_bash, command, timeout)
 
     async def write_file(
         path: Annotated[str, Field(description="Path relative to /workspace")],

@@ -15,16 +15,19 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from nsbox import visible
 from nsbox.errors import NsboxError
+from nsbox.mcp import files_written
+from nsbox.mcp.files_written import IMAGE_CAP, PNG_MAGIC, file_entry
+from nsbox.mcp.turns import Call, CallCancelled, Turns
 from nsbox.policy.policy import Policy
 from nsbox.result import Result, Status
 from nsbox.session.policy import INPUT_DIR
+from nsbox.session.run import run_command
 
 EXTRA_HINT = "install the extra: pip install 'nsbox[mcp]'"
 WORKSPACE = "/workspace"
@@ -36,13 +39,10 @@ REPLY_STREAM_CAP = 32 * 1024  # bytes of each of stdout/stderr put in front of t
 READ_FILE_CAP = 256 * 1024  # bytes of a text file read_file returns
 READ_FILE_MAX = 16 * 1024 * 1024  # larger files are refused: the agent can use head or tail
 AUDIT_HEAD = 1024  # bytes of written content kept in the audit line
-IMAGE_CAP = 4 * 1024 * 1024  # bytes of one PNG returned as image content
-MAX_IMAGES = 4  # per reply
 MAX_NETWORK_LINES = 20  # network attempts listed in a reply's text (all are in its data)
 # A command given to bash -c is one argv string: execve(2) refuses one longer than
 # MAX_ARG_STRLEN (32 pages), so longer scripts go through a file.
 MAX_COMMAND = 100 * 1024
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 class ToolInputError(NsboxError):
@@ -141,11 +141,6 @@ def shown_path(name: str) -> str:
 # --- the tools, over one session -------------------------------------------------------------
 
 
-def _file_entry(info: Any) -> dict[str, Any]:
-    """A session's FileInfo (path relative to /workspace) -> {name, size, sha256}."""
-    return {"name": info.path, "size": info.size, "sha256": info.sha256}
-
-
 def _head(data: bytes) -> dict[str, Any]:
     """What the audit line keeps of data the agent sent (like the session's own records)."""
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
@@ -171,8 +166,9 @@ def _clip(data: bytes, cap: int) -> tuple[str, bool]:
 
 
 class Workbench:
-    """The five tools over one session. One command at a time: calls are serialized, so two
-    concurrent tool calls never race on the same workspace.
+    """The five tools over one session. One call at a time, in the order they came: two
+    concurrent tool calls never race on the same workspace. Each tool takes ``call`` (a
+    ``Call``), which ``cancel`` marks: a cancelled call that waits never runs.
 
     ``audit`` (an nsbox.host.audit.AuditLog on the session's audit file) gets a line for each call
     of a file tool; the session itself writes the line of every command, with its code.
@@ -182,16 +178,12 @@ class Workbench:
         self.session = session
         self.config = config
         self.audit = audit
-        self._lock = threading.Lock()  # one tool at a time
-        self._state = threading.Lock()  # guards _running
-        self._running: object | None = None  # the call whose command runs now
+        self._turns = Turns()
 
-    def cancel(self, call: object) -> None:
-        """Kill the command of ``call`` if it is the one running; a later call's command is
-        never touched."""
-        with self._state:
-            if self._running is call:
-                self.session.cancel()
+    def cancel(self, call: Call) -> None:
+        """The client cancelled ``call`` (nsbox/mcp/turns.py): waiting, it never runs; its
+        command running, that is killed now (status SG). Another call is never touched."""
+        self._turns.cancel(call)
 
     def timeout(self, asked: float | None) -> tuple[float, str | None]:
         """The wall-clock limit to use, bounded by the profile, and a note when lowered."""
@@ -207,13 +199,13 @@ class Workbench:
     # --- tools ---
 
     def run_python(self, code: str, timeout: float | None = None,
-                   call: object | None = None) -> Reply:
+                   call: Call | None = None) -> Reply:
         # The program comes on stdin (`python3 -`), so its size is not bounded by execve's
         # argument limit, and /workspace (the cwd) is on sys.path for the agent's own modules.
         return self._run([PYTHON, "-"], code.encode(), timeout, call)
 
     def run_bash(self, command: str, timeout: float | None = None,
-                 call: object | None = None) -> Reply:
+                 call: Call | None = None) -> Reply:
         if len(command.encode()) > MAX_COMMAND:
             raise ToolInputError(
                 f"the command is longer than {MAX_COMMAND} bytes; write it to a file with "
@@ -221,19 +213,20 @@ class Workbench:
         # bash -c, not a script on stdin: a command that reads stdin would eat the script.
         return self._run([BASH, "-c", command], None, timeout, call)
 
-    def write_file(self, path: str, content: str) -> Reply:
+    def write_file(self, path: str, content: str, call: Call | None = None) -> Reply:
         name = workspace_name(path)
         data = content.encode()
         entry = {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        with self._lock, self._audited("write_file", name, content=_head(data)) as record:
+        with self._turns.turn(call), self._audited("write_file", name,
+                                                   content=_head(data)) as record:
             self.session.write_file(name, data)
             record["file"] = entry
         return Reply({"file": entry}, f"wrote {WORKSPACE}/{name} ({len(data)} bytes)")
 
-    def read_file(self, path: str) -> Reply:
+    def read_file(self, path: str, call: Call | None = None) -> Reply:
         name = workspace_name(path, inputs=bool(self.config.inputs))
         shown = shown_path(name)
-        with self._lock, self._audited("read_file", name) as record:
+        with self._turns.turn(call), self._audited("read_file", name) as record:
             data = self.session.read_file(name, max_size=READ_FILE_MAX)
             entry = {"name": name, "size": len(data),
                      "sha256": hashlib.sha256(data).hexdigest()}
@@ -251,19 +244,20 @@ class Workbench:
                 if truncated else "")
         return Reply({"file": entry, "content": text, "truncated": truncated}, text + note)
 
-    def changes(self) -> Reply:
+    def changes(self, call: Call | None = None) -> Reply:
         """The agent's read-only ``changes`` tool: applying is the user's (mcp/review.py)."""
-        with self._lock, self._audited("changes", None):
+        with self._turns.turn(call), self._audited("changes", None):
             found = [c.to_dict() for c in self.session.changes()]
         note = (f"\nThese changes are not in the project yet: the user reviews and applies them "
                 f"(session {self.session.id}); no tool of yours can.")
         return Reply({"changes": found, "session": self.session.id},
                      render_changes(found) + note)
 
-    def list_files(self) -> Reply:
-        with self._lock, self._audited("list_files", None) as record:
-            files = [_file_entry(info) for info in self.session.files()]
-            inputs = ([{**_file_entry(info), "name": f"{INPUT_DIR}/{info.path}"}
+    def list_files(self, call: Call | None = None) -> Reply:
+        with self._turns.turn(call), self._audited("list_files", None) as record:
+            listing = self.session.files()
+            files = [file_entry(info) for info in listing]
+            inputs = ([{**file_entry(info), "name": f"{INPUT_DIR}/{info.path}"}
                        for info in self.session.files(root=INPUT_DIR)]
                       if self.config.inputs else None)
             record["files"] = len(files)
@@ -272,6 +266,10 @@ class Workbench:
         data: dict[str, Any] = {"files": files}
         if inputs is not None:
             data["inputs"] = inputs
+        if getattr(listing, "truncated", False):
+            data["truncated"] = True
+            lines.append(f"[the listing of {WORKSPACE} was cut (its names passed the "
+                         "listing's size): the files after these are not listed]")
         return Reply(data, "\n".join(lines) or f"{WORKSPACE} has no files")
 
     @contextlib.contextmanager
@@ -297,40 +295,26 @@ class Workbench:
     # --- one command ---
 
     def _run(self, argv: list[str], stdin: bytes | None, asked: float | None,
-             call: object | None) -> Reply:
+             call: Call | None) -> Reply:
         timeout, note = self.timeout(asked)
-        with self._lock:
-            before = {f["name"]: f["sha256"] for f in map(_file_entry, self.session.files())}
-            with self._state:
-                self._running = call
-            try:
-                result: Result = self.session.run(argv, stdin=stdin, timeout=timeout)
-            finally:
-                with self._state:
-                    self._running = None
-            after = [_file_entry(item) for item in self.session.files()]
-            produced = [f for f in after if before.get(f["name"]) != f["sha256"]]
-            images = self._images(produced)
-        return self._reply(result, timeout, note, produced, images)
+        call = call if call is not None else Call()
+        with self._turns.turn(call):
+            # A listing that fails or is cut does not keep the command from running: the
+            # reply says what of the files written is not known (nsbox/mcp/files_written.py).
+            before, _entries = files_written.snapshot(self.session)
+            if call.cancelled:  # while the workspace was listed
+                raise CallCancelled("the call was cancelled before its command ran")
+            result: Result = run_command(self.session, argv, stdin=stdin, timeout=timeout,
+                                         cancel=call)
+            after, entries = files_written.snapshot(self.session)
+            produced, listing_notes = files_written.written(before, after, entries)
+            images = files_written.images(self.session, produced)
+        return self._reply(result, timeout, [note] if note else [], produced, images,
+                           listing_notes)
 
-    def _images(self, produced: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
-        """PNG files the command wrote, read back through the session (never by host path)."""
-        images: list[tuple[str, bytes]] = []
-        for entry in produced:
-            if len(images) >= MAX_IMAGES:
-                break
-            if not entry["name"].lower().endswith(".png") or entry["size"] > IMAGE_CAP:
-                continue
-            try:
-                data = self.session.read_file(entry["name"], max_size=IMAGE_CAP)
-            except NsboxError:
-                continue  # no longer a regular file of that size: it is listed, not shown
-            if data.startswith(PNG_MAGIC):
-                images.append((entry["name"], data))
-        return images
-
-    def _reply(self, result: Result, timeout: float, note: str | None,
-               produced: list[dict[str, Any]], images: list[tuple[str, bytes]]) -> Reply:
+    def _reply(self, result: Result, timeout: float, notes: list[str],
+               produced: list[dict[str, Any]], images: list[tuple[str, bytes]],
+               listing_notes: list[str]) -> Reply:
         stdout, out_cut = _clip(result.stdout, REPLY_STREAM_CAP)
         stderr, err_cut = _clip(result.stderr, REPLY_STREAM_CAP)
         data: dict[str, Any] = {
@@ -347,12 +331,13 @@ class Workbench:
             "stderr_bytes": result.stderr_bytes,
             "stdout_truncated": result.stdout_truncated or out_cut,
             "stderr_truncated": result.stderr_truncated or err_cut,
-            "files": produced,
+            # The files written, capped like the output: the first of them, and their number.
+            "files": files_written.shown(produced),
+            "files_total": len(produced),
         }
         network = result.extra.get("network")
         if network is not None:  # allow mode: every attempt through the proxy, as it logged it
             data["network"] = network
-        notes = [note] if note else []
         memory = self.config.policy.limits.memory
         if memory is not None and memory_killed(result, memory):
             # A session's commands share its cgroup, which counts its OOM kills only for the
@@ -363,6 +348,7 @@ class Workbench:
                          f"{_mib(result.peak_memory)})")
         notes += _status_notes(result, timeout)
         notes += result.degraded
+        notes += listing_notes
         if notes:
             data["notes"] = notes
         return Reply(data, _render(data), images)
@@ -419,10 +405,7 @@ def _render(data: dict[str, Any]) -> str:
                   for a in attempts[:MAX_NETWORK_LINES]]
         if len(attempts) > MAX_NETWORK_LINES:
             lines.append(f"[{len(attempts) - MAX_NETWORK_LINES} more attempts]")
-    if data["files"]:
-        lines.append("--- files written ---")
-        lines += [f"{visible.name(f['name'])}  {f['size']} bytes  sha256 {f['sha256']}"
-                  for f in data["files"]]
+    lines += files_written.render(data)
     return "\n".join(lines)
 
 
@@ -443,6 +426,8 @@ def render_changes(changes: list[dict[str, Any]]) -> str:
             line += " (conflict: changed on the host since the session started)"
         if item.get("reason"):
             line += f" (not applicable: {visible.name(item['reason'])})"
+        if item.get("no_diff"):
+            line += f" (no diff: {visible.name(item['no_diff'])}; sha256 {item.get('sha256')})"
         if item.get("runs_on_host"):
             line += f" [runs on the host: {visible.name(item['runs_on_host'])}]"
         lines.append(line)

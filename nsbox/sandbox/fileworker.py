@@ -184,14 +184,16 @@ def put_file(path: str, mode: int) -> None:
 def list_files(op: dict[str, Any]) -> None:
     """List the regular files below ``root`` matching ``patterns``, with size and SHA-256.
 
-    Output: one JSON object {"files": [...], "skipped": [...]}, paths relative to the root.
+    Output: one JSON object {"files": [...], "skipped": [...]}, paths relative to the root,
+    in the walk's order (each directory's entries sorted by name). A listing that would pass
+    LISTING_BYTES stops at the entry that does not fit and says so: "truncated": true and
+    "max_bytes" (the key is absent from a whole listing).
     """
     root = op["path"]
     patterns = op.get("patterns") or ["*"]
     limits = {"files": op["max_files"], "size": op["max_size"], "total": op["max_total"]}
     state = {"count": 0, "total": 0}
-    files: list[dict[str, Any]] = []
-    skipped = _Skipped(2 * op["max_files"])
+    listing = _Listing(2 * op["max_files"], LISTING_BYTES)
     root_fd = _open_dir(_components(root), root)
 
     def want(rel: str) -> bool:
@@ -204,13 +206,13 @@ def list_files(op: dict[str, Any]) -> None:
             rel = f"{prefix}{name}"
             if is_dir:
                 if depth >= _MAX_DEPTH:
-                    skipped.append({"path": rel, "reason": "too deep"})
+                    listing.skip({"path": rel, "reason": "too deep"})
                     continue
                 try:
                     sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
                                   | os.O_CLOEXEC, dir_fd=dir_fd)
                 except OSError as exc:
-                    skipped.append({"path": rel + "/", "reason": os.strerror(exc.errno or 0)})
+                    listing.skip({"path": rel + "/", "reason": os.strerror(exc.errno or 0)})
                     continue
                 try:
                     walk(sub, rel + "/", depth + 1)
@@ -222,10 +224,10 @@ def list_files(op: dict[str, Any]) -> None:
             try:
                 fd, st = _open_regular(name, dir_fd, rel)
             except FileOpError as exc:
-                skipped.append({"path": rel, "reason": exc.reason})
+                listing.skip({"path": rel, "reason": exc.reason})
                 continue
             except OSError as exc:
-                skipped.append({"path": rel, "reason": os.strerror(exc.errno or 0)})
+                listing.skip({"path": rel, "reason": os.strerror(exc.errno or 0)})
                 continue
             try:
                 reason = None
@@ -236,37 +238,71 @@ def list_files(op: dict[str, Any]) -> None:
                 elif state["total"] + st.st_size > limits["total"]:
                     reason = f"over the limit of {limits['total']} bytes in all"
                 if reason:
-                    skipped.append({"path": rel, "reason": reason})
+                    listing.skip({"path": rel, "reason": reason})
                     continue
                 os.set_blocking(fd, True)
                 digest = projectfs.read_exactly(fd, st.st_size)
             finally:
                 os.close(fd)
+            listing.add({"path": rel, "size": st.st_size, "sha256": digest,
+                         "mode": stat.S_IMODE(st.st_mode), "mtime": st.st_mtime})
             state["count"] += 1
             state["total"] += st.st_size
-            files.append({"path": rel, "size": st.st_size, "sha256": digest,
-                          "mode": stat.S_IMODE(st.st_mode), "mtime": st.st_mtime})
 
     try:
         walk(root_fd, "", 0)
+    except _ListingFull:
+        listing.truncated = True  # the walk stops at the first entry that does not fit
     finally:
         os.close(root_fd)
-    write_all(1, json.dumps({"files": files, "skipped": skipped}).encode())
+    write_all(1, listing.dump())
 
 
-class _Skipped(list):  # type: ignore[type-arg]
-    """The list of skipped files, bounded: a workspace of a million FIFOs gives one line for
-    the rest."""
+# The bytes of one listing's JSON. The host reads at most 16 MiB of a file operation's output
+# (nsbox/session/files.py) and fails the whole listing past it; names can be long (4096 bytes
+# of path) and JSON writes a control character in six, so 1000 files alone could pass it.
+LISTING_BYTES = 8 * 1024 * 1024
 
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.limit = limit
-        self.more = 0
 
-    def append(self, item: Any) -> None:
-        if len(self) < self.limit:
-            super().append(item)
+class _ListingFull(Exception):
+    """The next entry would take the listing past its bytes."""
+
+
+class _Listing:
+    """The files and the skipped entries of a listing, bounded in bytes, and the skipped ones
+    in number too: a workspace of a million FIFOs gives one line for the rest."""
+
+    def __init__(self, max_skipped: int, max_bytes: int) -> None:
+        self.files: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []
+        self.max_skipped, self.max_bytes = max_skipped, max_bytes
+        self.more = 0  # skipped entries not listed
+        self.size = 64  # the JSON around the entries
+        self.truncated = False
+
+    def _room(self, item: dict[str, Any]) -> None:
+        size = len(json.dumps(item)) + 2  # and its ", "
+        if self.size + size > self.max_bytes:
+            raise _ListingFull
+        self.size += size
+
+    def add(self, item: dict[str, Any]) -> None:
+        self._room(item)
+        self.files.append(item)
+
+    def skip(self, item: dict[str, Any]) -> None:
+        if len(self.skipped) < self.max_skipped:
+            self._room(item)
+            self.skipped.append(item)
             return
         self.more += 1
         if self.more == 1:
-            super().append({"path": "...", "reason": "more files skipped, not listed"})
+            item = {"path": "...", "reason": "more files skipped, not listed"}
+            self._room(item)
+            self.skipped.append(item)
+
+    def dump(self) -> bytes:
+        listing: dict[str, Any] = {"files": self.files, "skipped": self.skipped}
+        if self.truncated:
+            listing.update(truncated=True, max_bytes=self.max_bytes)
+        return json.dumps(listing).encode()

@@ -56,6 +56,13 @@ class CopyLimits:
     max_total: int = 256 * MiB
 
 
+class Listing(list[FileInfo]):
+    """What ``files`` found: FileInfo each, in the walk's order; ``truncated`` when the
+    sandbox cut the listing at its size (the files after the cut are not in it)."""
+
+    truncated: bool = False
+
+
 class FileTransfer:
     """The file methods of nsbox.Session: ``write_file``, ``read_file``, ``files`` and
     ``copy_out``, each one file operation run by the session's init."""
@@ -127,22 +134,28 @@ class FileTransfer:
         return data
 
     def files(self, patterns: Iterable[str] = ("*",), root: str = planmod.WORKSPACE,
-              *, skipped: list[tuple[str, str]] | None = None) -> list[FileInfo]:
+              *, skipped: list[tuple[str, str]] | None = None) -> Listing:
         """The regular files below ``root`` whose relative path matches one of ``patterns``
         (fnmatch: ``*`` also matches ``/``), with sizes and SHA-256. What is not copyable
         (symlinks, FIFOs, devices, hard links, over the caps) is left out; pass a list as
-        ``skipped`` to get (path, reason) for each."""
+        ``skipped`` to get (path, reason) for each. A listing whose names passed 8 MiB of
+        JSON is cut there: the files found so far, with ``truncated`` set, and a
+        ("...", reason) last in ``skipped``."""
         limits = self.copy_limits
         data = self._file_op({"kind": "list", "path": root, "patterns": list(patterns),
                               "max_files": limits.max_files, "max_size": limits.max_file_size,
                               "max_total": limits.max_total})
         try:
             listing = json.loads(data)
-            found = [FileInfo(str(f["path"]), int(f["size"]), str(f["sha256"]),
-                              int(f["mode"])) for f in listing["files"]]
+            found = Listing(FileInfo(str(f["path"]), int(f["size"]), str(f["sha256"]),
+                                     int(f["mode"])) for f in listing["files"])
+            found.truncated = listing.get("truncated", False) is True  # absent: the whole
             if skipped is not None:
                 skipped.extend((str(s["path"]), str(s["reason"])) for s in listing["skipped"])
-        except (ValueError, KeyError, TypeError):
+                if found.truncated:
+                    skipped.append(("...", f"the listing passed {int(listing['max_bytes'])} "
+                                           "bytes (long or many names): the rest is not listed"))
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise FileTransferError(root, "the sandbox sent a malformed listing") from None
         for info in found:
             _check_relative(info.path)
