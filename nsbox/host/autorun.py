@@ -102,14 +102,20 @@ def runs_it(rel: str) -> str | None:
     return None
 
 
+def at_and_above(rel: str) -> list[str]:
+    """``rel`` and each directory above it, top first, without the top itself ("a", "a/b",
+    "a/b/c" for "a/b/c")."""
+    parts = rel.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
 def git_dirs(paths: Iterable[str]) -> frozenset[str]:
     """The directories (in lower case; "" for the top) that git would take for a repository,
     in the tree whose entries (at any depth; a file stands for the directories above it) are
     ``paths``: each that holds a HEAD and a refs, objects or commondir."""
     names: set[str] = set()
     for path in paths:
-        parts = path.lower().split("/")
-        names.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+        names.update(at_and_above(path.lower()))
     found = set()
     for name in names:
         top, _, last = name.rpartition("/")
@@ -204,9 +210,7 @@ def never_applied(rel: str, hooks: Sequence[str] = (),
     terminal obeys), or None."""
     if is_git(rel):
         return GIT_REASON
-    parts = rel.lower().split("/")
-    if "" in repositories or any("/".join(parts[:i]) in repositories
-                                 for i in range(1, len(parts) + 1)):
+    if "" in repositories or any(p in repositories for p in at_and_above(rel.lower())):
         return BARE_REASON
     lowered = rel.lower()
     if any(lowered == h.lower() or lowered.startswith(h.lower() + "/") for h in hooks):

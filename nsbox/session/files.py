@@ -218,8 +218,7 @@ def _repository_marks(dest: str, listed: list[FileInfo]) -> list[str]:
     commondir), in each directory a listed file would land in: a HEAD there and a refs the
     sandbox sends make one too."""
     marks = []
-    tops = {"/".join(parts[:i]) for info in listed
-            for parts in [info.path.split("/")] for i in range(len(parts))}
+    tops = {"", *(top for info in listed for top in autorun.at_and_above(info.path)[:-1])}
     for top in sorted(tops):
         for name in ("HEAD", *autorun.REPOSITORY_MARKS):
             rel = f"{top}/{name}" if top else name
