@@ -20,7 +20,9 @@ import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import UNPRIVILEGED_UID
@@ -87,33 +89,40 @@ def _git(project: Path, *args: str, uid: int | None = None) -> subprocess.Comple
                           env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, timeout=60)
 
 
+@contextmanager
 def _make_project(user: UserRunner, git: bool, hooks_path: str | None = None
                   ) -> Iterator[Path]:
+    """A project (``app``) and a runtime directory beside it in a directory of /tmp of its
+    own, removed at the end of the ``with`` block, also when an assertion fails in it."""
     top = Path(tempfile.mkdtemp(prefix="nsbox-hostile-", dir="/tmp"))
-    top.chmod(0o755)
-    root = top / "app"
-    root.mkdir()
-    (root / "README.md").write_text("# app\n")
-    (root / "deploy.sh").write_text("#!/bin/sh\necho old\n")
-    (root / "deploy.sh").chmod(0o755)
-    (top / "runtime").mkdir(mode=0o700)
-    owner = _owner(user)
-    for path in [top, *top.rglob("*")]:
-        if os.geteuid() == 0:
-            os.lchown(path, owner if path != top / "runtime" else user.uid,
-                      owner if path != top / "runtime" else user.uid)
-    if git:
-        for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
-            assert _git(root, *args, uid=owner).returncode == 0
-        if hooks_path:
-            assert _git(root, "config", "core.hooksPath", hooks_path, uid=owner).returncode == 0
-    yield root
-    shutil.rmtree(top)
+    try:
+        top.chmod(0o755)
+        root = top / "app"
+        root.mkdir()
+        (root / "README.md").write_text("# app\n")
+        (root / "deploy.sh").write_text("#!/bin/sh\necho old\n")
+        (root / "deploy.sh").chmod(0o755)
+        (top / "runtime").mkdir(mode=0o700)
+        owner = _owner(user)
+        for path in [top, *top.rglob("*")]:
+            if os.geteuid() == 0:
+                os.lchown(path, owner if path != top / "runtime" else user.uid,
+                          owner if path != top / "runtime" else user.uid)
+        if git:
+            for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
+                assert _git(root, *args, uid=owner).returncode == 0
+            if hooks_path:
+                assert _git(root, "config", "core.hooksPath", hooks_path,
+                            uid=owner).returncode == 0
+        yield root
+    finally:
+        shutil.rmtree(top)
 
 
 @pytest.fixture
 def project(as_user: UserRunner) -> Iterator[Path]:
-    yield from _make_project(as_user, git=True)
+    with _make_project(as_user, git=True) as root:
+        yield root
 
 
 def _env(user: UserRunner, runtime: Path) -> dict[str, str]:
@@ -126,11 +135,16 @@ def _cli(user: UserRunner, runtime: Path, *args: str) -> subprocess.CompletedPro
                           env=_env(user, runtime), cwd="/", timeout=90)
 
 
+def _start(user: UserRunner, runtime: Path, *args: str) -> str:
+    """`nsbox session start ARGS` as the user: the new session's id."""
+    start = _cli(user, runtime, "session", "start", *args)
+    assert start.returncode == 0, start.stderr
+    return start.stdout.decode().strip()
+
+
 def _session(user: UserRunner, project: Path) -> tuple[Path, str]:
     runtime = project.parent / "runtime"
-    start = _cli(user, runtime, "session", "start", "--project", str(project))
-    assert start.returncode == 0, start.stderr
-    sid = start.stdout.decode().strip()
+    sid = _start(user, runtime, "--project", str(project))
     made = _cli(user, runtime, "session", "exec", sid, "--", "python3", "-c", MAKE)
     assert made.returncode == 0, made.stderr
     return runtime, sid
@@ -236,12 +250,10 @@ def test_a_git_directory_made_by_the_sandbox_is_never_applied(as_user: UserRunne
     """Where the project has no .git, the sandbox can make one (and a hook in it), and where
     core.hooksPath names a directory of the project, it can write there: apply refuses both
     (rule git-dir), lists them first and marked; the host's next git commit runs none."""
-    for project in _make_project(as_user, git=layout != "no-git",
-                                 hooks_path=".husky" if layout == "hooks-path" else None):
+    with _make_project(as_user, git=layout != "no-git",
+                       hooks_path=".husky" if layout == "hooks-path" else None) as project:
         runtime = project.parent / "runtime"
-        start = _cli(as_user, runtime, "session", "start", "--project", str(project))
-        assert start.returncode == 0, start.stderr
-        sid = start.stdout.decode().strip()
+        sid = _start(as_user, runtime, "--project", str(project))
         hook = f"#!/bin/sh\ntouch /tmp/{CANARY_NAME}-$$\n"
         try:
             made = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
@@ -303,14 +315,12 @@ def test_a_repository_of_any_name_takes_no_change(as_user: UserRunner, layout: s
     """git takes a directory of any name that holds HEAD, refs and objects for a repository,
     and `git status` there runs its core.fsmonitor: apply writes no change into one, whether
     the sandbox made it or the project holds one (a bare repository of its tests)."""
-    for project in _make_project(as_user, git=True):
+    with _make_project(as_user, git=True) as project:
         if layout == "the-project's":
             assert _git(project, "init", "-q", "--bare", "fixtures/repo.git",
                         uid=_owner(as_user)).returncode == 0
         runtime = project.parent / "runtime"
-        start = _cli(as_user, runtime, "session", "start", "--project", str(project))
-        assert start.returncode == 0, start.stderr
-        sid = start.stdout.decode().strip()
+        sid = _start(as_user, runtime, "--project", str(project))
         where = "vendor/lib" if layout == "made" else "fixtures/repo.git"
         try:
             made = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
@@ -338,12 +348,10 @@ def test_a_repository_of_any_name_takes_no_change(as_user: UserRunner, layout: s
 def test_collect_writes_no_git_directory_and_no_repository(as_user: UserRunner):
     """`session collect` into a checkout (or anywhere): what apply never writes is not
     written there either; the checkout's own .git keeps its config and gets no hook."""
-    for dest in _make_project(as_user, git=True):
+    with _make_project(as_user, git=True) as dest:
         runtime = dest.parent / "runtime"
         config = (dest / ".git" / "config").read_bytes()
-        start = _cli(as_user, runtime, "session", "start")
-        assert start.returncode == 0, start.stderr
-        sid = start.stdout.decode().strip()
+        sid = _start(as_user, runtime)
         hook = f"#!/bin/sh\\ntouch /tmp/{CANARY_NAME}-$$\\n"
         try:
             made = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
@@ -372,7 +380,7 @@ def test_collect_and_cp_write_a_new_file_never_into_an_existing_one(as_user: Use
     there is never written into, so a hard link to a file elsewhere keeps that file as it was,
     a setuid file does not become a setuid copy of the sandbox's program (root writing keeps
     the bit: CAP_FSETID), and a world-writable one does not stay open to every user."""
-    for dest in _make_project(as_user, git=False):
+    with _make_project(as_user, git=False) as dest:
         runtime = dest.parent / "runtime"
         outside = dest.parent / "outside.txt"
         outside.write_text("host\n")
@@ -386,9 +394,7 @@ def test_collect_and_cp_write_a_new_file_never_into_an_existing_one(as_user: Use
                 os.chmod(path, stat.S_IMODE(path.lstat().st_mode))  # chown cleared set-id
             (dest / "tool").chmod(0o4755)
             (dest / "tool2").chmod(0o4755)
-        start = _cli(as_user, runtime, "session", "start")
-        assert start.returncode == 0, start.stderr
-        sid = start.stdout.decode().strip()
+        sid = _start(as_user, runtime)
         try:
             made = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
                         "echo sandbox > notes.txt; cp /usr/bin/id tool; echo sandbox > ww.txt")
@@ -422,8 +428,7 @@ def test_run_project_and_listings_show_names_escaped(as_user: UserRunner, projec
     for name in SHOWN_NAMES:
         assert f"nsbox:   added {name}" in text, name
     assert "nsbox:   added Makefile (runs on the host)" in text
-    runtime_sid = _cli(as_user, runtime, "session", "start")
-    sid = runtime_sid.stdout.decode().strip()
+    sid = _start(as_user, runtime)
     try:
         made = _cli(as_user, runtime, "session", "exec", sid, "--", "python3", "-c",
                     MAKE.replace("/workspace/.git/hooks", "/tmp/h").replace(
@@ -600,6 +605,36 @@ def test_a_directory_git_takes_for_a_repository_takes_no_change():
     assert autorun.never_applied("anything", (), frozenset({""})) == autorun.BARE_REASON
     # HEAD alone, or refs alone, is no repository.
     assert autorun.git_dirs(["docs/HEAD", "src/refs/x", "HEADS", "a/HEAD/refs"]) == frozenset()
+
+
+def test_at_or_below_is_the_directory_or_under_it_at_a_slash():
+    """The one prefix test of the hooks directory (never_applied), the paths chosen for
+    review or apply (review.choose) and the directories the sandbox sees covered
+    (Project._hidden): at a component boundary, never a prefix of a name."""
+    from nsbox.host import autorun
+    from nsbox.host.project import Change, Project
+    from nsbox.session import review
+
+    for path in ("src/a", "src/a/b", "src/a/b/c.py", "src/a/.git"):
+        assert autorun.at_or_below(path, "src/a"), path
+    for path in ("src/ab", "src/a.py", "src/", "src", "src/b/a", "xsrc/a", "src/A", ""):
+        assert not autorun.at_or_below(path, "src/a"), path
+    assert autorun.at_or_below("", "") and not autorun.at_or_below("a", "")
+    # The hooks directory, in any case; a sibling that starts with its name is no part of it.
+    assert autorun.never_applied(".husky/pre-commit", (".husky",)) == autorun.HOOKS_REASON
+    assert autorun.never_applied(".Husky", (".husky",)) == autorun.HOOKS_REASON
+    assert autorun.never_applied(".husky-old/pre-commit", (".husky",)) is None
+    assert autorun.never_applied(".huskyx", (".husky",)) is None
+    # The paths chosen: "src/a" (and "/src/a/") takes src/a and below, not src/ab.
+    found = [Change(path=p, kind="added") for p in ("src/a", "src/a/x", "src/ab", "src/ab/x")]
+    for wanted in (["src/a"], ["/src/a/"]):
+        assert [c.path for c in review.choose(found, wanted)] == ["src/a", "src/a/x"], wanted
+    assert review.choose(found, ["/"]) == found  # "/" is the whole project
+    # A directory the sandbox sees covered hides what is at or below it, not its siblings.
+    view = SimpleNamespace(view=SimpleNamespace(masks=frozenset({".env"}), covered=("vendor",)))
+    for path, hidden in ((".env", True), ("vendor", True), ("vendor/x", True),
+                         ("vendors/x", False), (".envrc", False)):
+        assert Project._hidden(view, path) is hidden, path  # type: ignore[arg-type]
 
 
 def test_a_name_a_terminal_obeys_never_lands():

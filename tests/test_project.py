@@ -43,27 +43,29 @@ def project(as_user: UserRunner) -> Iterator[Path]:
     as usual), a token in .git/config, sources, a binary file and a file the host edits
     during the session."""
     top = Path(tempfile.mkdtemp(prefix="nsbox-project-", dir="/tmp"))
-    top.chmod(0o755)
-    root = top / "app"
-    (root / "src").mkdir(parents=True)
-    (root / "src" / "app.py").write_text("def main():\n    return 1\n")
-    (root / "README.md").write_text("# app\n")
-    (root / "notes.txt").write_text("host notes\n")
-    (root / "data.bin").write_bytes(bytes(range(256)))
-    (root / ".env").write_text(f"API_KEY={CANARY}\n")
-    (root / "id_rsa").write_text(f"-----BEGIN OPENSSH PRIVATE KEY-----\n{CANARY}\n")
-    (root / ".gitignore").write_text(".env\nid_rsa\n")
-    _git(root, "init", "-q")
-    _git(root, "add", "-A")
-    _git(root, "commit", "-qm", "start")
-    _git(root, "remote", "add", "origin", f"https://dev:{CANARY}@example.com/app.git")
-    owner = UNPRIVILEGED_UID if as_user.mode == "unprivileged" else (
-        DEVELOPER_UID if os.geteuid() == 0 else os.geteuid())
-    if os.geteuid() == 0:
-        for path in [top, *top.rglob("*")]:
-            os.lchown(path, owner, owner)
-    yield root
-    shutil.rmtree(top)
+    try:  # removed also when the setup fails (a test that fails has its teardown anyway)
+        top.chmod(0o755)
+        root = top / "app"
+        (root / "src").mkdir(parents=True)
+        (root / "src" / "app.py").write_text("def main():\n    return 1\n")
+        (root / "README.md").write_text("# app\n")
+        (root / "notes.txt").write_text("host notes\n")
+        (root / "data.bin").write_bytes(bytes(range(256)))
+        (root / ".env").write_text(f"API_KEY={CANARY}\n")
+        (root / "id_rsa").write_text(f"-----BEGIN OPENSSH PRIVATE KEY-----\n{CANARY}\n")
+        (root / ".gitignore").write_text(".env\nid_rsa\n")
+        _git(root, "init", "-q")
+        _git(root, "add", "-A")
+        _git(root, "commit", "-qm", "start")
+        _git(root, "remote", "add", "origin", f"https://dev:{CANARY}@example.com/app.git")
+        owner = UNPRIVILEGED_UID if as_user.mode == "unprivileged" else (
+            DEVELOPER_UID if os.geteuid() == 0 else os.geteuid())
+        if os.geteuid() == 0:
+            for path in [top, *top.rglob("*")]:
+                os.lchown(path, owner, owner)
+        yield root
+    finally:
+        shutil.rmtree(top)
 
 
 def snapshot(root: Path) -> dict[str, Any]:
@@ -426,6 +428,48 @@ def test_profile_keys_for_the_project(as_user: UserRunner, project: Path, tmp_pa
                                    "or its content), which the object store would show"]
         shown = s.run(["cat", "README.md", ".env"])
         assert shown.stdout == f"API_KEY={CANARY}\n".encode()  # only the listed names masked
+
+
+def test_the_changes_op_diffs_only_the_chosen_changes(as_user: UserRunner, project: Path,
+                                                     monkeypatch: pytest.MonkeyPatch):
+    """The supervisor's ``changes`` op (`nsbox session diff ID PATH`, the review server's
+    `changes`) gives what ``choose(changes(), paths)`` gives, and reads from the sandbox the
+    chosen files only for their diffs, not every changed file's."""
+    _in_process_only(as_user)
+    import socket
+
+    from nsbox.session import review
+    from nsbox.session.session import Session
+    from nsbox.session.supervisor import Supervisor
+
+    with Session(project=str(project)) as s:
+        ran = s.run(["sh", "-c", "echo agent >> README.md; echo sandbox > notes.txt; "
+                     "echo x > src/new.py; echo y > READMEx"])
+        assert ran.ok, ran.stderr
+        read: list[str] = []
+        upper = s._upper
+
+        def recording(changes: list[Any]) -> dict[str, bytes]:
+            read.extend(c.path for c in changes)
+            return upper(changes)
+
+        monkeypatch.setattr(s, "_upper", recording)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        supervisor = Supervisor(s, listener, [], None)
+        try:
+            reply = supervisor.changes({"op": "changes", "paths": ["README.md"]}, [], listener)
+        finally:
+            listener.close()
+            os.close(supervisor.wake_r)
+            os.close(supervisor.wake_w)
+        assert read == ["README.md"]
+        read.clear()
+        every = review.choose(s.changes(), ["README.md"])
+        assert sorted(read) == ["README.md", "READMEx", "notes.txt", "src/new.py"]
+        assert reply == {"changes": [c.to_dict() for c in every],
+                         "review": review.review_token(every)}
+        assert [c["path"] for c in reply["changes"]] == ["README.md"]
+        assert "+agent" in reply["changes"][0]["diff"]
 
 
 def test_project_and_workspace_together_are_refused(as_user: UserRunner, project: Path,

@@ -9,6 +9,7 @@ record's note) and that the project is unchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -69,32 +70,35 @@ def _git(root: Path, *args: str) -> None:
                     "user.email=dev@example.com", *args], check=True, capture_output=True)
 
 
+@contextlib.contextmanager
 def _project(user: UserRunner, track: bool) -> Iterator[Path]:
     top = Path(tempfile.mkdtemp(prefix="nsbox-secrets-", dir="/tmp"))
-    top.chmod(0o755)
-    root = top / "app"
-    root.mkdir()
-    (root / "README.md").write_text("# app\n")
-    for rel in SECRETS:
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(f"token={CANARY}\n")
-    if not track:
-        (root / ".gitignore").write_text("\n".join(SECRETS) + "\n")
-    _git(root, "init", "-q")
-    _git(root, "add", "-A")
-    _git(root, "commit", "-qm", "start")
-    _git(root, "gc", "-q")  # the objects in a pack, as a real repository's are
-    # A token as the user name of a URL, in the project's config and a submodule's.
-    _git(root, "remote", "add", "origin", f"https://ghp_{CANARY}@github.com/org/app.git")
-    module = root / ".git" / "modules" / "lib"
-    module.mkdir(parents=True)
-    (module / "HEAD").write_text("ref: refs/heads/main\n")
-    (module / "config").write_text(f'[remote "origin"]\n\turl = https://{CANARY}@x.org/l\n')
-    if os.geteuid() == 0:
-        for path in [top, *top.rglob("*")]:
-            os.lchown(path, _owner(user), _owner(user))
-    yield root
-    shutil.rmtree(top)
+    try:  # removed also when an assertion fails inside the with block
+        top.chmod(0o755)
+        root = top / "app"
+        root.mkdir()
+        (root / "README.md").write_text("# app\n")
+        for rel in SECRETS:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(f"token={CANARY}\n")
+        if not track:
+            (root / ".gitignore").write_text("\n".join(SECRETS) + "\n")
+        _git(root, "init", "-q")
+        _git(root, "add", "-A")
+        _git(root, "commit", "-qm", "start")
+        _git(root, "gc", "-q")  # the objects in a pack, as a real repository's are
+        # A token as the user name of a URL, in the project's config and a submodule's.
+        _git(root, "remote", "add", "origin", f"https://ghp_{CANARY}@github.com/org/app.git")
+        module = root / ".git" / "modules" / "lib"
+        module.mkdir(parents=True)
+        (module / "HEAD").write_text("ref: refs/heads/main\n")
+        (module / "config").write_text(f'[remote "origin"]\n\turl = https://{CANARY}@x.org/l\n')
+        if os.geteuid() == 0:
+            for path in [top, *top.rglob("*")]:
+                os.lchown(path, _owner(user), _owner(user))
+        yield root
+    finally:
+        shutil.rmtree(top)
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
@@ -104,7 +108,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("track", [False, True], ids=["ignored", "tracked"])
 def test_secrets_are_masked_at_any_depth_and_never_readable_through_git(
         as_user: UserRunner, track: bool) -> None:
-    for root in _project(as_user, track):
+    with _project(as_user, track) as root:
         before = _snapshot(root)
         audit = root.parent / "audit.jsonl"
         out = as_user.script(f"""
@@ -135,7 +139,7 @@ s.close()
 
 
 def test_git_inside_cannot_write_the_project_git(as_user: UserRunner) -> None:
-    for root in _project(as_user, track=False):
+    with _project(as_user, track=False) as root:
         before = _snapshot(root)
         out = as_user.script(f"""
 s = nsbox.Session(project={str(root)!r})

@@ -109,6 +109,13 @@ def at_and_above(rel: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
+def at_or_below(path: str, top: str) -> bool:
+    """Is the relative path ``path`` the directory ``top`` or below it, at a "/" ("a" and
+    "a/b" are at or below "a"; "ab" is not). Compared as spelled: no "/" at either end, the
+    case as given; "" is no directory here (only "" is at it)."""
+    return path == top or path.startswith(top + "/")
+
+
 def git_dirs(paths: Iterable[str]) -> frozenset[str]:
     """The directories (in lower case; "" for the top) that git would take for a repository,
     in the tree whose entries (at any depth; a file stands for the directories above it) are
@@ -213,7 +220,7 @@ def never_applied(rel: str, hooks: Sequence[str] = (),
     if "" in repositories or any(p in repositories for p in at_and_above(rel.lower())):
         return BARE_REASON
     lowered = rel.lower()
-    if any(lowered == h.lower() or lowered.startswith(h.lower() + "/") for h in hooks):
+    if any(at_or_below(lowered, h.lower()) for h in hooks):
         return HOOKS_REASON
     if not rel.isprintable():
         return NAME_REASON

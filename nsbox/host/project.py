@@ -253,7 +253,7 @@ class Project:
     def _hidden(self, path: str) -> bool:
         """A masked file, or below a directory the sandbox sees covered."""
         return path in self.view.masks or any(
-            path == d or path.startswith(d + "/") for d in self.view.covered)
+            autorun.at_or_below(path, d) for d in self.view.covered)
 
     def _marked(self, change: Change, repositories: frozenset[str]) -> Change:
         never = autorun.never_applied(change.path, self.hooks, repositories)

@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 
 from nsbox.errors import FileTransferError, NsboxError, PolicyError
+from nsbox.host import autorun
 from nsbox.host import project as projectmod
 from nsbox.policy import checks
 from nsbox.session.files import FileTransfer
@@ -53,8 +54,12 @@ class ProjectReview(FileTransfer):
         except (ValueError, KeyError, TypeError):
             raise FileTransferError(projectmod.UPPER, "the sandbox sent a malformed listing"
                                     ) from None
-        if not diff:
-            return found
+        return self._diffed(found) if diff else found
+
+    def _diffed(self, found: list[projectmod.Change]) -> list[projectmod.Change]:
+        """``found`` (as ``changes(diff=False)`` lists them), each text file with its diff:
+        only these files are read from the sandbox."""
+        project = self._project_or_refuse()
         contents = self._upper([c for c in found if c.size is not None
                                 and c.size <= projectmod.DIFF_MAX])
         return [project.with_diff(c, contents.get(c.path)) for c in found]
@@ -169,5 +174,13 @@ def choose(changes: list[projectmod.Change],
         raise PolicyError(f"expected a list of paths, got {paths!r}", key="paths",
                           hint=f"did you mean [{paths!r}]?")
     wanted = [checks.text(p, "paths").strip("/") for p in paths]
+    # "/" (which strips to "") names the whole project.
     return [c for c in changes
-            if any(c.path == w or c.path.startswith(w + "/") for w in wanted)]
+            if any(w == "" or autorun.at_or_below(c.path, w) for w in wanted)]
+
+
+def changes_at(session: ProjectReview, paths: Sequence[str] | None
+               ) -> list[projectmod.Change]:
+    """``choose(session.changes(), paths)``, the same changes and diffs, with only the chosen
+    changes diffed: the files of the others are never read from the sandbox."""
+    return session._diffed(choose(session.changes(diff=False), paths))

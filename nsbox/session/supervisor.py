@@ -304,7 +304,7 @@ class Supervisor:
 
     def changes(self, request: SupervisorRequest, _fds: list[int], _conn: socket.socket
                 ) -> SupervisorReply:
-        changes = review.choose(self.session.changes(), request.get("paths") or None)
+        changes = review.changes_at(self.session, request.get("paths") or None)
         return {"changes": [c.to_dict() for c in changes],
                 "review": review.review_token(changes)}
 
