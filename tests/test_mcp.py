@@ -564,7 +564,62 @@ def test_allow_host_reaches_the_listed_server_and_nothing_else(server: Server):
     attempts = data["network"]["attempts"]
     assert [(a["port"], a["allowed"]) for a in attempts] == [(listed.port, True),
                                                              (other.port, False)]
-    assert f"refused: 127.0.0.1:{other.port} is not in the allow-list" in text_of(result)
+    text = text_of(result).splitlines()
+    assert (f"refused GET 127.0.0.1:{other.port}: 127.0.0.1:{other.port} is not in the "
+            "allow-list") in text
+    assert any(line.startswith(f"reached 127.0.0.1:{listed.port}: 1 connection, ")
+               for line in text), text
+
+
+# A forged name first (an OSC title, then "clear screen"), one fetch from the listed server,
+# then more refused CONNECTs than the log keeps.
+FLOOD = r"""
+import os, socket, urllib.request
+proxy, port = os.environ["http_proxy"][len("http://"):].rsplit(":", 1)
+def connect(target):
+    with socket.create_connection((proxy, int(port))) as s:
+        s.sendall(b"CONNECT " + target.encode() + b" HTTP/1.1\r\n\r\n")
+        return s.recv(4096).split(b"\r\n")[0].decode()
+print(connect("x\x1b]0;owned\x07\x1b[2J.example:80"))
+print(urllib.request.urlopen("http://127.0.0.1:{listed}/data", timeout=10).read().decode())
+print(set(connect(f"h{{i}}.example.invalid:80") for i in range({flood})))
+"""
+
+
+def test_the_text_sums_up_a_flood_of_refused_requests_and_the_hosts_reached(
+        caller_server: Server):
+    """The run tool's text: the first refused attempts (a forged name escaped), how many more
+    were refused, those the log did not keep included, and each destination reached; the
+    reply's data keeps the whole log."""
+    from nsbox.host.netlog import SHOWN_REFUSED
+
+    flood = 1050
+    with HTTPServer(b"region,units") as listed:
+        async def scenario() -> Any:
+            async with connect(caller_server, "--allow-host",
+                               f"127.0.0.1:{listed.port}") as client:
+                code = FLOOD.format(listed=listed.port, flood=flood)
+                return await call(client, "run_python", code=code, timeout=60)
+
+        result = run(scenario)
+    data, text = result.structured_content, text_of(result)
+    assert data["status"] == "OK", text
+    assert data["stdout"].splitlines() == ["HTTP/1.1 400 Bad Request", "region,units",
+                                           "{'HTTP/1.1 403 Forbidden'}"]
+    assert "\x1b" not in text and "\x07" not in text
+    network = text.split("--- network ---\n", 1)[1].splitlines()
+    assert network[0] == (
+        "refused request ?: a control, non-ASCII or other invisible character in the request "
+        "line CONNECT x\\x1b]0;owned\\x07\\x1b[2J.example:80 HTTP/1.1 (rule net-authority)")
+    assert network[1].startswith("refused CONNECT h0.example.invalid:80: ")
+    assert all(line.startswith("refused ") for line in network[:SHOWN_REFUSED])
+    # 1 + 1050 refused, of which the log kept 1000 and the text lists 20.
+    more = 1 + flood - SHOWN_REFUSED
+    assert network[SHOWN_REFUSED] == f"... and {more} more refused (not listed)"
+    assert network[SHOWN_REFUSED + 1].startswith(
+        f"reached 127.0.0.1:{listed.port}: 1 connection, ")
+    assert data["network"]["refused_dropped"] == flood + 1 - 1000
+    assert len(data["network"]["attempts"]) == 1001
 
 
 def test_bad_allow_host_is_refused_before_serving(caller_server: Server):

@@ -22,6 +22,7 @@ from conftest import require
 from netservers import EchoServer
 from test_netproxy import connect_tunnel, proxy, request
 
+from nsbox.host.netlog import ProxyLog, summary
 from nsbox.host.netproxy import NetworkProxy, ProxyLimits
 from nsbox.host.network import RunNetwork
 from nsbox.policy.policy import Network
@@ -187,6 +188,38 @@ def test_refused_requests_cannot_push_an_allowed_connection_out_of_the_log() -> 
         "host": "127.0.0.1", "port": echo.port, "addresses": ["127.0.0.1"],
         "connections": 12, "bytes_up": 12 * 15, "bytes_down": 12 * 15,
     }]
+
+
+def test_the_summary_for_a_person_is_bounded_and_escaped() -> None:
+    """What `nsbox run` and the MCP text show of a log: the first refused attempts, then how
+    many more, those the log dropped included; the destinations reached, the rest summed; every
+    name the sandbox made escaped (nsbox/visible.py)."""
+    log = ProxyLog(max_records=3, asking=False)
+    started = time.time()
+    for i in range(5):  # the log keeps 3 of them
+        log.attempt("G\x1b[2JET" if i == 0 else "CONNECT", f"r{i}.example", 443, False,
+                    f"r{i}.example:443 \u202eis not in the allow-list", 0, 0, started + i)
+    for host, up in [("a.example", 1), ("a.example", 2), ("evil\x1b]0;t\x07.example", 4),
+                     ("c.example", 8), ("d.example", 16), ("e.example", 32)]:
+        log.attempt("CONNECT", host, 443, True, "closed", up, 2 * up, started)
+    report = log.report()
+    assert summary(report, refused=2, destinations=2) == [
+        "refused G\\x1b[2JET r0.example:443: r0.example:443 \\u202eis not in the allow-list",
+        "refused CONNECT r1.example:443: r1.example:443 \\u202eis not in the allow-list",
+        "... and 3 more refused (not listed)",
+        "reached a.example:443: 2 connections, 3 bytes sent, 6 bytes received",
+        "reached evil\\x1b]0;t\\x07.example:443: 1 connection, 4 bytes sent, 8 bytes received",
+        "... and 1 more destinations reached (not listed): 1 connection, 8 bytes sent, "
+        "16 bytes received",
+        "reached more destinations than the log names, summed: 2 connections, 48 bytes sent, "
+        "96 bytes received",
+    ]
+    assert summary(ProxyLog(max_records=3, asking=False).report()) == []
+    # With the defaults: the 3 refused kept, "2 more", the 3 destinations named, their sum.
+    assert summary(report)[3:5] == ["... and 2 more refused (not listed)",
+                                    "reached a.example:443: 2 connections, 3 bytes sent, "
+                                    "6 bytes received"]
+    assert len(summary(report)) == 8
 
 
 def test_each_command_of_a_session_has_its_own_log_and_bounds() -> None:

@@ -382,3 +382,59 @@ def test_cli_says_why_the_proxy_refused_a_connection() -> None:
     assert other.requests == []
     assert (f"nsbox: network: refused CONNECT 127.0.0.1:{other.port}: 127.0.0.1:{other.port} "
             "is not in the allow-list") in refused.stderr, refused.stderr
+
+
+# The sandbox's side of a busy run: a forged name first (an OSC title, then "clear screen"),
+# one fetch from the listed server, then a flood of refused CONNECTs.
+FLOOD = r"""
+import os, socket, sys, urllib.request
+proxy, port = os.environ["http_proxy"][len("http://"):].rsplit(":", 1)
+def connect(target):
+    with socket.create_connection((proxy, int(port))) as s:
+        s.sendall(b"CONNECT " + target.encode() + b" HTTP/1.1\r\n\r\n")
+        return s.recv(4096).split(b"\r\n")[0].decode()
+print(connect("x\x1b]0;owned\x07\x1b[2J.example:80"))
+print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode(), end="")
+print(set(connect(f"h{i}.example.invalid:80") for i in range(int(sys.argv[2]))))
+"""
+
+
+def test_cli_summarizes_a_flood_of_refused_requests_and_the_hosts_reached() -> None:
+    """`nsbox run`'s stderr: the first refused attempts (a forged name escaped), how many more
+    were refused, counting those the log did not keep; each destination reached. --json keeps
+    the whole log."""
+    from nsbox.host.netlog import SHOWN_REFUSED
+
+    flood = 1500
+    with HTTPServer() as server:
+        url = f"http://127.0.0.1:{server.port}/once"
+        args = ["--allow-host", f"127.0.0.1:{server.port}", "--", *py(FLOOD), url, str(flood)]
+        shown = nsbox_cli(*args)
+        as_json = nsbox_cli("--json", *args)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == ["HTTP/1.1 400 Bad Request", HELLO.decode().strip(),
+                                         "{'HTTP/1.1 403 Forbidden'}"]
+    assert len(server.requests) == 2  # once per run
+    lines = shown.stderr.splitlines()
+    refused = [line for line in lines if line.startswith("nsbox: network: refused ")]
+    assert len(refused) == SHOWN_REFUSED, shown.stderr
+    assert "\x1b" not in shown.stderr and "\x07" not in shown.stderr
+    assert refused[0] == (
+        "nsbox: network: refused request ?: a control, non-ASCII or other invisible character "
+        "in the request line CONNECT x\\x1b]0;owned\\x07\\x1b[2J.example:80 HTTP/1.1 "
+        "(rule net-authority)")
+    assert refused[1].startswith("nsbox: network: refused CONNECT h0.example.invalid:80: ")
+    # 1 + 1500 refused, of which the log kept 1000 and this lists 20.
+    more = 1 + flood - SHOWN_REFUSED
+    assert f"nsbox: network: ... and {more} more refused (not listed)" in lines, shown.stderr
+    (reached,) = [line for line in lines if line.startswith("nsbox: network: reached ")]
+    assert reached.startswith(f"nsbox: network: reached 127.0.0.1:{server.port}: 1 connection, ")
+    assert len(lines) == SHOWN_REFUSED + 2, shown.stderr  # nothing else of the network
+    network = json.loads(as_json.stdout)["extra"]["network"]
+    assert as_json.stderr == ""
+    assert len([a for a in network["attempts"] if not a["allowed"]]) == 1000
+    assert network["refused_dropped"] == flood + 1 - 1000
+    (dest,) = network["destinations"]
+    assert (dest["host"], dest["port"], dest["connections"]) == ("127.0.0.1", server.port, 1)
+    assert f"1 connection, {dest['bytes_up']} bytes sent, {dest['bytes_down']} bytes received" \
+        in reached

@@ -97,18 +97,17 @@ def disk_full_lines(result: Result) -> list[str]:
             for place in result.disk_full]
 
 
-def refused_connections(result: Result) -> list[str]:
-    """One line per connection the proxy refused: a client prints only "403" for a refused
-    CONNECT, so the reason (not listed, a private address...) reaches the user here."""
-    attempts = result.extra.get("network", {}).get("attempts", [])
-    lines = []
-    for attempt in attempts:
-        if attempt.get("allowed"):
-            continue
-        where = f"{attempt.get('host')}:{attempt.get('port')}" if attempt.get("host") else "?"
-        lines.append(visible.name(f"nsbox: network: refused {attempt.get('method') or 'request'}"
-                                  f" {where}: {attempt.get('reason')}"))
-    return lines
+def network_lines(result: Result) -> list[str]:
+    """The proxy's log in short (nsbox/host/netlog.py, ``summary``): a client prints only
+    "403" for a refused CONNECT, so the first refused attempts and their reasons reach the
+    user here, with how many more were refused, and each destination reached. --json keeps
+    the whole report."""
+    network = result.extra.get("network")
+    if not network:
+        return []
+    from nsbox.host.netlog import summary
+
+    return [f"nsbox: network: {line}" for line in summary(network)]
 
 
 def bind_override(spec: str, writable: bool) -> dict[str, Any]:
@@ -448,7 +447,7 @@ _LIMIT_REASONS = {"memory": "memory limit reached (OOM kill); raise it with --me
 
 def _report(result: Result, quiet: bool) -> None:
     """What the user should know about the run, on stderr."""
-    for line in [*refused_connections(result), *disk_full_lines(result)]:
+    for line in [*network_lines(result), *disk_full_lines(result)]:
         echo(line, err=True)
     if result.degraded and not quiet:
         echo(degraded_line(result), err=True)

@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Any
 
+from nsbox import visible
+
 MAX_ADDRESSES = 8  # distinct addresses kept per destination of the summary
 
 
@@ -129,3 +131,52 @@ class ProxyLog:
                 data.update(answers=list(w.answers), answers_dropped=w.answers_dropped,
                             not_asked=w.not_asked)
             return data
+
+
+# --- the log as a person reads it ------------------------------------------------------------
+# ``nsbox run``'s stderr and the MCP run tool's text show this much of a report; the report
+# itself (``--json``, the MCP reply's data, the audit record) keeps all the log kept.
+SHOWN_REFUSED = 20  # refused attempts listed, then how many more were refused
+SHOWN_DESTINATIONS = 20  # destinations reached listed, then the rest summed in a line
+
+
+def summary(report: dict[str, Any], refused: int = SHOWN_REFUSED,
+            destinations: int = SHOWN_DESTINATIONS) -> list[str]:
+    """A report as lines for a person: the first ``refused`` refused attempts with the reason,
+    then ``... and N more refused (not listed)`` counting both those cut here and those the
+    log itself did not keep (``refused_dropped``); then each destination reached, with its
+    connections and bytes, the first ``destinations`` of them and the rest summed (and the
+    log's own sum of those past its limit). Names, methods and reasons are the sandbox's
+    making: each is shown by nsbox/visible.py's rule."""
+    lines = []
+    kept = [a for a in report.get("attempts", []) if not a.get("allowed")]
+    for attempt in kept[:refused]:
+        host = attempt.get("host")
+        where = f"{host}:{attempt.get('port')}" if host else "?"
+        lines.append(f"refused {visible.name(attempt.get('method') or 'request')} "
+                     f"{visible.name(where)}: {visible.name(attempt.get('reason'))}")
+    more = len(kept) - min(len(kept), refused) + int(report.get("refused_dropped") or 0)
+    if more:
+        lines.append(f"... and {more} more refused (not listed)")
+    reached = report.get("destinations", [])
+    named = [d for d in reached if d.get("host") is not None]
+    for dest in named[:destinations]:
+        where = f"{dest['host']}:{dest['port']}"
+        lines.append(f"reached {visible.name(where)}: {_traffic([dest])}")
+    if len(named) > destinations:
+        rest = named[destinations:]
+        lines.append(f"... and {len(rest)} more destinations reached (not listed): "
+                     f"{_traffic(rest)}")
+    unnamed = [d for d in reached if d.get("host") is None]  # past the log's own limit
+    if unnamed:
+        lines.append(f"reached more destinations than the log names, summed: "
+                     f"{_traffic(unnamed)}")
+    return lines
+
+
+def _traffic(dests: list[dict[str, Any]]) -> str:
+    connections = sum(int(d.get("connections") or 0) for d in dests)
+    up = sum(int(d.get("bytes_up") or 0) for d in dests)
+    down = sum(int(d.get("bytes_down") or 0) for d in dests)
+    return (f"{connections} connection{'' if connections == 1 else 's'}, "
+            f"{up} bytes sent, {down} bytes received")

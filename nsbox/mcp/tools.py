@@ -21,6 +21,7 @@ from typing import Any
 
 from nsbox import visible
 from nsbox.errors import NsboxError
+from nsbox.host import netlog
 from nsbox.mcp import files_written
 from nsbox.mcp.files_written import IMAGE_CAP, PNG_MAGIC, file_entry
 from nsbox.mcp.turns import Call, CallCancelled, Turns
@@ -39,7 +40,6 @@ REPLY_STREAM_CAP = 32 * 1024  # bytes of each of stdout/stderr put in front of t
 READ_FILE_CAP = 256 * 1024  # bytes of a text file read_file returns
 READ_FILE_MAX = 16 * 1024 * 1024  # larger files are refused: the agent can use head or tail
 AUDIT_HEAD = 1024  # bytes of written content kept in the audit line
-MAX_NETWORK_LINES = 20  # network attempts listed in a reply's text (all are in its data)
 # A command given to bash -c is one argv string: execve(2) refuses one longer than
 # MAX_ARG_STRLEN (32 pages), so longer scripts go through a file.
 MAX_COMMAND = 100 * 1024
@@ -397,14 +397,9 @@ def _render(data: dict[str, Any]) -> str:
             if data[f"{stream}_truncated"]:
                 lines.append(f"[{stream} truncated: {data[f'{stream}_bytes']} bytes written, "
                              f"{len(data[stream].encode())} shown]")
-    attempts = (data.get("network") or {}).get("attempts", [])
-    if attempts:
-        lines.append("--- network ---")
-        lines += [visible.name(f"{a['method']} {a['host']}:{a['port']} "
-                               + ("allowed" if a["allowed"] else f"refused: {a['reason']}"))
-                  for a in attempts[:MAX_NETWORK_LINES]]
-        if len(attempts) > MAX_NETWORK_LINES:
-            lines.append(f"[{len(attempts) - MAX_NETWORK_LINES} more attempts]")
+    shown = netlog.summary(data["network"]) if data.get("network") else []
+    if shown:  # bounded (nsbox/host/netlog.py); the reply's data has the whole report
+        lines += ["--- network ---", *shown]
     lines += files_written.render(data)
     return "\n".join(lines)
 
