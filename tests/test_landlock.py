@@ -200,9 +200,10 @@ def victims() -> Iterator[Victims]:
     subprocess.run(["rm", "-rf", str(tmp)], check=False)
 
 
-# The probe: every attack of the threat model, each "refused" (with its errno) or "done".
-ATTACKS = r'''
-import ctypes, errno, fcntl, json, os, signal, socket, sys
+# The probes' common part (tests/test_landlock_filter.py's too): the arguments (JSON in argv[1]),
+# libc, and each attempt "done" (with what it returned) or "refused" (with its errno's name).
+PROBE_HEAD = r'''
+import ctypes, errno, fcntl, json, os, signal, socket, struct, sys
 args = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
 out = {}
@@ -211,6 +212,15 @@ def attempt(name, action):
         out[name] = ["done", repr(action())[:300]]
     except OSError as exc:
         out[name] = ["refused", errno.errorcode.get(exc.errno, str(exc.errno))]
+def call(nr, *a):
+    result = libc.syscall(nr, *a)
+    if result < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return result
+'''
+
+# The probe: every attack of the threat model, each "refused" (with its errno) or "done".
+ATTACKS = PROBE_HEAD + r'''
 def connect(family, address):
     s = socket.socket(family, socket.SOCK_STREAM)
     s.settimeout(2)

@@ -28,20 +28,9 @@ from test_landlock import SANDBOX_UID, RefusingHost, as_sandbox_uid
 # The refusing hosts of tests/test_landlock.py, as root and as uid 65534.
 any_host, host = test_landlock.any_host, test_landlock.host
 
-# The probes' common part: each attempt "done" or "refused" with its errno name.
-ATTEMPT = r'''
-import ctypes, errno, json, os, socket, struct, sys
-args = json.loads(sys.argv[1])
-libc = ctypes.CDLL(None, use_errno=True)
-out = {}
-def attempt(name, action):
-    try:
-        out[name] = ["done", repr(action())[:200]]
-    except OSError as exc:
-        out[name] = ["refused", errno.errorcode.get(exc.errno, str(exc.errno))]
-def call(nr, *a):
-    if libc.syscall(nr, *a) < 0:
-        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+# The probes' common part, tests/test_landlock.py's, and held(): the first line of output
+# while the sandbox still runs.
+ATTEMPT = test_landlock.PROBE_HEAD + r'''
 def held():
     print(json.dumps(out), flush=True)
     sys.stdin.read()  # the host looks while the sandbox still runs, then closes stdin
@@ -311,3 +300,80 @@ def test_the_host_mount_table_cannot_be_listed(host: RefusingHost):
     probe.finish()
     assert probe.outcome == {"listmount": ["refused", "ENOSYS"],
                              "statmount": ["refused", "ENOSYS"]}, probe.outcome
+
+
+NEWER_CALLS = r'''
+# Calls the kernel (6.17 on) has and no rule of the filter names, by number (the table x86_64
+# shares with the other architectures from Linux 5.1 on), on a file of the workspace.
+class FileAttr(ctypes.Structure):  # struct file_attr, <linux/fs.h>
+    _fields_ = [("xflags", ctypes.c_uint64), ("extsize", ctypes.c_uint32),
+                ("nextents", ctypes.c_uint32), ("projid", ctypes.c_uint32),
+                ("cowextsize", ctypes.c_uint32)]
+open("mine", "w").close()
+attr, size = FileAttr(), ctypes.c_size_t(ctypes.sizeof(FileAttr))
+attempt("file_getattr", lambda: call(468, -100, b"mine", ctypes.byref(attr), size, 0))
+attempt("file_setattr", lambda: call(469, -100, b"mine", ctypes.byref(attr), size, 0))
+count, ids = ctypes.c_uint32(64), ctypes.create_string_buffer(64)
+attempt("lsm_list_modules", lambda: call(461, ids, ctypes.byref(count), 0))
+attempt("lsm_get_self_attr", lambda: call(459, 100, ids, ctypes.byref(count), 0))
+attempt("open_tree_attr", lambda: call(467, -100, b".", 0, None, ctypes.c_size_t(0)))
+attempt("a number no kernel has yet", lambda: call(471))
+# Past the table, allowed on purpose; and an ordinary call.
+attempt("mseal", lambda: call(462, None, ctypes.c_size_t(0), 0))
+value = ctypes.create_string_buffer(64)
+xattr_args = struct.pack("<QII", ctypes.addressof(value), 64, 0)
+attempt("getxattrat", lambda: call(464, -100, b"mine", 0, b"user.none", xattr_args,
+                                   ctypes.c_size_t(len(xattr_args))))
+attempt("listxattrat", lambda: call(465, -100, b"mine", 0, value, ctypes.c_size_t(64)))
+attempt("getpid", lambda: call(39) == os.getpid())
+# The other ABIs, each in a child: "killed" with the signal, or what the call answered.
+def int80(nr):  # mov eax, nr; int 0x80; ret: the i386 entry from a 64-bit process
+    import mmap
+    page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    page.write(b"\xb8" + struct.pack("<I", nr) + b"\xcd\x80\xc3")
+    return ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(page)))()
+def in_child(name, action):
+    child = os.fork()
+    if child == 0:
+        attempt(name, action)
+        os.write(1, (json.dumps(out[name]) + "\n").encode())
+        os._exit(0)
+    _, status = os.waitpid(child, 0)
+    if os.WIFSIGNALED(status):
+        out[name] = ["killed", signal.Signals(os.WTERMSIG(status)).name]
+    else:
+        out[name] = ["returned", os.WEXITSTATUS(status)]
+X32 = 0x40000000
+in_child("x32 getpid", lambda: call(X32 | 39))
+in_child("x32 file_setattr", lambda: call(X32 | 469, -100, b"mine", ctypes.byref(attr), size, 0))
+in_child("i386 getpid", lambda: int80(20))
+in_child("i386 file_setattr", lambda: int80(469))
+held()
+'''
+
+PAST_THE_TABLE = ("file_getattr", "file_setattr", "lsm_list_modules", "lsm_get_self_attr",
+                  "open_tree_attr", "a number no kernel has yet")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64's numbers, x32 and int 0x80")
+def test_a_call_newer_than_the_filter_is_not_implemented(host: RefusingHost):
+    """Past the last number the filter was written against (landlock_filter.TABLE_END), a call
+    no rule names answers ENOSYS, as on a kernel without it, before the kernel sees it: here
+    file_setattr changed attributes of a file by name and lsm_list_modules answered. The x32
+    and i386 entries are killed, with those numbers too, as in every other filter."""
+    from nsbox.host import landlock_filter
+
+    numbers = {459, 461, 467, 468, 469, 471}  # the probe's, past the table and not allowed
+    assert min(numbers) > landlock_filter.TABLE_END
+    assert not numbers & set(landlock_filter._ALLOWED_PAST_TABLE.values())
+    probe = Probe(host, NEWER_CALLS, {})
+    rest = probe.finish()
+    outcome = probe.outcome
+    for name in PAST_THE_TABLE:
+        assert outcome[name] == ["refused", "ENOSYS"], (name, outcome, rest)
+    assert outcome["mseal"] == ["done", "0"], outcome
+    assert outcome["getxattrat"] == ["refused", "ENODATA"], outcome
+    assert outcome["listxattrat"] == ["done", "0"], outcome
+    assert outcome["getpid"] == ["done", "True"], outcome
+    for name in ("x32 getpid", "x32 file_setattr", "i386 getpid", "i386 file_setattr"):
+        assert outcome[name] == ["killed", "SIGSYS"], (name, outcome, rest)
