@@ -350,13 +350,17 @@ def test_collect_writes_no_git_directory_and_no_repository(as_user: UserRunner):
     written there either; the checkout's own .git keeps its config and gets no hook."""
     with _make_project(as_user, git=True) as dest:
         runtime = dest.parent / "runtime"
+        with open(dest / ".git" / "config", "a") as f:  # the checkout's config includes one
+            f.write("[include]\n\tpath = ../.gitconfig\n")
         config = (dest / ".git" / "config").read_bytes()
         sid = _start(as_user, runtime)
         hook = f"#!/bin/sh\\ntouch /tmp/{CANARY_NAME}-$$\\n"
+        monitor = f"[core]\\n\\tfsmonitor = touch /tmp/{CANARY_NAME}-included\\n"
         try:
             made = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
                         f"{_fsmonitor_repo('.git')}; {_fsmonitor_repo('out/bare')}; "
                         f"mkdir -p .git/hooks; printf '{hook}' > .git/hooks/pre-commit; "
+                        f"printf '{monitor}' > .gitconfig; "
                         "chmod 755 .git/hooks/pre-commit; echo 42 > out/result.txt")
             assert made.returncode == 0, made.stderr
             collected = _cli(as_user, runtime, "session", "collect", sid, "--dest", str(dest))
@@ -367,6 +371,8 @@ def test_collect_writes_no_git_directory_and_no_repository(as_user: UserRunner):
         for rel in (".git/config", ".git/HEAD", ".git/hooks/pre-commit"):
             assert f'nsbox: not collected: "{rel}": under .git' in said, rel
         assert f'nsbox: not collected: "out/bare/config": {BARE_REASON}' in said
+        assert f'nsbox: not collected: ".gitconfig": {CONFIG_REASON}' in said
+        assert not (dest / ".gitconfig").exists()
         # Host-side evidence: the result landed, nothing of git's did; git runs no hook.
         assert (dest / "out" / "result.txt").read_text() == "42\n"
         assert (dest / ".git" / "config").read_bytes() == config
@@ -699,3 +705,228 @@ def test_run_collect_json_and_audit_show_nothing_to_obey(as_user: UserRunner, tm
         assert data["stdout"].endswith("out\x7f\x1b]52;c;?\x07\u202e\n")
     finally:
         shutil.rmtree(top)
+
+
+CONFIG_REASON = ("git's config (a file the project's git config includes): git runs the "
+                 "commands it names (core.fsmonitor, core.hooksPath...) on the host; never "
+                 "applied (rule git-dir)")
+PYC_REASON = ("a Python bytecode cache: Python runs a cached .pyc in place of its source; "
+              "never applied")
+
+
+def _host_file(project: Path, user: UserRunner, rel: str, text: str) -> None:
+    """A file of the project's, made on the host and owned as the project is."""
+    path = project / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if os.geteuid() == 0:
+        for made in (path, *path.relative_to(project).parents):
+            os.chown(project / made, _owner(user), _owner(user))
+
+
+@pytest.mark.parametrize("layout", ["include", "include-if-made"])
+def test_a_config_file_the_git_config_includes_is_never_applied(as_user: UserRunner,
+                                                               layout: str):
+    """git reads a file that .git/config includes (``include.path = ../.gitconfig``, or an
+    ``[includeIf]`` one) as its own config, wherever it lies: a core.fsmonitor the sandbox
+    appends there would run on the host's next `git status`, a core.hooksPath there would
+    name hooks of the sandbox's making. apply never writes it, whether the project had it or
+    the sandbox makes it; the host's git runs nothing of the sandbox's."""
+    with _make_project(as_user, git=True) as project:
+        owner = _owner(as_user)
+        if layout == "include":
+            target, key = ".gitconfig", "include.path"
+            _host_file(project, as_user, target, "[alias]\n\tst = status\n")
+        else:
+            target, key = "conf/git.cfg", "includeIf.gitdir:/.path"
+        assert _git(project, "config", key, f"../{target}", uid=owner).returncode == 0
+        runtime = project.parent / "runtime"
+        sid = _start(as_user, runtime, "--project", str(project))
+        config = (f'[core]\\n\\tfsmonitor = "touch /tmp/{CANARY_NAME}-fsmonitor-$$; false"\\n'
+                  "\\thooksPath = .myhooks\\n")
+        hook = f"#!/bin/sh\\ntouch /tmp/{CANARY_NAME}-$$\\n"
+        try:
+            made = _cli(as_user, runtime, "session", "exec", sid, "--", "sh", "-c",
+                        f"mkdir -p conf .myhooks; printf '{config}' >> {target}; "
+                        f"printf '{hook}' > .myhooks/pre-commit; chmod 755 .myhooks/pre-commit; "
+                        "echo ok > notes.txt")
+            assert made.returncode == 0, made.stderr
+            diff = _cli(as_user, runtime, "session", "diff", "--stat", sid)
+            assert diff.returncode == 0, diff.stderr
+            assert diff.stdout.decode().splitlines()[0].startswith("!")  # listed first, marked
+            applied = _cli(as_user, runtime, "session", "apply", sid)
+        finally:
+            _cli(as_user, runtime, "session", "stop", sid)
+        assert applied.returncode == 1, applied.stdout
+        assert f"nsbox: not applied: {target}: {CONFIG_REASON}" in applied.stderr.decode()
+        assert "  applied  notes.txt" in applied.stdout.decode().splitlines()
+        # Host-side evidence: the host's config as it was; git status and commit run nothing.
+        if layout == "include":
+            assert (project / target).read_text() == "[alias]\n\tst = status\n"
+        else:
+            assert not (project / target).exists()
+        before = _canaries()
+        assert _git(project, "status", "--short", uid=owner).returncode == 0
+        assert _canaries() == before
+        _commit_on_the_host(project, as_user)
+
+
+PYC = """
+import importlib.util, marshal, os, struct
+st = os.stat("/workspace/src/app.py")
+code = compile('print("forged")', "/workspace/src/app.py", "exec")
+data = importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(st.st_mtime) & 0xFFFFFFFF,
+                                                 st.st_size & 0xFFFFFFFF) + marshal.dumps(code)
+cached = importlib.util.cache_from_source("/workspace/src/app.py")
+os.makedirs(os.path.dirname(cached), exist_ok=True)
+open(cached, "wb").write(data)
+open("/workspace/src/legacy.pyc", "wb").write(data)
+print(os.path.relpath(cached, "/workspace"))
+"""
+
+
+def test_a_python_bytecode_cache_is_never_applied(as_user: UserRunner):
+    """A ``__pycache__/*.pyc`` whose header holds the host source's mtime and size (the
+    sandbox reads both) runs in place of the reviewed, unchanged source: apply writes no
+    bytecode cache, and the host's Python runs its own source."""
+    with _make_project(as_user, git=False) as project:
+        _host_file(project, as_user, "src/app.py", 'print("reviewed")\n')
+        runtime = project.parent / "runtime"
+        sid = _start(as_user, runtime, "--project", str(project))
+        try:
+            made = _cli(as_user, runtime, "session", "exec", sid, "--", "python3", "-c", PYC)
+            assert made.returncode == 0, made.stderr
+            cached = made.stdout.decode().strip()
+            assert cached.startswith("src/__pycache__/app.") and cached.endswith(".pyc")
+            applied = _cli(as_user, runtime, "session", "apply", sid)
+        finally:
+            _cli(as_user, runtime, "session", "stop", sid)
+        # Refused, and no failure: Python makes its cache again from the reviewed source.
+        assert applied.returncode == 0, applied.stderr
+        refused = applied.stderr.decode()
+        for rel in ("src/__pycache__", cached, "src/legacy.pyc"):
+            assert f"nsbox: not applied: {rel}: {PYC_REASON}" in refused, rel
+        # Host-side evidence: no cache landed; the host's Python runs the reviewed source.
+        assert sorted(os.listdir(project / "src")) == ["app.py"]
+        ran = subprocess.run(["python3", "-B", "-c", "import app"], cwd=project / "src",
+                             capture_output=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+        assert ran.stdout == b"reviewed\n", ran.stderr
+
+
+def test_the_files_git_reads_as_config_are_found_where_git_would_look(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Each file an [include] or [includeIf] names (relative to the config that names it, at
+    any depth, whether it exists yet or not, as written and through a symlink), from the
+    project's .git/config, a linked work tree's config.worktree and common config, a
+    repository's below the top: those inside the project are never applied."""
+    from nsbox.host import autorun
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    root = tmp_path / "app"
+    (root / ".git").mkdir(parents=True)
+    assert autorun.git_configs(str(root)) == (".git/config", ".git/config.worktree")
+    (root / ".git" / "config").write_text(
+        "[core]\n\tbare = false\n[include]\n\tpath = ../.gitconfig ; a comment\n"
+        '[includeIf "gitdir:~/elsewhere/"] path = "../conf/not-yet.cfg"\n'
+        f"[include]\n\tpath = {tmp_path}/outside.cfg\n")
+    (root / ".gitconfig").write_text("[include]\n\tpath = nested/more.cfg\n")
+    (tmp_path / "outside.cfg").write_text("[include]\n\tpath = app/via-outside.cfg\n")
+    found = autorun.git_configs(str(root))
+    assert found == (".git/config", ".git/config.worktree", ".gitconfig", "conf/not-yet.cfg",
+                     "nested/more.cfg", "via-outside.cfg"), found
+    for rel in (".gitconfig", ".GitConfig", "conf/not-yet.cfg", "nested/more.cfg"):
+        assert autorun.never_applied(rel, (), frozenset(), found) == autorun.CONFIG_REASON, rel
+    assert autorun.never_applied("conf/other.cfg", (), frozenset(), found) is None
+    assert autorun.never_applied(".gitconfig.bak", (), frozenset(), found) is None
+    # Through a symlink of the project's: the file git reads is where it points.
+    (root / "real").mkdir()
+    (root / "link").symlink_to("real")
+    (root / ".gitconfig").write_text("[include]\n\tpath = link/git.cfg\n")
+    assert "real/git.cfg" in autorun.git_configs(str(root))
+    # A linked work tree: its config.worktree and the common config, each with an include.
+    main = tmp_path / "main" / ".git"
+    (main / "worktrees" / "wt").mkdir(parents=True)
+    (main / "worktrees" / "wt" / "commondir").write_text("../..\n")
+    (main / "config").write_text("[include]\n\tpath = ../../wt/common.cfg\n")
+    (main / "worktrees" / "wt" / "config.worktree").write_text(
+        "[include]\n\tpath = ../../../../wt/own.cfg\n")
+    work_tree = tmp_path / "wt"
+    work_tree.mkdir()
+    (work_tree / ".git").write_text(f"gitdir: {main}/worktrees/wt\n")
+    assert autorun.git_configs(str(work_tree)) == ("common.cfg", "own.cfg")
+    # A repository below the top reads its own.
+    (root / "sub" / ".git").mkdir(parents=True)
+    (root / "sub" / ".git" / "config").write_text("[include]\n\tpath = ../local.cfg\n")
+    assert "sub/local.cfg" in autorun.git_configs(str(root), ["sub", "sub/.git"])
+    # A key after its header on one line, in any case, sets core.hooksPath too.
+    (root / ".gitconfig").write_text("[Core] HooksPath = .hooks # a comment\n")
+    assert autorun.hooks_dirs(str(root)) == (".hooks",)
+
+
+def test_python_bytecode_is_never_applied_and_native_modules_are_marked():
+    from nsbox.host import autorun
+
+    for rel in ("src/__pycache__/app.cpython-311.pyc", "__pycache__", "a/__PYCACHE__/x",
+                "lib/mod.pyc", "lib/MOD.PYO", "src/__pycache__/notes.txt"):
+        assert autorun.never_applied(rel) == autorun.PYC_REASON, rel
+    for rel in ("src/app.py", "pyc/readme.md", "src/pycache.py"):
+        assert autorun.never_applied(rel) is None, rel
+    assert autorun.runs_it("src/fast.cpython-311-x86_64-linux-gnu.so") == (
+        "Python imports it in place of a module's .py; the dynamic loader loads it")
+    assert autorun.runs_it("build/Release/addon.node") == "node loads it as a native module"
+
+
+def test_files_tools_run_by_themselves_are_marked():
+    """What npm, linters, debuggers, nix, Gradle, Maven and the JS tools run or obey by
+    themselves is marked, in any case, at any depth; an ordinary source file is not."""
+    from nsbox.host import autorun
+
+    expected = {
+        ".npmrc": "npm obeys it (node-options, script-shell: programs it runs)",
+        "web/.NPMRC": "npm obeys it (node-options, script-shell: programs it runs)",
+        ".pylintrc": "pylint runs its init-hook", "pylintrc": "pylint runs its init-hook",
+        "mypy.ini": "mypy imports the plugins it names",
+        ".flake8": "flake8 imports the local plugins it names",
+        ".Rprofile": "R runs it at start", "bunfig.toml": "bun obeys it (preload runs scripts)",
+        ".pdbrc": "pdb runs its commands", ".irbrc": "irb runs it at start",
+        ".pryrc": "pry runs it at start",
+        ".envrc.local": "direnv runs it (source_env from .envrc)",
+        "shell.nix": "nix-shell and direnv (use nix) run it",
+        "flake.nix": "nix develop and direnv (use flake) run it",
+        ".yarn/releases/yarn-4.1.0.cjs": "yarn runs the release its yarnPath names",
+        ".yarnrc.yml": "yarn obeys it",
+        "build.gradle": "gradle runs it", "app/build.gradle.kts": "gradle runs it",
+        "settings.gradle.kts": "gradle runs it",
+        "gradle/wrapper/gradle-wrapper.properties": "gradlew runs the Gradle it names",
+        "gradlew": "the Gradle wrapper: IDEs and CI run it",
+        "pom.xml": "maven runs the plugins it names",
+        ".mvn/wrapper/maven-wrapper.properties": "maven obeys it (its wrapper, options and "
+                                                 "extensions)",
+        "conftest.py": "pytest imports it", "tests/conftest.py": "pytest imports it",
+        "node_modules/left-pad/index.js": "node loads what it holds; npm runs its scripts and "
+                                          ".bin programs",
+        "rust-toolchain.toml": "rustup runs the toolchain it names",
+    }
+    for rel, why in expected.items():
+        assert autorun.runs_it(rel) == why, rel
+    for rel in ("eslint.config.mjs", ".eslintrc.js", "prettier.config.cjs", "vite.config.ts",
+                "web/jest.config.js", "webpack.config.js", ".prettierrc.mjs"):
+        assert autorun.runs_it(rel) == ("the JS tool it configures runs it as code (eslint, "
+                                        "prettier, vite, jest, webpack...)"), rel
+    for rel in ("src/app.py", "README.md", "config.json", ".eslintrc.json", "src/gradle.py",
+                "docs/pom.xml.md"):
+        assert autorun.runs_it(rel) is None, rel
+
+
+def test_the_docs_table_lists_every_marked_file():
+    """docs/sessions.md's table of marked files names every AUTORUN pattern (a directory's
+    with its "/"), and nothing else: the table and the rule book stay one."""
+    from nsbox.host import autorun
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "sessions.md").read_text()
+    head = "| file (at any depth, any case) | what runs it |\n|---|---|\n"
+    table = text[text.index(head) + len(head):].split("\n\n")[0]
+    listed = {name.rstrip("/") for row in table.splitlines()
+              for name in re.findall(r"`([^`]+)`", re.sub(r"\(.*?\)", "", row.split(" | ")[0]))}
+    assert listed == {pattern for pattern, _why in autorun.AUTORUN}

@@ -18,6 +18,7 @@ from nsbox import visible
 from nsbox._sys.wire import SupervisorReply
 from nsbox.cli.run import fail_code
 from nsbox.errors import NsboxError
+from nsbox.host import autorun
 from nsbox.session.supervisor import request
 
 
@@ -136,7 +137,10 @@ def apply(session_id: str, paths: tuple[str, ...], reviewed: str | None) -> None
     for item in reply["refused"]:
         click.echo(f"nsbox: not applied: {visible.name(item['path'])}: "
                    f"{visible.name(item['reason'])}", err=True)
-    if reply["conflicts"] or reply["refused"]:
+    # A bytecode cache left out is as it should be (Python makes it again from the source,
+    # which is in the review): no failure, unlike the other refusals.
+    if reply["conflicts"] or any(item["reason"] != autorun.PYC_REASON
+                                 for item in reply["refused"]):
         sys.exit(1)
 
 

@@ -157,6 +157,9 @@ class Project:
         self.baseline = self.view.entries
         self.masked = self.view.masked
         self.hooks = autorun.hooks_dirs(self.root, self.baseline)
+        # The files git reads as config inside the project (an [include] of .git/config):
+        # never applied, so no config the applied tree leaves moves the hooks directory.
+        self.git_configs = autorun.git_configs(self.root, self.baseline)
         # Group and other write never land: a root caller's file would be rewritable by any
         # local user (the sandbox's chmod 777 is its own business until then).
         self.umask = caller_umask() | 0o022
@@ -256,7 +259,7 @@ class Project:
             autorun.at_or_below(path, d) for d in self.view.covered)
 
     def _marked(self, change: Change, repositories: frozenset[str]) -> Change:
-        never = autorun.never_applied(change.path, self.hooks, repositories)
+        never = autorun.never_applied(change.path, self.hooks, repositories, self.git_configs)
         if never == autorun.NAME_REASON:
             # Listed with its diff, never written: only a new name would land on the host.
             return _with(change, reason=never) if change.kind == "added" else change

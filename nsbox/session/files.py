@@ -181,10 +181,12 @@ class FileTransfer:
         listed = self.files(patterns, root, skipped=skipped)
         repositories = autorun.git_dirs([info.path for info in listed]
                                         + _repository_marks(dest, listed))
-        hooks = autorun.hooks_dirs(dest) if os.path.isdir(dest) else ()
+        checkout = os.path.isdir(dest)
+        hooks = autorun.hooks_dirs(dest) if checkout else ()
+        configs = autorun.git_configs(dest) if checkout else ()
         found = []
         for info in listed:
-            never = autorun.never_applied(info.path, hooks, repositories)
+            never = autorun.never_applied(info.path, hooks, repositories, configs)
             if never is None:
                 found.append(info)
             elif skipped is not None:
