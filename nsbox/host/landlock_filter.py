@@ -31,8 +31,8 @@ policy cannot lift them (stacked filters all run, the strictest answer wins, sec
   written against) is ENOSYS, as on a kernel without the call, unless it is named here (a rule
   by number, or _ALLOWED_PAST_TABLE). Each new kernel adds calls (lsm_set_self_attr,
   open_tree_attr, file_setattr, ...) that no rule here has weighed; they are refused until one
-  has. A filter program's prefix does it (_past_table_prefix): libseccomp names calls, not
-  ranges.
+  has. A filter program's prefix does it (seccomp_compile.past_table_prefix, which the policy's
+  filter has too): libseccomp names calls, not ranges.
 - System V IPC and POSIX message queues reach the host's (there is no IPC namespace); kernel
   keyrings hold the caller's user keyring: refused.
 - setpriority, ioprio_set, prlimit64 and the sched_set* calls may name another process of the
@@ -55,9 +55,7 @@ policy cannot lift them (stacked filters all run, the strictest answer wins, sec
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import struct
 from collections.abc import Iterable
 from typing import Any
 
@@ -94,14 +92,16 @@ _NEWER_NUMBERS = {"setxattrat": 463, "removexattrat": 466, "statmount": 457, "li
 # listmount and statmount (Linux 6.8) list the host's mount table, mount points and all, which
 # /proc/self/mountinfo (out of the sandbox's reach) would show.
 _MOUNT_LISTS = ("listmount", "statmount")
-# The last syscall number these rules were written against: futex_requeue (Linux 6.7), the end
-# of the table of the system's libseccomp (2.5.4 as Debian 12 ships it). Every number past it
-# (below the x32 bit) is ENOSYS, unless it is one of _NEWER_NUMBERS (a rule of its own) or one of
-# the calls below, allowed on purpose: mseal seals the caller's own memory and nothing else's;
-# getxattrat and listxattrat read what getxattr and listxattr read. Refused so: lsm_get_self_attr,
-# lsm_set_self_attr, lsm_list_modules (6.8), open_tree_attr (6.15), file_getattr and
-# file_setattr (6.17), and whatever a later kernel adds, until a rule here weighs it.
-TABLE_END = 456
+# The last syscall number these rules were written against (seccomp_compile.TABLE_END, 456:
+# futex_requeue, Linux 6.7, the end of the table of the system's libseccomp, 2.5.4 as Debian 12
+# ships it). Every number past it is ENOSYS (seccomp_compile.past_table_prefix), unless a rule
+# here names it (_NEWER_NUMBERS) or it is one of the calls below, allowed on purpose: mseal
+# seals the caller's own memory and nothing else's; getxattrat and listxattrat read what
+# getxattr and listxattr read. Refused so: lsm_get_self_attr, lsm_set_self_attr,
+# lsm_list_modules (6.8), open_tree_attr (6.15), file_getattr and file_setattr (6.17), and
+# whatever a later kernel adds, until a rule here weighs it. (The policy's filter has its own
+# set, seccomp_compile.POLICY_PAST_TABLE.)
+TABLE_END = compiler.TABLE_END
 _ALLOWED_PAST_TABLE = {"mseal": 462, "getxattrat": 464, "listxattrat": 465}
 _GROUP_OR_OTHER_WRITE = (0o020, 0o002)
 # The argument that names the other process, per call.
@@ -166,72 +166,39 @@ def _syscall_number(pyseccomp: Any, name: str) -> int:
     return nr
 
 
-# <linux/filter.h>, <linux/seccomp.h>, <linux/audit.h>: the prefix's instructions.
-_LD_W_ABS, _JEQ_K, _JGT_K, _JGE_K, _RET_K = 0x20, 0x15, 0x25, 0x35, 0x06
-_NR, _ARCH = 0, 4  # struct seccomp_data offsets
-_X32_SYSCALL_BIT = 0x40000000  # <asm/unistd.h> on x86_64
-_RET_ERRNO_ENOSYS = compiler.RET_ERRNO | errno.ENOSYS
-
-
-def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
-    return struct.pack("=HBBI", code, jt, jf, k)
-
-
-def _past_table_prefix(audit_arch: int) -> bytes:
-    """The instructions in front of libseccomp's program: a native number past TABLE_END that
-    no rule here names answers ENOSYS; every other call goes on to the program, unchanged.
-
-    Another architecture (i386's int 0x80, whose AUDIT_ARCH_I386 is not the native one) and a
-    number with the x32 bit (x86_64's: x32 calls carry AUDIT_ARCH_X86_64 too, and only
-    __X32_SYSCALL_BIT in the number tells the two ABIs apart, seccomp(2)) go on too:
-    libseccomp's program kills both (ACT_BADARCH, and its own check of the bit), as the
-    policy's and the set-id filter do. Killed rather than ENOSYS, so that this filter answers
-    them as every other filter of the sandbox does. The number -1 (0xffffffff, above the bit)
-    goes on as well: it is how a tracer skips a call (seccomp(2), SECCOMP_RET_TRACE), and the
-    program lets it through."""
-    passing = sorted({*_ALLOWED_PAST_TABLE.values(),
-                      *(nr for nr in _NEWER_NUMBERS.values() if nr > TABLE_END)})
-    # 0 ld arch; 1 native?; 2 ld nr; 3 past the table?; 4 x32 bit (or -1)?; named ones; ENOSYS
-    end = 6 + len(passing)  # the first instruction of libseccomp's program
-    code = [_insn(_LD_W_ABS, 0, 0, _ARCH), _insn(_JEQ_K, 0, end - 2, audit_arch),
-            _insn(_LD_W_ABS, 0, 0, _NR), _insn(_JGT_K, 0, end - 4, TABLE_END),
-            _insn(_JGE_K, end - 5, 0, _X32_SYSCALL_BIT)]
-    code += [_insn(_JEQ_K, end - 6 - i, 0, nr) for i, nr in enumerate(passing)]
-    code.append(_insn(_RET_K, 0, 0, _RET_ERRNO_ENOSYS))
-    return b"".join(code)
-
-
 def compile_filter(key: str) -> compiler.Program:
     """Allow by default, the native architecture only (another's syscalls are killed), and
-    ENOSYS for every native number past TABLE_END that no rule names (_past_table_prefix)."""
+    ENOSYS for every native number past TABLE_END that no rule names (past_table_prefix)."""
     pyseccomp = compiler.import_pyseccomp()
     flt = pyseccomp.SyscallFilter(compiler.RET_ALLOW)
     flt.set_attr(pyseccomp.Attr.ACT_BADARCH, compiler.RET_KILL_PROCESS)
     flt.set_attr(pyseccomp.Attr.CTL_NNP, 0)
     with contextlib.suppress(OSError):
         flt.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)
+    named = set(_ALLOWED_PAST_TABLE.values())  # and every rule's number: its rule decides
     for rule in rules():
         nr = _syscall_number(pyseccomp, rule.syscall)
         if nr < 0:
             continue  # not a syscall of this architecture or this libseccomp
+        named.add(nr)
         kind, number = compiler.parse_action(rule.action, "Landlock mode rule")
         conditions = [pyseccomp.Arg(a.index, compiler.OPS[a.op],
                                     *((a.mask, a.value) if a.op == "masked_eq" else (a.value,)))
                       for a in rule.args]
         flt.add_rule(compiler.action_value(kind, number, False), nr, *conditions)
-    program = compiler.export_program(flt)
-    if not os.uname().machine.startswith(("alpha", "mips")):  # their numbers are not the table's
-        program = _past_table_prefix(pyseccomp.system_arch()) + program
-    return compiler.Program(program, key)
+    return compiler.Program(
+        compiler.with_past_table_prefix(pyseccomp, compiler.export_program(flt), named), key)
 
 
 def filter_key() -> str:
     """The rules' digest, with the architecture and nsbox's version as every program's key
     has them (nsbox/host/seccomp.py): the filter built with the package is found by it."""
-    # "compiler" changes with the program's own part (_past_table_prefix).
+    # "compiler" changes with compile_filter's own options; "past_table" with the prefix's
+    # shape (seccomp_compile.past_table_prefix).
     return seccompmod.program_key(
-        {"landlock": sha256_hex(repr((rules(), _NEWER_NUMBERS, TABLE_END,
-                                      _ALLOWED_PAST_TABLE)).encode()), "compiler": 2})
+        {"landlock": sha256_hex(repr((rules(), _NEWER_NUMBERS,
+                                      _ALLOWED_PAST_TABLE)).encode()), "compiler": 2,
+         "past_table": compiler.PAST_TABLE_KEY})
 
 
 _keys: list[str] = []  # worked out once: nothing in it changes in a process

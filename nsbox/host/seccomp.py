@@ -18,11 +18,12 @@ Where a program comes from, in order:
 4. compiled by nsbox/host/seccomp_compile.py (from the rules of nsbox/host/seccomp_rules.py),
    which imports pyseccomp, whose import runs ldconfig.
 
-Every program is keyed by the seccomp policy, the digest of the built-in rules, the
-architecture and the nsbox version (cache_key): a changed rule, another architecture or another
-release never finds an old program. libseccomp is not in the key: it only compiles, the BPF does
-not use it at run time. The child applies the program as the last step before execve
-(nsbox/sandbox/child.py). docs/seccomp.md explains every rule.
+Every program is keyed by the seccomp policy, the digest of the built-in rules, the prefix
+for calls newer than the rules (seccomp_compile.past_table_prefix), the architecture and the
+nsbox version (cache_key): a changed rule, another architecture or another release never finds
+an old program. libseccomp is not in the key: it only compiles, the BPF does not use it at run
+time. The child applies the program as the last step before execve (nsbox/sandbox/child.py).
+docs/seccomp.md explains every rule.
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nsbox.host.seccomp_compile import MAX_INSNS, Program, compile_program, compile_setid
+from nsbox.host.seccomp_compile import (
+    MAX_INSNS,
+    PAST_TABLE_KEY,
+    POLICY_PAST_TABLE,
+    Program,
+    compile_program,
+    compile_setid,
+)
 from nsbox.host.seccomp_rules import BUILTIN_DIGEST, SETID_DIGEST, sha256_hex
 from nsbox.policy.policy import Seccomp, SeccompArg, SeccompRule
 
@@ -171,8 +179,14 @@ def architecture() -> str:
     return f"{os.uname().machine}-{64 if sys.maxsize > 2**32 else 32}"
 
 
+# The policy program's prefix for calls newer than the rules (seccomp_compile.past_table_prefix):
+# its shape and the calls it lets through, so that a program from before either is never used.
+_PAST_TABLE = repr((PAST_TABLE_KEY, sorted(POLICY_PAST_TABLE.items())))
+
+
 def cache_key(seccomp: Seccomp) -> str:
-    return program_key({"seccomp": plain_source(seccomp), "builtin": BUILTIN_DIGEST})
+    return program_key({"seccomp": plain_source(seccomp), "builtin": BUILTIN_DIGEST,
+                        "past_table": _PAST_TABLE})
 
 
 def program_key(inputs: dict[str, Any]) -> str:

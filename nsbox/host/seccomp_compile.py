@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,46 @@ OPS = {"ne": 1, "lt": 2, "le": 3, "eq": 4, "ge": 5, "gt": 6, "masked_eq": 7}
 MAX_INSNS = 4096
 # The generic syscall table's number of fchmodat2 (Linux 6.6), for a libseccomp that predates it.
 _NR_FCHMODAT2 = 452
+
+# --- calls newer than the rules (past_table_prefix) -------------------------------------------
+# The last syscall number the rules (seccomp_rules.py's and landlock_filter.py's) were written
+# against: futex_requeue (Linux 6.7), the end of the table of the system's libseccomp (2.5.4 as
+# Debian 12 ships it). libseccomp names calls, and cannot name one it does not know, so under an
+# allow-by-default filter every later call would reach the kernel unweighed (lsm_set_self_attr,
+# open_tree_attr, file_setattr, ...): past_table_prefix answers them before libseccomp's program.
+TABLE_END = 456
+# Where the numbers the shared table will not reach begin: ARM's private calls (__ARM_NR_BASE:
+# set_tls, which glibc's start needs, cacheflush); above them x86_64's x32 numbers
+# (__X32_SYSCALL_BIT, 0x40000000) and -1 (0xffffffff, how a tracer skips a call, seccomp(2)).
+# From here on a number goes on to libseccomp's program: it kills an x32 number, as every
+# filter of the sandbox does; on x86_64 the kernel has nothing else there (ENOSYS anyway).
+_ARCH_PRIVATE = 0x000F0000
+# The calls past TABLE_END this code knows (the table every architecture but alpha and mips
+# shares, Linux 6.8 to 6.17), for learning mode's report where libseccomp has no name.
+NEWER_NAMES = {457: "statmount", 458: "listmount", 459: "lsm_get_self_attr",
+               460: "lsm_set_self_attr", 461: "lsm_list_modules", 462: "mseal",
+               463: "setxattrat", 464: "getxattrat", 465: "listxattrat", 466: "removexattrat",
+               467: "open_tree_attr", 468: "file_getattr", 469: "file_setattr"}
+# The policy's filter (allow by default): past the table, allowed on purpose, each because its
+# older sibling is allowed by the policy's rules, which refuse no xattr call and no mount listing:
+# mseal seals the caller's own memory and nothing else's; getxattrat, listxattrat, setxattrat
+# and removexattrat do what getxattr, listxattr, setxattr and removexattr do (security.* and
+# trusted.* names need capabilities the sandbox does not have; the set-id route,
+# security.capability, needs CAP_SETFCAP); statmount and listmount list the sandbox's own mount
+# namespace, which its /proc/self/mountinfo shows too (another one needs CAP_SYS_ADMIN over it:
+# ENOENT). Refused (ENOSYS): lsm_get_self_attr, lsm_set_self_attr, lsm_list_modules (6.8),
+# open_tree_attr (6.15: open_tree is refused), file_getattr and file_setattr (6.17), and
+# whatever a later kernel adds, until a rule weighs it. The Landlock mode's filter has its own
+# set (landlock_filter._ALLOWED_PAST_TABLE).
+POLICY_PAST_TABLE = {"statmount": 457, "listmount": 458, "mseal": 462, "setxattrat": 463,
+                     "getxattrat": 464, "listxattrat": 465, "removexattrat": 466}
+# What the prefix is made of; every key of a program that has it includes this (a change here
+# is a new program): nsbox/host/seccomp.py cache_key, landlock_filter.filter_key.
+PAST_TABLE_KEY = repr(("past-table", 1, TABLE_END, _ARCH_PRIVATE))
+RET_ERRNO_ENOSYS = RET_ERRNO | errno.ENOSYS
+# <linux/filter.h>, <linux/bpf_common.h>: the prefix's instructions; struct seccomp_data offsets.
+_LD_W_ABS, _JEQ_K, _JGT_K, _JGE_K, _RET_K = 0x20, 0x15, 0x25, 0x35, 0x06
+_NR, _ARCH = 0, 4
 
 
 @dataclass(frozen=True)
@@ -117,14 +159,57 @@ def action_value(kind: str, number: int, listener: bool) -> int:
     return RET_USER_NOTIF if listener else RET_ERRNO | (number & 0xFFFF)
 
 
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def past_table_prefix(audit_arch: int, named: Iterable[int], refuse: int) -> bytes:
+    """The instructions in front of libseccomp's program: a native number past TABLE_END (and
+    below _ARCH_PRIVATE) that is not in ``named`` answers ``refuse`` (ENOSYS, as on a kernel
+    without the call: programs fall back); every other call goes on to the program, unchanged.
+
+    ``named``: the numbers a rule of the filter names (its rule decides) and those allowed on
+    purpose. Another architecture (i386's int 0x80, whose AUDIT_ARCH_I386 is not the native
+    one) and a number with the x32 bit (x86_64's: x32 calls carry AUDIT_ARCH_X86_64 too, and
+    only __X32_SYSCALL_BIT in the number tells the two ABIs apart, seccomp(2)) go on too:
+    libseccomp's program kills both (ACT_BADARCH, and its own check of the bit), so that every
+    filter of the sandbox answers them alike. Every number from _ARCH_PRIVATE on goes on as
+    well: the x32 ones, ARM's private calls, -1 (a tracer's skipped call)."""
+    passing = sorted({nr for nr in named if TABLE_END < nr < _ARCH_PRIVATE})
+    if len(passing) > 200:  # a jump's offset is one byte
+        raise ValueError(f"{len(passing)} numbers past the table: too many for the prefix")
+    # 0 ld arch; 1 native?; 2 ld nr; 3 past the table?; 4 private (x32, -1)?; named; refuse
+    end = 6 + len(passing)  # the first instruction of libseccomp's program
+    code = [_insn(_LD_W_ABS, 0, 0, _ARCH), _insn(_JEQ_K, 0, end - 2, audit_arch),
+            _insn(_LD_W_ABS, 0, 0, _NR), _insn(_JGT_K, 0, end - 4, TABLE_END),
+            _insn(_JGE_K, end - 5, 0, _ARCH_PRIVATE)]
+    code += [_insn(_JEQ_K, end - 6 - i, 0, nr) for i, nr in enumerate(passing)]
+    code.append(_insn(_RET_K, 0, 0, refuse))
+    return b"".join(code)
+
+
+def with_past_table_prefix(pyseccomp: Any, bpf: bytes, named: Iterable[int],
+                           refuse: int = RET_ERRNO_ENOSYS) -> bytes:
+    """``bpf`` (libseccomp's program) behind past_table_prefix; unchanged on alpha and mips,
+    whose numbers are not the shared table's."""
+    if os.uname().machine.startswith(("alpha", "mips")):
+        return bpf
+    return past_table_prefix(pyseccomp.system_arch(), named, refuse) + bpf
+
+
 def compile_program(seccomp: Seccomp, key: str = "") -> Program:
     """Compile with libseccomp. Raises PolicyError naming a bad rule. ``key`` is the cache's
-    (nsbox/host/seccomp.py), kept with the program."""
+    (nsbox/host/seccomp.py), kept with the program.
+
+    A deny list (default ``allow``) gets past_table_prefix: a call newer than the rules answers
+    ENOSYS unless POLICY_PAST_TABLE or a rule names it (a profile's rule of a newer libseccomp
+    than TABLE_END's, which knows the name: the rule decides)."""
     pyseccomp = import_pyseccomp()
     listener = seccomp.log_denied
     default_kind, default_errno = parse_action(seccomp.default_action, "seccomp.default_action")
     default = action_value(default_kind, default_errno, listener)
     notify_rules: dict[str, list[Any]] = {}
+    named: set[int] = set()  # the numbers the rules name
 
     flt = pyseccomp.SyscallFilter(default)
     # Only the native architecture is in the filter (libseccomp's default; no x86 or x32 is
@@ -153,6 +238,7 @@ def compile_program(seccomp: Seccomp, key: str = "") -> Program:
         kind, number = parse_action(rule.action, where)
         if nr < 0:
             continue  # a syscall of another architecture (vm86 on x86_64): nothing to filter
+        named.add(nr)
         action = action_value(kind, number, listener)
         if action == default:
             continue  # libseccomp refuses a rule that repeats the default; it changes nothing
@@ -175,6 +261,16 @@ def compile_program(seccomp: Seccomp, key: str = "") -> Program:
             notify_rules.setdefault(str(nr), []).append([conds, number])
 
     bpf = export_program(flt)
+    # With an errno or kill default nothing past the table is allowed anyway, and with a user
+    # notification default (learning mode's errno default) the listener already answers and
+    # records every call no rule allows, those past the table too. A deny list in learning mode
+    # refuses them through the listener as well (RET_USER_NOTIF; the helper answers ENOSYS,
+    # notify's "default" below), so that learning shows what a program tried.
+    past_table = default == RET_ALLOW
+    if past_table:
+        refuse = RET_USER_NOTIF if listener else RET_ERRNO_ENOSYS
+        bpf = with_past_table_prefix(pyseccomp, bpf, named | set(POLICY_PAST_TABLE.values()),
+                                     refuse)
     if len(bpf) // 8 > MAX_INSNS:
         raise PolicyError(
             f"the seccomp program has {len(bpf) // 8} instructions; the kernel takes at most "
@@ -183,9 +279,12 @@ def compile_program(seccomp: Seccomp, key: str = "") -> Program:
         )
     notify = None
     if listener:
+        # With an allow default the listener hears only the rules' errnos (each in "rules")
+        # and the prefix's calls past the table: for those the default is ENOSYS.
         notify = {
             "rules": notify_rules,
-            "default": default_errno if default == RET_USER_NOTIF else None,
+            "default": (default_errno if default == RET_USER_NOTIF
+                        else errno.ENOSYS if past_table else None),
             "names": _syscall_names(pyseccomp),
         }
     return Program(bpf, key, listener, notify)
@@ -245,7 +344,7 @@ def export_program(flt: Any) -> bytes:
 def _syscall_names(pyseccomp: Any) -> dict[str, str]:
     """Number -> name for the native architecture, so the host can name what was denied
     without loading libseccomp again."""
-    names = {}
+    names = {str(nr): name for nr, name in NEWER_NAMES.items()}  # libseccomp's name first
     for nr in range(1024):
         try:
             names[str(nr)] = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, nr).decode()
