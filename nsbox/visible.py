@@ -11,10 +11,11 @@ drawn (CVE-2021-42574, "Trojan Source"). click removes colour sequences only, an
 the output is no terminal: an OSC passes through a pipe all the same.
 
 So there is one rule, for every door: a character is shown as it is when ``str.isprintable()``
-says so (letters, marks, numbers, punctuation, symbols and the ASCII space), any other as an
-escape: ``\\r``, ``\\n`` and ``\\t`` by their names, ``\\x1b`` up to U+00FF, ``\\u202e`` up
-to U+FFFF, ``\\U000e0041`` above (a byte that is not UTF-8, kept by Python as a surrogate,
-shows as ``\\udcNN``). It has two forms:
+says so (letters, marks, numbers, punctuation, symbols and the ASCII space) and it is not one
+of the few printable ones drawn as a blank (``BLANK_LOOKING``: the Hangul fillers, U+2800,
+variation selectors...), any other as an escape: ``\\r``, ``\\n`` and ``\\t`` by their
+names, ``\\x1b`` up to U+00FF, ``\\u202e`` up to U+FFFF, ``\\U000e0041`` above (a byte
+that is not UTF-8, kept by Python as a surrogate, shows as ``\\udcNN``). It has two forms:
 
 - ``name`` for one-line values (a path, a host name, a reason): the newline and the tab are
   escaped too, and so is the backslash (``\\\\``), so that an escape shown cannot be mistaken
@@ -53,13 +54,37 @@ def _escape(char: str) -> str:
 
 _TEXT_KEPT = frozenset("\n\t")
 
+# Printable to str.isprintable (letters, marks, symbols), yet drawn as nothing or as a blank:
+# a name "n\u3164ame" would look like "n ame", a line "const { timeout,\u3164} = req.query;"
+# would hide a variable (the "invisible JavaScript backdoor"), variation selectors after an
+# emoji can carry any bytes unseen. These are Unicode's Default_Ignorable_Code_Point characters
+# that are not already format (Cf) or unassigned ones (the Hangul fillers U+115F, U+1160,
+# U+3164, U+FFA0; the combining grapheme joiner U+034F; Khmer U+17B4-U+17B5; the Mongolian
+# and the other variation selectors U+180B-U+180D, U+180F, U+FE00-U+FE0F, U+E0100-U+E01EF)
+# and U+2800 BRAILLE PATTERN BLANK. The other spaces (U+00A0, U+2000-U+200A, U+205F, U+3000)
+# are Zs and U+180E, U+200B, U+FEFF are Cf: not printable, so escaped already.
+BLANK_LOOKING = frozenset(chr(code) for low, high in (
+    (0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180D), (0x180F, 0x180F),
+    (0x2800, 0x2800), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xE0100, 0xE01EF),
+) for code in range(low, high + 1))
+
+
+def drawn(text: str) -> bool:
+    """Every character of ``text`` is drawn as itself: printable and not blank-looking (the
+    rule of ``name``, but for the backslash; nsbox/host/autorun.py writes no other name)."""
+    return text.isprintable() and (text.isascii() or BLANK_LOOKING.isdisjoint(text))
+
+
+def _kept(char: str) -> bool:
+    return char.isprintable() and char not in BLANK_LOOKING
+
 
 def name(value: object) -> str:
-    """A one-line value as it may be shown: nothing in it acts on a terminal."""
+    """A one-line value as it may be shown: nothing in it acts on a terminal or hides."""
     text = value if isinstance(value, str) else str(value)
-    if text.isprintable() and "\\" not in text:
+    if drawn(text) and "\\" not in text:
         return text
-    return "".join(c if c.isprintable() and c != "\\" else _escape(c) for c in text)
+    return "".join(c if _kept(c) and c != "\\" else _escape(c) for c in text)
 
 
 def quoted(value: object) -> str:
@@ -75,9 +100,9 @@ def text(value: object) -> str:
 
 
 def _line(line: str) -> str:
-    if line.isprintable():
+    if drawn(line):
         return line
-    return "".join(c if c.isprintable() or c in _TEXT_KEPT else _escape(c) for c in line)
+    return "".join(c if _kept(c) or c in _TEXT_KEPT else _escape(c) for c in line)
 
 
 def json_text(value: Any, **options: Any) -> str:

@@ -100,8 +100,8 @@ with nsbox.Session(policy, workspace={ws_arg}, timeout=20) as s:
         "sparse": f"too large: {2**40} bytes, the limit is {64 * 2**20}",
         "linked": "a hard link (2 names)",
         "linked2": "a hard link (2 names)",
-        NEWLINE_NAME: "its name holds a control, format or non-UTF-8 character: not written on "
-                      "the host",
+        NEWLINE_NAME: "its name holds a control, format, blank-looking or non-UTF-8 character: "
+                      "not written on the host",
     }
     assert out["errors"] == {
         "link-to-secret": "a symlink (not followed)",
@@ -219,5 +219,6 @@ def test_names_a_terminal_would_obey_are_not_written_on_the_host(tmp_path: Path)
     assert [f.path for f in copied] == ["plain.txt"]
     assert sorted(os.fsencode(p) for p, _ in skipped) == sorted(hostile)
     assert {r for _, r in skipped} == {
-        "its name holds a control, format or non-UTF-8 character: not written on the host"}
+        "its name holds a control, format, blank-looking or non-UTF-8 character: not written "
+        "on the host"}
     assert os.listdir(tmp_path / "out") == ["plain.txt"]

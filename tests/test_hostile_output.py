@@ -32,7 +32,8 @@ from sessiontools import UserRunner, user_runner
 from nsbox import visible
 
 CANARY_NAME = "nsbox-hook-ran"
-NAME_REASON = "its name holds a control, format or non-UTF-8 character: not written on the host"
+NAME_REASON = ("its name holds a control, format, blank-looking or non-UTF-8 character: not "
+               "written on the host")
 DEVELOPER_UID = 1000
 
 # The sandbox's files: name -> content (python3 in the sandbox writes them, with names of any
@@ -458,8 +459,7 @@ def test_run_project_and_listings_show_names_escaped(as_user: UserRunner, projec
             if args[1] == "collect":
                 # Listed as not collected, escaped: such a name is not written on the host.
                 for name in SHOWN_NAMES:
-                    assert (f'nsbox: not collected: "{name}": its name holds a control, format '
-                            "or non-UTF-8 character: not written on the host") in text, name
+                    assert f'nsbox: not collected: "{name}": {NAME_REASON}' in text, name
                 assert not set(SHOWN_NAMES) & set(names), names
                 assert sorted(os.listdir(runtime / "out")) == ["Makefile", "deploy.sh", "new.sh"]
             else:
@@ -646,7 +646,7 @@ def test_at_or_below_is_the_directory_or_under_it_at_a_slash():
 def test_a_name_a_terminal_obeys_never_lands():
     from nsbox.host import autorun
 
-    for rel in ("zzz\x1b[3J", "a/b\u202etxt.sh", "new\nline", "bad\udcff"):
+    for rel in ("zzz\x1b[3J", "a/b\u202etxt.sh", "new\nline", "bad\udcff", "n\u3164ame"):
         assert autorun.never_applied(rel) == autorun.NAME_REASON, repr(rel)
     assert autorun.never_applied("caf\u00e9/\u65e5\u672c.txt") is None
     assert autorun.runs_it("deep/dir/Makefile") == "make runs its recipes"
@@ -684,8 +684,7 @@ def test_run_collect_json_and_audit_show_nothing_to_obey(as_user: UserRunner, tm
         assert 'nsbox: not collected: "ln\\x7f\\x1b[2J": a symlink (not followed)' in text
         # Names a terminal would obey are not written on the host (nsbox/session/files.py).
         for name in HOSTILE:
-            assert (f"nsbox: not collected: {visible.quoted(name)}: its name holds a control, "
-                    "format or non-UTF-8 character: not written on the host") in text, name
+            assert f"nsbox: not collected: {visible.quoted(name)}: {NAME_REASON}" in text, name
         collected = {str(p.relative_to(top / "out")) for p in (top / "out").rglob("*")}
         assert collected == {"Makefile", "deploy.sh", "new.sh"}, collected
         record = (top / "audit.jsonl").read_bytes()

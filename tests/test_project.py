@@ -447,13 +447,13 @@ def test_the_changes_op_diffs_only_the_chosen_changes(as_user: UserRunner, proje
                      "echo x > src/new.py; echo y > READMEx"])
         assert ran.ok, ran.stderr
         read: list[str] = []
-        upper = s._upper
+        batch_read = s._read_batch
 
-        def recording(changes: list[Any]) -> dict[str, bytes]:
-            read.extend(c.path for c in changes)
-            return upper(changes)
+        def recording(batch: list[Any]) -> dict[str, bytes]:
+            read.extend(c.path for c in batch)
+            return batch_read(batch)
 
-        monkeypatch.setattr(s, "_upper", recording)
+        monkeypatch.setattr(s, "_read_batch", recording)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         supervisor = Supervisor(s, listener, [], None)
         try:
@@ -556,3 +556,27 @@ def test_a_root_owned_project_as_root_is_edited_and_applied_as_root(tmp_path: Pa
     assert (root / "main.py").read_text() == "print(2)\n"
     st = (root / "added.txt").stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o644)
+
+
+def test_a_long_name_in_bytes_is_written_and_a_large_text_is_too_large_to_diff(tmp_path: Path):
+    """The temporary name beside a file was cut at 200 characters, not bytes: 80 CJK
+    characters (240 bytes) made it 255+ bytes, and apply failed "File name too long". A text
+    file over DIFF_MAX was shown as "binary"."""
+    from nsbox._sys.paths import replace_file
+    from nsbox.host import project as projectmod
+
+    names = ["漢" * 80, "a" * 255, os.fsdecode(b"\xff" * 200 + "é".encode() * 27)]
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in names:
+            assert len(os.fsencode(name)) <= 255
+            replace_file(fd, name, [b"data"], 0o644)
+            assert (tmp_path / name).read_bytes() == b"data"
+    finally:
+        os.close(fd)
+    assert sorted(os.listdir(tmp_path)) == sorted(names)  # no temporary name left
+    p = projectmod.Project.__new__(projectmod.Project)
+    big = projectmod.Change("big.log", "added", size=projectmod.DIFF_MAX + 1, sha256="0" * 64)
+    shown = p.with_diff(big, None)
+    assert (shown.no_diff, shown.binary, shown.diff) == ("too large to diff: over 1 MiB",
+                                                         False, None)

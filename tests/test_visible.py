@@ -84,3 +84,26 @@ def test_a_name_is_printable_and_tells_its_text_back(raw: str) -> None:
 def test_text_lines_are_printable_but_for_tabs(raw: str) -> None:
     for line in visible.text(raw).split("\n"):
         assert line.replace("\t", "").isprintable()
+
+
+BLANK = ["\u3164", "\u115f", "\u1160", "\uffa0", "\u2800", "\u034f", "\u17b4", "\u17b5",
+         "\u180b", "\u180f", "\ufe00", "\ufe0f", "\U000e0100", "\U000e01ef"]
+
+
+def test_printable_characters_drawn_as_a_blank_are_escaped() -> None:
+    """str.isprintable() is True for them, yet a terminal draws nothing or a blank: a file
+    "n\\u3164ame" would look like "n ame", and the "invisible JavaScript backdoor" hides a
+    variable in a line of a diff."""
+    for char in BLANK:
+        assert char.isprintable(), hex(ord(char))  # what the rule alone would have kept
+        shown = visible.name(f"n{char}ame")
+        assert shown == "n" + char.encode("unicode_escape").decode() + "ame", hex(ord(char))
+        assert not visible.drawn(f"n{char}ame")
+    backdoor = "const { timeout,\u3164} = req.query;\nexec(\u3164)\t;"
+    assert visible.text(backdoor) == "const { timeout,\\u3164} = req.query;\nexec(\\u3164)\t;"
+    assert visible.quoted("\u2800") == '"\\u2800"'
+    # The other spaces are escaped already (Zs, Cf: not printable), and stay so.
+    for char in ["\u00a0", "\u2000", "\u200a", "\u205f", "\u3000", "\u180e", "\ufeff"]:
+        assert visible.name(char) == char.encode("unicode_escape").decode()
+    assert visible.name("café 中文 한국어 ❤") == "café 中文 한국어 ❤"  # real letters stay
+    assert visible.drawn("café 中文") and visible.drawn("a b")

@@ -86,7 +86,7 @@ def replace_file(dir_fd: int, name: str, chunks: Iterable[bytes], mode: int) -> 
             raise IsADirectoryError(21, "Is a directory", name)
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
             raise FileExistsError(17, "not a regular file", name)
-    tmp = f".{name[:200]}.nsbox-{secrets.token_hex(4)}"
+    tmp = f".{_cut(name, 200)}.nsbox-{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)
     try:
@@ -107,6 +107,17 @@ def replace_file(dir_fd: int, name: str, chunks: Iterable[bytes], mode: int) -> 
         os.unlink(tmp, dir_fd=dir_fd)
         raise
     os.fsync(dir_fd)
+
+
+def _cut(name: str, limit: int) -> str:
+    """The longest head of ``name`` whose bytes (os.fsencode) fit in ``limit``, cut between
+    characters (NAME_MAX, 255, counts bytes: 80 CJK characters are 240 of them)."""
+    size = 0
+    for i, char in enumerate(name):
+        size += len(os.fsencode(char))  # a byte kept as a surrogate (not UTF-8) is one
+        if size > limit:
+            return name[:i]
+    return name
 
 
 def caller_umask() -> int:

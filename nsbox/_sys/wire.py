@@ -209,6 +209,7 @@ class SupervisorRequest(TypedDict, total=False):
     patterns: list[str]  # files, collect
     dest: str  # collect: an absolute host directory
     paths: list[str] | None  # changes, apply, discard
+    diff: bool  # changes: False lists them without diffs (nsbox session diff --stat)
     reviewed: str | None  # apply: the review's token (nsbox/host/project.py review_token)
 
 

@@ -80,7 +80,9 @@ def diff(session_id: str, paths: tuple[str, ...], summary: bool, as_json: bool) 
       nsbox session diff $ID
     """
     try:
-        reply = request(session_id, {"op": "changes", "paths": list(paths) or None})
+        # --stat asks for no diffs: the supervisor then reads no file of the sandbox.
+        reply = request(session_id, {"op": "changes", "paths": list(paths) or None,
+                                     "diff": not summary})
     except NsboxError as error:
         _fail(error)
         return

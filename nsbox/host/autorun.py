@@ -22,7 +22,7 @@ Python runs a ``__pycache__/*.pyc`` in place of its source when the header's mti
 match the source's (both of which the sandbox can read): a bytecode cache never lands either
 (``PYC_REASON``), so the reviewed source is what runs.
 
-A name with a character a terminal obeys or hides (not ``str.isprintable``) never lands
+A name with a character a terminal obeys or hides (not ``visible.drawn``) never lands
 either: every later ``ls``, file manager or script on the host would meet it as made. The same
 rule book decides what ``collect`` writes (nsbox/session/files.py).
 
@@ -37,6 +37,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Sequence
 
+from nsbox import visible
 from nsbox.policy.rules import secret_matcher
 
 # (pattern, what runs it): matched as rules.SECRETS are (any depth, any case; a directory
@@ -127,8 +128,8 @@ PYC_REASON = ("a Python bytecode cache: Python runs a cached .pyc in place of it
               "never applied")
 # Listed first in review, marked (the name is older than the last two).
 GIT_DIR_REASONS = (GIT_REASON, BARE_REASON, HOOKS_REASON, CONFIG_REASON, PYC_REASON)
-NAME_REASON = ("its name holds a control, format or non-UTF-8 character: not written on the "
-               "host")
+NAME_REASON = ("its name holds a control, format, blank-looking or non-UTF-8 character: not "
+               "written on the host")
 # A section's header ([name] or [name "subsection"]), then what may follow it on its line.
 _HEADER = re.compile(r'\[\s*([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\]|\\.)*)")?\s*\](.*)')
 _KEY = re.compile(r"([A-Za-z][A-Za-z0-9-]*)\s*(?:=(.*))?")
@@ -369,6 +370,6 @@ def never_applied(rel: str, hooks: Sequence[str] = (),
         return CONFIG_REASON
     if is_bytecode(rel):
         return PYC_REASON
-    if not rel.isprintable():
+    if not visible.drawn(rel):
         return NAME_REASON
     return None

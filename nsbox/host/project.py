@@ -20,6 +20,7 @@ Files land with the caller's umask, and never with group or other write (``Proje
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import errno
 import hashlib
@@ -228,6 +229,7 @@ class Project:
         project as the session found it: those never applied (under a .git) first, then
         those to files the host runs by itself, then the others, each group by path."""
         upper = {str(e["path"]): e for e in listing}
+        self._sorted = sorted(self.baseline)  # for _deleted_under's ranges
         out: dict[str, Change] = {}
         for path, item in upper.items():
             _check_relative(path)
@@ -324,15 +326,19 @@ class Project:
 
     def _deleted_under(self, path: str, upper: dict[str, dict[str, Any]],
                        include_self: bool) -> list[Change]:
-        """Each baseline entry at or below ``path`` that the upper layer hides."""
+        """Each baseline entry at or below ``path`` that the upper layer hides (a deleted
+        file has none below it; a directory's are a range of the sorted baseline)."""
         found = []
         if include_self:
             base = self.baseline[path]
             found.append(Change(path, "deleted", is_dir=base.kind == "dir",
                                 old_mode=base.mode & 0o777))
-        prefix = path + "/"
-        for rel, base in self.baseline.items():
-            if rel.startswith(prefix) and rel not in upper:
+            if base.kind != "dir":
+                return found
+        keys = self._sorted  # "/" + 1 is "0": the names below path sort in [path/, path0)
+        for rel in keys[bisect.bisect_left(keys, f"{path}/"):bisect.bisect_left(keys, f"{path}0")]:
+            base = self.baseline[rel]
+            if rel not in upper:
                 found.append(Change(rel, "deleted", is_dir=base.kind == "dir",
                                     old_mode=base.mode & 0o777))
         return found
@@ -341,6 +347,8 @@ class Project:
         """``change`` with a unified diff when old and new are text, else marked binary."""
         if change.kind not in ("added", "modified") or change.is_dir:
             return change
+        if new is None and (change.size or 0) > DIFF_MAX:
+            return _with(change, no_diff=f"too large to diff: over {DIFF_MAX >> 20} MiB")
         old: bytes | None = b""
         if change.kind == "modified":
             try:

@@ -69,7 +69,9 @@ def perform(ctx: _child.Context, op: dict[str, Any]) -> int:
         write_all(2, json.dumps({"path": exc.path, "reason": exc.reason}).encode())
         return 1
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        # Its own message where it has one ("more than 20000 changed entries": the listing's
+        # limit, which E2BIG alone would say as "Argument list too long").
+        reason = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc))
         write_all(2, json.dumps({"path": op.get("path", ""), "reason": reason,
                                   "errno": exc.errno or 0}).encode())
         return 1

@@ -9,6 +9,7 @@ started is a conflict and is not written.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
@@ -18,6 +19,13 @@ from nsbox.host import autorun
 from nsbox.host import project as projectmod
 from nsbox.policy import checks
 from nsbox.session.files import FileTransfer
+
+# The diffs of one listing, in bytes: 60 new text files of 1 MiB took the supervisor from
+# 22 MB to 453 MB (the CLI that read the reply to 363 MB). Past this, a text file's change is
+# listed without its diff (``no_diff`` says why) and its file is not read from the sandbox.
+DIFF_TOTAL = 16 * 1024 * 1024
+OVER_TOTAL = (f"the diffs listed passed {DIFF_TOTAL >> 20} MiB in all: ask for this path "
+              "alone to see its diff")
 
 
 class ProjectReview(FileTransfer):
@@ -46,8 +54,11 @@ class ProjectReview(FileTransfer):
         directories, mode changes, symlinks and what cannot be applied (hard links, FIFOs,
         files over the copy limit), each text file with a unified diff (``diff``)."""
         project = self._project_or_refuse()
-        data = self._file_op({"kind": "changes", "max_entries": projectmod.MAX_CHANGES,
-                              "max_size": self.copy_limits.max_file_size})
+        try:
+            data = self._file_op({"kind": "changes", "max_entries": projectmod.MAX_CHANGES,
+                                  "max_size": self.copy_limits.max_file_size})
+        except FileTransferError as exc:
+            raise _too_many(exc) from None
         try:
             listing = json.loads(data)["entries"]
             found = project.changes(listing)
@@ -58,25 +69,42 @@ class ProjectReview(FileTransfer):
 
     def _diffed(self, found: list[projectmod.Change]) -> list[projectmod.Change]:
         """``found`` (as ``changes(diff=False)`` lists them), each text file with its diff:
-        only these files are read from the sandbox."""
+        only these files are read from the sandbox, a batch at a time, and none once the diffs
+        passed DIFF_TOTAL bytes (the rest say so in ``no_diff``)."""
         project = self._project_or_refuse()
-        contents = self._upper([c for c in found if c.size is not None
-                                and c.size <= projectmod.DIFF_MAX])
-        return [project.with_diff(c, contents.get(c.path)) for c in found]
+        shown: dict[str, projectmod.Change] = {}
+        total = 0
+        # Batches of at most DIFF_TOTAL bytes: a file's diff is about as long as it, or longer.
+        for batch in self._batches([c for c in found if c.size is not None
+                                    and c.size <= projectmod.DIFF_MAX], DIFF_TOTAL):
+            contents = self._read_batch(batch) if total <= DIFF_TOTAL else {}
+            for change in batch:
+                if total <= DIFF_TOTAL:
+                    diffed = project.with_diff(change, contents[change.path])
+                    total += len(diffed.diff.encode("utf-8", "replace")) if diffed.diff else 0
+                shown[change.path] = diffed if total <= DIFF_TOTAL else dataclasses.replace(
+                    change, no_diff=OVER_TOTAL)
+        return [shown.get(c.path) or project.with_diff(c, None) for c in found]
 
-    def _upper(self, changes: list[projectmod.Change]) -> dict[str, bytes]:
-        """The sandbox's version of the changed files, read in batches (one file operation
-        for many files), each checked against the SHA-256 it was listed with."""
+    def _batches(self, changes: list[projectmod.Change], most: int | None = None
+                 ) -> list[list[projectmod.Change]]:
+        """The changed files to read from the sandbox, in batches (one file operation for
+        many files) of up to the copy limit's bytes (or ``most``, if fewer)."""
+        limit = min(self.copy_limits.max_file_size, most or self.copy_limits.max_file_size)
         wanted = [c for c in changes if c.kind in ("added", "modified") and not c.is_dir
                   and c.size is not None and c.sha256 is not None]
-        contents: dict[str, bytes] = {}
-        batch: list[projectmod.Change] = []
+        batches: list[list[projectmod.Change]] = [[]]
         for change in wanted:
-            batch.append(change)
-            if sum(c.size or 0 for c in batch) >= self.copy_limits.max_file_size:
-                contents.update(self._read_batch(batch))
-                batch = []
-        if batch:
+            batches[-1].append(change)
+            if sum(c.size or 0 for c in batches[-1]) >= limit:
+                batches.append([])
+        return [b for b in batches if b]
+
+    def _upper(self, changes: list[projectmod.Change]) -> dict[str, bytes]:
+        """The sandbox's version of the changed files, each checked against the SHA-256 it
+        was listed with."""
+        contents: dict[str, bytes] = {}
+        for batch in self._batches(changes):
             contents.update(self._read_batch(batch))
         return contents
 
@@ -179,8 +207,23 @@ def choose(changes: list[projectmod.Change],
             if any(w == "" or autorun.at_or_below(c.path, w) for w in wanted)]
 
 
-def changes_at(session: ProjectReview, paths: Sequence[str] | None
+def changes_at(session: ProjectReview, paths: Sequence[str] | None, diff: bool = True
                ) -> list[projectmod.Change]:
     """``choose(session.changes(), paths)``, the same changes and diffs, with only the chosen
-    changes diffed: the files of the others are never read from the sandbox."""
-    return session._diffed(choose(session.changes(diff=False), paths))
+    changes diffed: the files of the others are never read from the sandbox. ``diff`` False:
+    none is (a listing such as ``nsbox session diff --stat``; the review token is the same)."""
+    chosen = choose(session.changes(diff=False), paths)
+    return session._diffed(chosen) if diff else chosen
+
+
+def _too_many(exc: FileTransferError) -> FileTransferError:
+    """The listing's failure, said so that the user can act when the sandbox changed more
+    entries than a review lists (an ``npm install`` does): review, apply and discard all list
+    every change, so none of them works until there are fewer."""
+    if not (exc.reason.startswith("more than") and exc.reason.endswith("changed entries")):
+        return exc
+    return FileTransferError(exc.path, (
+        f"the project has {exc.reason} (a review lists at most {projectmod.MAX_CHANGES}): "
+        "diff, apply and discard fail until there are fewer; "
+        "remove what need not reach the project from inside the session (e.g. nsbox session "
+        "exec ID -- rm -rf node_modules), or stop the session to drop every change"))

@@ -18,7 +18,7 @@ checked with SO_PEERCRED on top of the directory's 0700):
   {"op": "get", "path"}          fds [memfd]      -> {"size", "sha256"} (data in the memfd)
   {"op": "files", "patterns"}                     -> {"files": [...], "skipped": [...]}
   {"op": "collect", "dest", "patterns"}           -> the same, copied into dest (absolute)
-  {"op": "changes", "paths"}                      -> {"changes": [...], "review": token}
+  {"op": "changes", "paths", "diff"}              -> {"changes": [...], "review": token}
                                                      (a project session)
   {"op": "apply", "paths", "reviewed"}            -> {"applied", "conflicts", "refused"}
   {"op": "discard", "paths"}                      -> {"discarded": [...]}
@@ -304,7 +304,8 @@ class Supervisor:
 
     def changes(self, request: SupervisorRequest, _fds: list[int], _conn: socket.socket
                 ) -> SupervisorReply:
-        changes = review.changes_at(self.session, request.get("paths") or None)
+        changes = review.changes_at(self.session, request.get("paths") or None,
+                                    diff=request.get("diff") is not False)
         return {"changes": [c.to_dict() for c in changes],
                 "review": review.review_token(changes)}
 
