@@ -209,3 +209,146 @@ def test_a_missing_bind_source_is_not_told_to_set_optional():
     assert proc.returncode == 125
     assert proc.stderr == ("nsbox: --ro-bind /no/such/dir:/data: /no/such/dir does not exist\n"
                            "  hint: fix the path: the source of a bind must exist on this host\n")
+
+
+# --- bad values of any kind: one line naming the option, never a traceback ----------------------
+
+_SEVEN_ARGS = ", ".join(f'{{index={i % 6},op="eq",value=1}}' for i in range(7))
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--set", "environment.set=[1]"],
+     '--set environment.set: expected a table of NAME = "value", got an array'),
+    (["--set", 'environment.set="x"'],
+     '--set environment.set: expected a table of NAME = "value", got a string'),
+    (["--set", "environment.passthrough=HOME"],
+     "--set environment.passthrough: expected an array of variable names, got a string"),
+    (["--set", f'seccomp.rules=[{{syscall="ioctl",action="kill",args=[{_SEVEN_ARGS}]}}]'],
+     "--set seccomp.rules: argument 0 is already compared in this rule"),
+    (["--set", 'seccomp.rules=[{syscall="ioctl",action="kill",args=[{index=1,op="eq",'
+      'value=1},{index=1,op="eq",value=2}]}]'],
+     "--set seccomp.rules: argument 1 is already compared in this rule"),
+    (["--set", 'filesystem.mounts=[{type="bind",source="",target="/x"}]'],
+     "--set filesystem.mounts: is empty"),
+    (["--set", "limits.pids=1"],
+     "--set limits.pids: 1 is out of range (must be at least 2; the sandbox's own init"),
+    (["--workspace-size", "none"],
+     "--workspace-size: 'none' is only for a host-directory workspace"),
+    (["--cpus", "1e9"], "--cpus: 1000000000.0 is out of range (more than 0, at most 1048576)"),
+])
+def test_a_bad_value_is_one_line_naming_the_option(args: list[str], named: str):
+    proc = nsbox("run", *args, "--", "true")
+    assert proc.returncode == 125, proc.stderr
+    assert proc.stderr.startswith(f"nsbox: {named}"), proc.stderr
+    assert_cli_terms(proc.stderr)
+
+
+def test_a_workspace_refused_at_the_launch_names_the_option():
+    import nsbox as package
+
+    code = os.path.dirname(os.path.abspath(package.__file__))  # the rule nsbox-code's
+    proc = nsbox("run", "--workspace", code, "--", "true")
+    assert proc.returncode == 125, proc.stderr
+    assert proc.stderr.startswith("nsbox: --workspace: refused by rule nsbox-code"), proc.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--pids", "1"], "'--pids': 1 is out of range (must be at least 2; the sandbox's own init"),
+    (["--open-files", "2"], "'--open-files': 2 is out of range (must be 3..1048576; every "
+     "process starts with stdin, stdout and stderr open"),
+    (["--open-files", "2000000"], "'--open-files': 2000000 is out of range (must be "
+     "3..1048576"),
+    (["--memory", "١٢M"], "'--memory': '١٢M' has a character that is not ASCII"),
+    (["--pids", "١٢"], "'--pids': '١٢' has a character that is not ASCII"),
+    (["--", ""], "COMMAND is empty: no program is named ('')"),
+])
+def test_a_count_out_of_its_keys_range_is_a_usage_error(args: list[str], message: str):
+    proc = nsbox("run", *args, *([] if "--" in args else ["--", "true"]))
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert_cli_terms(proc.stderr)
+
+
+def test_two_binds_on_one_target_are_refused(tmp_path: Path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    proc = nsbox("run", "--ro-bind", f"{tmp_path}/a:/x", "--bind", f"{tmp_path}/b:/x/",
+                 "--", "true")
+    assert proc.returncode == 125, proc.stderr
+    assert proc.stderr.startswith(f"nsbox: --bind {tmp_path}/b:/x/: /x is already the target "
+                                  f"of --ro-bind {tmp_path}/a:/x\n"), proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_an_audit_file_that_is_not_regular_is_refused_before_the_run(tmp_path: Path,
+                                                                      kind: str):
+    path = tmp_path / "audit"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/null")
+    proc = nsbox("run", "--audit", str(path), "--", "sh", "-c", "echo ran")
+    assert proc.returncode == 125, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.startswith(f"nsbox: the audit file {path} is not a regular file"), \
+        proc.stderr
+
+
+def test_an_extends_of_a_missing_file_names_the_extending_file(tmp_path: Path):
+    profile = tmp_path / "child.toml"
+    profile.write_text('description = "x"\nextends = "./gone.toml"\n')
+    proc = nsbox("run", "--profile", str(profile), "--", "true")
+    assert proc.returncode == 125, proc.stderr
+    assert proc.stderr.startswith(f"nsbox: {profile}:2: extends: {tmp_path}/gone.toml: "
+                                  "profile file not found"), proc.stderr
+
+
+def test_a_profile_error_of_a_seccomp_rule_names_file_line_and_key(tmp_path: Path):
+    profile = tmp_path / "rules.toml"
+    profile.write_text('[[seccomp.rules]]\nsyscall = "ioctl"\naction = "kill"\n'
+                       'args = [{index=0,op="eq",value=1}, {index=0,op="eq",value=2}]\n')
+    proc = nsbox("run", "--profile", str(profile), "--", "true")
+    assert proc.returncode == 125, proc.stderr
+    assert proc.stderr.startswith(f"nsbox: {profile}:4: seccomp.rules[0].args[1].index: "
+                                  "argument 0 is already compared in this rule"), proc.stderr
+    profile.write_text('[[filesystem.mounts]]\ntype = "bind"\nsource = ""\ntarget = "/x"\n')
+    proc = nsbox("run", "--profile", str(profile), "--", "true")
+    assert proc.returncode == 125, proc.stderr
+    assert proc.stderr.startswith(f"nsbox: {profile}:3: filesystem.mounts[0].source: is "
+                                  "empty"), proc.stderr
+
+
+def test_print_profile_output_loads_back(tmp_path: Path):
+    first = nsbox("run", "--set", "limits.wall_time=0.0000001", "--set",
+                  "network.connect_timeout=2e-8", "--print-profile")
+    assert first.returncode == 0, first.stderr
+    assert 'wall_time = "0.0000001s"' in first.stdout
+    saved = tmp_path / "r.toml"
+    saved.write_text(first.stdout)
+    again = nsbox("run", "--profile", str(saved), "--print-profile")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[1:] == first.stdout.splitlines()[1:]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "too large"])
+def test_session_cp_in_refuses_what_is_not_a_file_it_can_hold(tmp_path: Path, kind: str):
+    """Refused before the session is asked (the ID needs no session): a FIFO would block,
+    /dev/zero never ends, and a file past MAX_COPY_IN would fill the memory on its way."""
+    from nsbox.cli.session import MAX_COPY_IN
+
+    source = tmp_path / "src"
+    if kind == "fifo":
+        os.mkfifo(source)
+    elif kind == "device":
+        source = Path("/dev/zero")
+    elif kind == "directory":
+        source.mkdir()
+    else:
+        with open(source, "wb") as f:
+            f.truncate(MAX_COPY_IN + 1)  # sparse: nothing is written
+    proc = nsbox("session", "cp", str(source), "0123456789ab:z",
+                 env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert proc.returncode == 125, proc.stderr
+    reason = ("larger than 1024 MiB, the most `session cp` copies in" if kind == "too large"
+              else "not a regular file (a directory, FIFO, device or socket)")
+    assert proc.stderr.startswith(f"nsbox: cannot copy {source}: {reason}"), proc.stderr

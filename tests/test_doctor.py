@@ -413,3 +413,21 @@ def test_doctor_on_this_host_unprivileged(public_tree: Path) -> None:
     if not can_write:
         assert checks["cgroups"]["status"] == "warn"
         assert "not writable by uid 65534" in checks["cgroups"]["detail"]
+
+
+def test_a_profile_that_does_not_load_is_its_error_not_a_host_verdict(tmp_path: Path) -> None:
+    """pids = 1 cannot run (the sandbox's init is one process): the profile is refused with
+    its file, line and key; doctor judges no host for it (no FAIL), exit 125 as nsbox run."""
+    profile = tmp_path / "one.toml"
+    profile.write_text("[limits]\npids = 1\n")
+    message = (f"{profile}:2: limits.pids: 1 is out of range (must be at least 2; the "
+               "sandbox's own init is one of its processes")
+    for args in ([], ["--json"]):
+        proc = subprocess.run([sys.executable, "-m", "nsbox", "doctor", *args, "-p",
+                               str(profile)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 125, proc.stderr
+        assert proc.stderr.startswith(f"nsbox: {message}"), proc.stderr
+        assert "FAIL" not in proc.stdout
+        if args:
+            shown = json.loads(proc.stdout)
+            assert shown["ok"] is False and shown["error"].startswith(message)

@@ -52,3 +52,33 @@ def test_memory_limit_is_the_oom_kill_signal(door: str, tmp_path: Path):
                           cwd=tmp_path, timeout=60)
     assert proc.returncode == 137, proc.stderr
     assert "ML" in proc.stderr
+
+
+# (name, the command, its signal, what the line on stderr says beyond the signal's name)
+SIGNAL_CASES = [
+    ("kill -9", ["sh", "-c", "kill -9 $$"], 9, ""),
+    ("SIGSEGV", ["sh", "-c", "kill -SEGV $$"], 11, ""),
+    ("SIGTERM", ["sh", "-c", "kill -TERM $$"], 15, ""),
+    ("SIGXFSZ", ["--file-size", "1K", "--", "dd", "if=/dev/zero", "of=/tmp/f", "bs=4096",
+                 "count=1"], 25, ": a file reached the file-size limit; raise it with "
+     "--file-size"),
+    ("SIGSYS", ["--set", "seccomp.default_action=kill", "--set",
+                'seccomp.rules=[{syscall="getppid",action="kill"}]', "--", "python3", "-c",
+                "import os; os.getppid()"], 31, ": a system call the seccomp filter kills"),
+]
+
+
+@pytest.mark.parametrize("door", sorted(DOORS))
+@pytest.mark.parametrize(("name", "args", "signum", "reason"), SIGNAL_CASES,
+                         ids=[c[0] for c in SIGNAL_CASES])
+def test_a_command_killed_by_a_signal_is_128_plus_n_with_a_line(
+        door: str, name: str, args: list[str], signum: int, reason: str, tmp_path: Path):
+    import signal
+
+    command = args if "--" in args else ["--", *args]
+    proc = subprocess.run([*DOORS[door], "run", *command], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 128 + signum, f"{name}: {proc.stderr}"
+    line = (f"nsbox: SG: the command was killed by {signal.Signals(signum).name} ({signum})"
+            f"{reason}")
+    assert line in proc.stderr, proc.stderr

@@ -48,8 +48,8 @@ def error_of(path: Path) -> PolicyError:
         ('[limits]\npids = "many"\n', "limits.pids", 2,
          "expected an integer, got a string ('many')", None),
         ("[limits]\npids = true\n", "limits.pids", 2, "expected an integer, got a boolean", None),
-        ("[limits]\npids = 0\n", "limits.pids", 2, "0 is out of range (must be at least 1)",
-         None),
+        ("[limits]\npids = 0\n", "limits.pids", 2,
+         "0 is out of range (must be at least 2; the sandbox", None),
         ("[limits]\n\nmemory = 0\n", "limits.memory", 3, "must be at least 1 byte, got 0", None),
         ('[limits]\nmemory = "12XB"\n', "limits.memory", 2,
          "'12XB' is not a size (use e.g. 4096, 64K, 256M, 1.5G)", None),
@@ -528,3 +528,71 @@ def test_the_default_profile_is_the_default_policy() -> None:
     profile = load_profile("default")
     assert profile.description  # the profile's own text; the policy carries none
     assert profile.replace(description="") == Policy()
+
+
+# --- what --print-profile writes loads back to the same values -----------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nsbox.policy.checks import MAX_SECONDS  # noqa: E402
+from nsbox.profiles import writers  # noqa: E402
+from nsbox.profiles.schema import Origin, duration, size  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(seconds=st.floats(min_value=5e-324, max_value=1e300, allow_nan=False,
+                         allow_infinity=False), nbytes=st.integers(1, 2**63 - 1))
+def test_a_duration_and_a_size_as_written_parse_back_the_same(seconds: float, nbytes: int):
+    written = writers.format_duration(seconds)
+    assert "e" not in written.lower().removesuffix("s")  # the parser reads no exponent
+    assert duration(Origin("p.toml"), "limits.wall_time", written) == seconds
+    assert size()(Origin("p.toml"), "limits.memory", writers.format_size(nbytes)) == nbytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(wall=st.floats(min_value=1e-9, max_value=MAX_SECONDS),
+       connect=st.floats(min_value=1e-9, max_value=MAX_SECONDS))
+def test_print_profile_of_any_duration_loads_back(wall: float, connect: float):
+    import dataclasses
+    import tempfile
+
+    policy = load_profile("default").with_limits(wall_time=wall)
+    policy = policy.replace(network=dataclasses.replace(policy.network, connect_timeout=connect))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "saved.toml")
+        path.write_text(to_toml(policy))
+        loaded = load_profile(str(path))
+    assert loaded.limits.wall_time == wall
+    assert loaded.network.connect_timeout == connect
+
+
+def test_seccomp_args_compare_each_argument_once(tmp_path: Path) -> None:
+    args = ", ".join(f"{{ index = {i % 6}, op = \"eq\", value = 1 }}" for i in range(7))
+    error = error_of(write(tmp_path, f"""
+        [[seccomp.rules]]
+        syscall = "ioctl"
+        action = "kill"
+        args = [{args}]
+        """))
+    assert (error.key, error.line) == ("seccomp.rules[0].args[6].index", 4)
+    assert "argument 0 is already compared in this rule" in error.message
+
+
+def test_a_bind_with_an_empty_source_is_refused(tmp_path: Path) -> None:
+    error = error_of(write(tmp_path, """
+        [[filesystem.mounts]]
+        type = "bind"
+        source = ""
+        target = "/x"
+        """))
+    assert (error.key, error.line, error.message) == ("filesystem.mounts[0].source", 3,
+                                                      "is empty")
+
+
+@pytest.mark.parametrize("text", ['memory = "١٢M"', 'wall_time = "٣s"', "pids = 1"])
+def test_limits_refused_at_load(tmp_path: Path, text: str) -> None:
+    error = error_of(write(tmp_path, f"[limits]\n{text}\n"))
+    assert error.line == 2 and error.file == str(tmp_path / "p.toml")
+    assert ("not ASCII" in error.message) or "(must be at least 2; the sandbox's own init" \
+        in error.message

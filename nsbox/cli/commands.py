@@ -136,7 +136,9 @@ def doctor(as_json: bool, profile: str, apparmor_profile: bool) -> None:
 
     try:
         report = run_doctor(policy=load_profile(profile))
-    except NsboxError as error:
+    except NsboxError as error:  # a profile that does not load: no report (docs/doctor.md)
+        if as_json:
+            click.echo(json.dumps({"profile": profile, "ok": False, "error": str(error)}))
         shared.fail(error)
         return
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format_table())

@@ -179,7 +179,7 @@ def _duration(option: Option, flag: str, text: str) -> float | str:
             raise BadValue("'none' is not allowed here: give a duration, e.g. 10s")
         return "none"  # the profile key's own word for no limit (nsbox run, session start)
     try:
-        seconds = parse_duration(text)
+        seconds = parse_duration(limittable.ascii_only(text))
     except ValueError as exc:
         raise BadValue(str(exc)) from None
     if seconds <= 0:
@@ -192,7 +192,7 @@ def _size(_option: Option, _flag: str, text: str) -> int:
         raise BadValue("'none' is not allowed: the output is always capped; give a size, "
                        "e.g. 64M")
     try:
-        return parse_size(text)
+        return parse_size(limittable.ascii_only(text))
     except ValueError as exc:
         raise BadValue(str(exc)) from None
 

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 _MOUNT_KEY = re.compile(r"mounts\[(\d+)\](?:\.\w+)?")
 # Keys the library uses for what has no profile key (the option table's ``key``).
 _OTHER_KEYS = {"inputs": "input"}
+# The library's names (a Policy's fields) for what a profile key set: a refused workspace is
+# "workspace", its size "limits.workspace_size". Without an option they become the profile key.
+_PLAN_KEYS = {"workspace.path": "workspace", "workspace.size": "limits.workspace_size"}
 
 
 class Origins:
@@ -48,6 +51,7 @@ class Origins:
             if key and given not in (None, (), [], False) and key not in settings:
                 keys[key] = option.flags[-1]
         keys.update({key: f"--set {key}" for key in settings if key})
+        keys.update({plan: keys[key] for key, plan in _PLAN_KEYS.items() if key in keys})
         return cls(keys, _mount_origins(values, policy, extra_inputs) if policy else {})
 
     def translate(self, error: NsboxError) -> NsboxError:
@@ -60,12 +64,14 @@ class Origins:
         if match and int(match.group(1)) in self.mounts:
             named = self.mounts[int(match.group(1))]
         else:
-            named = next((flag for known, flag in self.keys.items()
-                          if key == known or key.startswith((known + "[", known + "."))), None)
+            named = self.keys.get(key) or next(  # the key itself first, then a part of one
+                (flag for known, flag in self.keys.items()
+                 if key.startswith((known + "[", known + "."))), None)
         hint = _lift_hint(error)
         if (named or key).startswith(("--ro-bind ", "--bind ")) and hint and \
                 "optional = true" in hint:
             hint = "fix the path: the source of a bind must exist on this host"  # no optional
+        named = named or next((k for k, plan in _PLAN_KEYS.items() if key == plan), None)
         if named is None and hint == error.hint:
             return error
         return PolicyError(error.message, key=named or key, hint=hint, rule=error.rule)

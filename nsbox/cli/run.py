@@ -162,7 +162,7 @@ def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ..
     """The profile with the options applied; ``--set KEY=VALUE`` takes a TOML value (a bare
     word is a string) and comes last. Raises PolicyError naming the file, key and line, or the
     option."""
-    from nsbox.profiles import apply_overrides, load_profile, toml
+    from nsbox.profiles import apply_overrides, load_profile, schema, toml
 
     for item in settings:
         tomllib = toml()
@@ -172,7 +172,11 @@ def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ..
         except tomllib.TOMLDecodeError:
             overrides[key.strip()] = text
     policy = load_profile(profile)
-    env = dict(overrides.pop("environment.set", None) or {})
+    # Their values are merged here: checked first, as a profile's are (not spread, a string).
+    here = schema.Origin(None)
+    env = overrides.pop("environment.set", None) or {}
+    schema.expect(here, "environment.set", env, dict, 'a table of NAME = "value"')
+    env = dict(env)
     # PATH and LANG have keys of their own in the schema.
     for name in ("PATH", "LANG"):
         if name in env:
@@ -180,6 +184,7 @@ def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ..
     if env:
         overrides["environment.set"] = env
     if overrides.get("environment.passthrough"):
+        schema.env_names(here, "environment.passthrough", overrides["environment.passthrough"])
         overrides["environment.passthrough"] = [
             *policy.env_passthrough, *overrides["environment.passthrough"]]
     # The rules a trusted caller lifts come first: the binds and the workspace they allow
@@ -189,10 +194,16 @@ def load_policy(profile: str, overrides: dict[str, Any], settings: tuple[str, ..
         if isinstance(allowed, str):
             allowed = [allowed]
         policy = apply_overrides(policy, {"allow_rules": [*policy.allow_rules, *allowed]})
+    targets: dict[str, str] = {}  # each bind its own layer: a second would replace the first
     for option, spec, writable in binds:
         try:
             policy = apply_overrides(policy, {"mounts": [bind_override(spec, writable)]})
             _check_bind(policy)
+            target = policy.mounts[-1].target
+            if target in targets:
+                raise PolicyError(f"{target} is already the target of {targets[target]}",
+                                  hint="give each bind a target of its own (SRC:DST)")
+            targets[target] = f"{option} {spec}"
         except PolicyError as exc:
             raise PolicyError(exc.message, key=f"{option} {spec}", hint=exc.hint,
                               rule=exc.rule) from None
@@ -270,8 +281,9 @@ def _execute(o: dict[str, Any]) -> int:
             sys.stdout.write(to_toml(policy))
             sys.stdout.flush()
             return 0
-        if not o["command"]:
-            raise OptionError("missing COMMAND (or --print-profile)", None)
+        if not o["command"] or not o["command"][0]:
+            raise OptionError("missing COMMAND (or --print-profile)" if not o["command"] else
+                              "COMMAND is empty: no program is named ('')", None)
         policy = _with_inputs(policy, o["inputs"])
         if o.get("ask") and policy.network.effective_mode != "allow":
             raise OptionError("it asks about the hosts that are not on the allow-list: name "
@@ -441,6 +453,25 @@ def failure_json(error: NsboxError) -> dict[str, Any]:
     return data
 
 
+# What a signal that ended the command most likely means here.
+_SIGNAL_REASONS: dict[int, str] = {
+    signal.SIGXFSZ: "a file reached the file-size limit; raise it with --file-size",
+    signal.SIGSYS: "a system call the seccomp filter kills (a rule's or its default_action's "
+    "kill); --seccomp-log names it",
+}
+
+
+def signal_line(signum: int) -> str:
+    """The line of a command killed by a signal (status SG, exit 128 + N)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    reason = _SIGNAL_REASONS.get(signum)
+    return f"nsbox: SG: the command was killed by {name} ({signum})" + (
+        f": {reason}" if reason else "")
+
+
 _LIMIT_REASONS = {"memory": "memory limit reached (OOM kill); raise it with --memory",
                   "cpu_time": "CPU-time limit reached; raise it with --cpu-time"}
 
@@ -454,6 +485,8 @@ def _report(result: Result, quiet: bool) -> None:
     if "seccomp_denied" in result.extra:
         denied = ", ".join(result.extra["seccomp_denied"]) or "nothing"
         echo(f"nsbox: seccomp denied: {denied}", err=True)
+    elif result.status is Status.SG and result.signal is not None:
+        echo(signal_line(result.signal), err=True)
     elif result.status in (Status.TO, Status.OL, Status.ML):
         reason = _LIMIT_REASONS.get(result.extra.get("limit", ""))
         echo(f"nsbox: {result.status.value}: "

@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -322,13 +323,7 @@ def cp(source: str, dest: str) -> None:
             click.echo(f"{dest}: {reply['size']} bytes, sha256 {reply['sha256']}", err=True)
         elif remote_dest and not remote_src:
             session_id, path = remote_dest.groups()
-            memfd = os.memfd_create("nsbox-cp")
-            try:
-                with open(source, "rb") as f:
-                    while chunk := f.read(1 << 20):
-                        os.write(memfd, chunk)
-            except OSError as exc:
-                raise NsboxError(f"cannot read {source}: {exc.strerror}") from None
+            memfd = _read_in(source)
             if path.endswith("/") or not path:
                 path += os.path.basename(source)
             request(session_id, {"op": "put", "path": path, "mode": 0o644}, [memfd])
@@ -337,6 +332,44 @@ def cp(source: str, dest: str) -> None:
             raise click.UsageError("exactly one of SOURCE and DEST must be ID:PATH")
     except NsboxError as error:
         shared.fail(error)
+
+
+# The most `session cp SRC ID:PATH` copies in: the file is held in memory on its way (the
+# session's workspace, 256M by default, refuses more than it holds anyway).
+MAX_COPY_IN = 1 << 30
+
+
+def _read_in(source: str) -> int:
+    """A memfd with the host file ``source``: a regular file of at most MAX_COPY_IN bytes. A
+    FIFO (it would block), a device (/dev/zero never ends) or a directory is refused."""
+    memfd = os.memfd_create("nsbox-cp")
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise NsboxError(f"cannot copy {visible.name(source)}: not a regular file (a "
+                                 "directory, FIFO, device or socket); only a file's content "
+                                 "is copied in")
+            too_large = NsboxError(f"cannot copy {visible.name(source)}: larger than "
+                                   f"{MAX_COPY_IN >> 20} MiB, the most `session cp` copies in")
+            if st.st_size > MAX_COPY_IN:
+                raise too_large
+            copied = 0
+            while chunk := os.read(fd, 1 << 20):  # it may grow while it is read
+                copied += len(chunk)
+                if copied > MAX_COPY_IN:
+                    raise too_large
+                os.write(memfd, chunk)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        os.close(memfd)
+        raise NsboxError(f"cannot read {visible.name(source)}: {exc.strerror}") from None
+    except NsboxError:
+        os.close(memfd)
+        raise
+    return memfd
 
 
 def _write_out(memfd: int, dest: str) -> None:

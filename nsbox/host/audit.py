@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import hashlib
 import json
 import os
@@ -157,15 +158,22 @@ class AuditLog:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        # O_NONBLOCK: a FIFO would block the open until a reader comes (fifo(7)); without one
+        # it is ENXIO. A regular file ignores the flag.
+        flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                 | os.O_NONBLOCK | os.O_NOCTTY)
         try:
             self._fd = os.open(path, flags, 0o600)
         except OSError as exc:
-            raise NsboxError(f"cannot open the audit file {path}: {exc.strerror}") from None
-        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+            if exc.errno != errno.ENXIO:
+                raise NsboxError(f"cannot open the audit file {path}: {exc.strerror}") from None
+            self._fd = -1
+        if self._fd < 0 or not stat.S_ISREG(os.fstat(self._fd).st_mode):
             # Checked before the run: a device such as /dev/full would fail only after it.
-            os.close(self._fd)
-            error = NsboxError(f"the audit file {path} is not a regular file")
+            if self._fd >= 0:
+                os.close(self._fd)
+            error = NsboxError(f"the audit file {path} is not a regular file (a FIFO, device "
+                               "or socket)")
             error.hint = "give the path of a file (it is created if missing)"
             raise error
 

@@ -54,7 +54,7 @@ class LimitSpec:
             raise PolicyError(f"'none' is not allowed: {_ALWAYS[self.name]}", key=key,
                               hint=f"give {example}")
         try:
-            return _OPTION_PARSERS[self.kind](text, key=key)
+            value = _OPTION_PARSERS[self.kind](text, key=key)
         except PolicyError as exc:
             if exc.hint != _LEAVE_OUT:
                 raise
@@ -63,6 +63,12 @@ class LimitSpec:
             hint = (f"for no limit write {key} none" if self.nullable
                     else f"this limit is always set: {_ALWAYS.get(self.name, 'give a value')}")
             raise PolicyError(exc.message, key=key, hint=hint) from None
+        if self.kind == COUNT and not self.low <= value <= self.high:
+            bound = f"at least {self.low}" if self.high == 2**63 - 1 else \
+                f"{self.low}..{self.high}"
+            raise PolicyError(f"{value} is out of range (must be {bound}{why_low(self)})",
+                              key=key)
+        return value
 
 
 class _NoLimit:
@@ -84,6 +90,18 @@ _ALWAYS = {
 }
 
 
+# Why a count's range starts where it does (said with a value below it).
+_LOW_REASONS = {
+    "pids": "; the sandbox's own init is one of its processes, the command another",
+    "open_files": "; every process starts with stdin, stdout and stderr open, and a "
+                  "dynamically linked one opens its libraries",
+}
+
+
+def why_low(spec: LimitSpec) -> str:
+    return _LOW_REASONS.get(spec.name, "")
+
+
 def limit_changes(values: dict[str, Any]) -> dict[str, Any]:
     """The Limits fields the limit options gave (None: not given), NO_LIMIT as None."""
     return {name: None if value is NO_LIMIT else value for name, value in values.items()
@@ -96,7 +114,7 @@ LIMITS: tuple[LimitSpec, ...] = (
               help="Total CPU time (e.g. 10s); over it the run ends (TO)."),
     LimitSpec("memory", SIZE, nullable=True, flag="--memory", metavar="SIZE",
               help="Memory limit, swap off (e.g. 256M); past it: OOM kill (ML)."),
-    LimitSpec("pids", COUNT, nullable=True, flag="--pids", metavar="N",
+    LimitSpec("pids", COUNT, nullable=True, low=2, flag="--pids", metavar="N",
               help="Most processes and threads at once."),
     LimitSpec("cpus", SHARE, nullable=True, flag="--cpus", metavar="SHARE",
               help="Share of cores (e.g. 0.5)."),
@@ -127,9 +145,18 @@ OPTION_LIMITS = tuple(spec for spec in LIMITS if spec.flag)
 _LEAVE_OUT = "to have no limit, leave the option out"
 
 
+def ascii_only(text: Any) -> Any:
+    """``text`` as it is, unless a string with a character that is not ASCII: a digit of
+    another script ("١٢M") is not a number here, whatever Python's int() and re's \\d say."""
+    if isinstance(text, str) and not text.isascii():
+        raise ValueError(f"{text!r} has a character that is not ASCII: write the number "
+                         "with the digits 0-9")
+    return text
+
+
 def _positive(parse: Callable[[str], Any], text: str, key: str, what: str, example: str) -> Any:
     try:
-        value = parse(text)
+        value = parse(ascii_only(text))
     except ValueError as exc:
         message = str(exc)
         hint = None if "e.g." in message else f"write {what}, e.g. {example}"

@@ -214,7 +214,8 @@ DEFAULT_PROJECT_SECRETS = SECRETS
 def _check_share(value: Any, key: str) -> None:
     cpus = number(value, key, "a share of cores")
     if not 0 < cpus <= 1 << 20:
-        raise PolicyError(f"{quote(cpus)} is out of range (more than 0)", key=key)
+        raise PolicyError(f"{quote(cpus)} is out of range (more than 0, at most {1 << 20})",
+                          key=key)
 
 
 # How a limit of each kind of the table is checked (its range is the kernel's; a profile's is
@@ -240,6 +241,8 @@ def _check_limits(limits: Any) -> None:
             memory(value, key)  # a bare number under a page is a missing unit
         elif spec.kind == SIZE and spec.low == 0:
             size(value, key, low=0)
+        elif spec.kind == COUNT:  # the table's low (pids: 2, init counts), the kernel's high
+            whole(value, key, spec.low, 2**31 - 1)
         else:
             _LIMIT_CHECKS[spec.kind](value, key)
 

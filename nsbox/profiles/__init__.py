@@ -320,19 +320,26 @@ def load_layers(ref: str) -> tuple[str, list[Layer]]:
     chain: list[Layer] = []
     seen: list[str] = []
     source = _locate(ref, None, "extends")
+    extending: schema.Origin | None = None  # the file whose ``extends`` named this one
     while True:
         if source.display in seen:
             cycle = " -> ".join([*seen, source.display])
             raise chain[-1].origin.error("extends", f"profiles extend each other in a cycle: "
                                          f"{cycle}")
         seen.append(source.display)
-        data, origin = _read(source)
+        try:
+            data, origin = _read(source)
+        except PolicyError as exc:  # the file itself (missing, unreadable): the extends' error
+            if extending is None or exc.line is not None or exc.key is not None:
+                raise
+            raise extending.error("extends", f"{source.display}: {exc.message}",
+                                  exc.hint) from None
         chain.append(parse_layer(data, origin))
         parent = data.get("extends")
         if parent is None:
             break
         parent = schema.string(origin, "extends", parent)
-        source = _locate(parent, origin, "extends")
+        source, extending = _locate(parent, origin, "extends"), origin
     name = ref if not _is_path(ref) else os.path.splitext(os.path.basename(ref))[0]
     return name, chain[::-1]
 

@@ -77,12 +77,12 @@ def string(origin: Origin, key: str, raw: Any) -> str:
     return str(raw)
 
 
-def integer(low: int, high: int = 2**63 - 1) -> Parser:
+def integer(low: int, high: int = 2**63 - 1, why: str = "") -> Parser:
     def parse(origin: Origin, key: str, raw: Any) -> int:
         expect(origin, key, raw, int, "an integer")
         if not low <= raw <= high:
             bound = f"at least {low}" if high == 2**63 - 1 else f"{low}..{high}"
-            raise origin.error(key, f"{raw} is out of range (must be {bound})")
+            raise origin.error(key, f"{raw} is out of range (must be {bound}{why})")
         return int(raw)
     return parse
 
@@ -99,7 +99,7 @@ def size(minimum: int = 1) -> Parser:
     def parse(origin: Origin, key: str, raw: Any) -> int:
         expect(origin, key, raw, (int, str), 'a size such as "256M" or a number of bytes')
         try:
-            value = units.parse_size(raw)
+            value = units.parse_size(limittable.ascii_only(raw))
         except ValueError as exc:
             raise origin.error(key, str(exc)) from None
         if value < minimum:
@@ -113,7 +113,7 @@ def duration(origin: Origin, key: str, raw: Any) -> float:
     """Seconds as a number or a string with a unit: 10, 2.5, "500ms", "10s", "2m", "1h"."""
     expect(origin, key, raw, (int, float, str), 'a duration such as "10s" or a number of seconds')
     try:
-        value = units.parse_duration(raw)
+        value = units.parse_duration(limittable.ascii_only(raw))
     except ValueError as exc:
         raise origin.error(key, str(exc)) from None
     if not math.isfinite(value) or value <= 0:
@@ -228,7 +228,7 @@ def host_path(origin: Origin, key: str, raw: Any) -> str:
     """An absolute host path, canonical: the directories leading to it are resolved now (with
     rules.resolve), so no later change to a symlink on the way can redirect the mount. The last
     component is kept as it is; ``mount`` decides whether a symlink there is resolved too."""
-    value = string(origin, key, raw)
+    value = points_to(origin, key, raw)  # a string, not empty (not "the directory")
     if value.startswith("~"):
         raise origin.error(key, f"{value!r}: ~ is not expanded in profiles",
                            "write the absolute path")
@@ -243,9 +243,8 @@ def host_path(origin: Origin, key: str, raw: Any) -> str:
 
 
 def host_dir(origin: Origin, key: str, raw: Any) -> str:
-    """A host directory the sandbox may write, resolved. What it may be is the rule book's
-    business (nsbox/policy/rules.py), checked with the policy's allow_rules when it is applied, and
-    then that it is a directory (check_dir)."""
+    """A host directory the sandbox may write, resolved; the rule book (with the policy's
+    allow_rules) and check_dir judge it when it is applied."""
     return str(ruled(origin, rules.resolve, host_path(origin, key, raw), key))
 
 
@@ -345,11 +344,9 @@ def _libseccomp() -> Any:  # a ctypes.CDLL, or None; ctypes only for a profile's
 
 
 def known_syscall(name: str) -> bool:
-    """Whether libseccomp knows the name, on any architecture (``vm86`` is accepted on x86_64
-    and has no effect there, as docs/seccomp.md says). Without libseccomp every name passes:
-    compiling the filter then fails with its own error."""
-    lib = _libseccomp()
-    # seccomp_syscall_resolve_name(3): __NR_SCMP_ERROR (-1) for an unknown name.
+    """Whether libseccomp knows the name, on any architecture (``vm86`` passes on x86_64, a
+    no-op, docs/seccomp.md); without libseccomp every name passes (the compiler refuses it)."""
+    lib = _libseccomp()  # seccomp_syscall_resolve_name(3): -1 (__NR_SCMP_ERROR) if unknown
     return lib is None or lib.seccomp_syscall_resolve_name(name.encode()) != -1
 
 
@@ -362,12 +359,8 @@ def native_syscall_names() -> frozenset[str]:
     import ctypes  # loaded by _libseccomp already
     resolve = lib.seccomp_syscall_resolve_num_arch
     resolve.restype = ctypes.c_void_p
-    names = set()
-    for number in range(1024):
-        pointer = resolve(0, number)  # 0: SCMP_ARCH_NATIVE
-        if pointer:
-            names.add(ctypes.string_at(pointer).decode())
-    return frozenset(names)
+    pointers = (resolve(0, number) for number in range(1024))  # 0: SCMP_ARCH_NATIVE
+    return frozenset(ctypes.string_at(p).decode() for p in pointers if p)
 
 
 def action(origin: Origin, key: str, raw: Any) -> str:
@@ -393,8 +386,13 @@ def rule(origin: Origin, key: str, raw: Any) -> SeccompRule:
     act = action(origin, f"{key}.action", require(origin, key, raw, "action"))
     args = raw.get("args", [])
     expect(origin, f"{key}.args", args, list, "an array of tables")
-    return SeccompRule(name, act, tuple(rule_arg(origin, f"{key}.args[{i}]", a)
-                                        for i, a in enumerate(args)))
+    parsed = tuple(rule_arg(origin, f"{key}.args[{i}]", a) for i, a in enumerate(args))
+    for i, arg in enumerate(parsed):  # libseccomp's rule; so no more than 6 (index 0..5)
+        if arg.index in (a.index for a in parsed[:i]):
+            raise origin.error(f"{key}.args[{i}].index", f"argument {arg.index} is already "
+                               "compared in this rule (one comparison per argument)",
+                               "write another rule for the same syscall for another value")
+    return SeccompRule(name, act, parsed)
 
 
 def rule_arg(origin: Origin, key: str, raw: Any) -> SeccompArg:
@@ -440,7 +438,7 @@ class Field:
 _LIMIT_KINDS: dict[str, tuple[Callable[[LimitSpec], Parser], Callable[[Any], Any]]] = {
     limittable.SIZE: (lambda spec: size(spec.low), format_size),
     limittable.DURATION: (lambda spec: duration, format_duration),
-    limittable.COUNT: (lambda spec: integer(spec.low, spec.high), int),
+    limittable.COUNT: (lambda s: integer(s.low, s.high, limittable.why_low(s)), int),
     limittable.SHARE: (lambda spec: number, float),
     limittable.FLAG: (lambda spec: boolean, bool),
 }

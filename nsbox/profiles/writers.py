@@ -47,7 +47,14 @@ MOUNT_FORMATS: dict[str, Callable[[Any], Any]] = {"size": format_size, "mode": f
 
 
 def format_duration(value: float) -> str:
-    return f"{value:g}s"
+    """Seconds as the parser reads them back, the same float: digits and a point, never an
+    exponent (``1e-07s`` is not a duration); repr's shortest digits round-trip exactly."""
+    text = repr(float(value))
+    if "e" in text:
+        from decimal import Decimal  # only for a very small or very large value
+
+        text = format(Decimal(text), "f")
+    return f"{text.removesuffix('.0')}s"
 
 
 def rule_to_toml(item: SeccompRule) -> dict[str, Any]:
