@@ -377,3 +377,19 @@ def test_a_call_newer_than_the_filter_is_not_implemented(host: RefusingHost):
     assert outcome["getpid"] == ["done", "True"], outcome
     for name in ("x32 getpid", "x32 file_setattr", "i386 getpid", "i386 file_setattr"):
         assert outcome[name] == ["killed", "SIGSYS"], (name, outcome, rest)
+
+
+AIO_SETUP = r'''
+context = ctypes.c_ulong(0)
+attempt("io_setup", lambda: call(206, 1, ctypes.byref(context)))  # x86_64's number
+held()
+'''
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64's number of io_setup")
+def test_no_aio_context_takes_the_hosts(host: RefusingHost):
+    """The kernel's AIO contexts are one count for the whole host (fs.aio-max-nr): io_setup
+    answers ENOSYS here, as in the namespace mode (tests/test_shared_limits.py)."""
+    probe = Probe(host, AIO_SETUP, {})
+    rest = probe.finish()
+    assert probe.outcome == {"io_setup": ["refused", "ENOSYS"]}, (probe.outcome, rest)

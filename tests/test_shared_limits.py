@@ -247,3 +247,25 @@ def test_both_launch_cores_set_the_same_limits() -> None:
                                                                table.group(1))]
     assert in_c == list(mounts.USER_NAMESPACE_LIMITS)
     assert dict(in_c) == LIMITS and mounts.PTY_MAX == PTY_MAX
+
+
+# Asks for AIO contexts (io_setup(2), x86_64's number 206): how many it got, and its errno.
+AIO_PROBE = """
+import ctypes, errno, json
+libc = ctypes.CDLL(None, use_errno=True)
+context = ctypes.c_ulong(0)
+got = libc.syscall(206, 65536, ctypes.byref(context))
+print(json.dumps({"got": got, "error": errno.errorcode.get(ctypes.get_errno(), "")}))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64's number of io_setup")
+def test_a_sandbox_takes_no_aio_context_of_the_hosts(sandbox: Runner) -> None:
+    """AIO contexts are counted for the whole host, in no namespace or cgroup: one sandbox's
+    io_setup(65536) made every io_setup on the host fail with EAGAIN while it ran. The
+    sandbox's answers ENOSYS, and the host's count (fs.aio-nr) does not move."""
+    before = Path("/proc/sys/fs/aio-nr").read_text()
+    result = sandbox.run([PYTHON, "-c", AIO_PROBE])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"got": -1, "error": "ENOSYS"}
+    assert Path("/proc/sys/fs/aio-nr").read_text() == before

@@ -27,6 +27,8 @@ policy cannot lift them (stacked filters all run, the strictest answer wins, sec
   fall back to polling.
 - listmount and statmount (Linux 6.8) list the host's mount table, which /proc would show:
   ENOSYS, by number where libseccomp does not know them.
+- The kernel's AIO (io_setup and the rest): ENOSYS, as in the policy's filter; its contexts
+  are counted for the whole host (fs.aio-nr).
 - Every call newer than these rules: a number past TABLE_END (the last of the table they were
   written against) is ENOSYS, as on a kernel without the call, unless it is named here (a rule
   by number, or _ALLOWED_PAST_TABLE). Each new kernel adds calls (lsm_set_self_attr,
@@ -61,7 +63,7 @@ from typing import Any
 
 from nsbox.host import seccomp as seccompmod
 from nsbox.host import seccomp_compile as compiler
-from nsbox.host.seccomp_rules import not_in, sha256_hex
+from nsbox.host.seccomp_rules import AIO, not_in, sha256_hex
 from nsbox.policy.policy import SeccompArg, SeccompRule
 
 _EACCES, _EPERM, _ENOSYS = "errno:EACCES", "errno:EPERM", "errno:ENOSYS"
@@ -142,7 +144,7 @@ def _process_rules() -> list[SeccompRule]:
               for flag in _CLONE_NEW_FLAGS]
     rules += [_rule(name, _ENOSYS) for name in ("clone3", "io_uring_setup", "io_uring_enter",
                                                 "io_uring_register", *_WATCHES,
-                                                *_MOUNT_LISTS)]
+                                                *_MOUNT_LISTS, *AIO)]
     rules += [_rule("ioctl", _EPERM, SeccompArg(1, "masked_eq", request, _U32))
               for request in (_TIOCSTI, _TIOCLINUX)]
     return rules

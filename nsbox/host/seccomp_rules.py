@@ -65,7 +65,12 @@ _DENY_EPERM = (
 # Runtimes (glibc, libuv, tokio, Go) fall back when these answer ENOSYS, not when EPERM.
 # io_uring: CVE-2022-29582, CVE-2023-2598. clone3 takes its flags in a struct that a filter
 # cannot read, so it must go to make the flag check on clone effective; glibc falls back to clone.
-_DENY_ENOSYS = ("io_uring_setup", "io_uring_enter", "io_uring_register", "clone3")
+# The kernel's AIO contexts are counted for the whole host (fs.aio-nr against fs.aio-max-nr,
+# 65536 by default), in no namespace or cgroup: one sandbox's io_setup(65536) made every other
+# io_setup on the host fail with EAGAIN while it ran. glibc's POSIX AIO (aio_read) uses threads,
+# not these calls; libaio users (databases) fall back or report ENOSYS.
+AIO = ("io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents")
+_DENY_ENOSYS = ("io_uring_setup", "io_uring_enter", "io_uring_register", "clone3", *AIO)
 
 # <linux/sched.h>: the namespace flags of clone(2). CLONE_NEWTIME shares its bit with CSIGNAL in
 # clone() and is reachable only through unshare and clone3, both denied.
