@@ -63,6 +63,9 @@ def test_session_commands_end_to_end(cli: Cli, unprivileged_tmp: Path):
     slow = cli("session", "exec", "--time", "1", sid, "--", "sleep", "30")
     assert slow.returncode == 124
     assert b"wall-clock limit reached" in slow.stderr
+    killed = cli("session", "exec", sid, "--", "sh", "-c", "kill -TERM $$")
+    assert killed.returncode == 143
+    assert b"nsbox: SG: the command was killed by SIGTERM (15)" in killed.stderr.splitlines()
     listed = cli("session", "ls", sid)
     assert [line.split()[-1] for line in listed.stdout.decode().splitlines()] == [
         '"main.py"', '"out.txt"']

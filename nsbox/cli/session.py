@@ -289,7 +289,9 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         click.echo(_cli_run.degraded_line(result), err=True)
     for line in _cli_run.disk_full_lines(result):
         click.echo(line, err=True)
-    if result.status in (Status.TO, Status.OL):
+    if result.status is Status.SG and result.signal is not None:
+        click.echo(_cli_run.signal_line(result.signal), err=True)
+    elif result.status in (Status.TO, Status.OL):
         click.echo(f"nsbox: {result.status.value}: "
                    + ("wall-clock limit reached; raise it with --time" if result.status is Status.TO
                       else "output limit reached; raise it with --output-limit"), err=True)

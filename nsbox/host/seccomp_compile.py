@@ -249,9 +249,10 @@ def compile_program(seccomp: Seccomp, key: str = "") -> Program:
         ]
         try:
             flt.add_rule(action, nr, *conditions)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: pyseccomp's own check of the args
             raise PolicyError(
-                f"libseccomp refuses the rule for {rule.syscall!r}: {exc.strerror}",
+                f"libseccomp refuses the rule for {rule.syscall!r}: "
+                f"{getattr(exc, 'strerror', None) or exc}",
                 key=where,
                 hint="one comparison per argument in a rule; two rules for the same syscall "
                 "must not differ only in the action",
