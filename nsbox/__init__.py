@@ -50,7 +50,7 @@ if TYPE_CHECKING:
         Symlink,
         Tmpfs,
     )
-    from nsbox.result import Result, Status
+    from nsbox.result import OutputDecodeError, Result, Status
     from nsbox.session.session import CopyLimits, FileInfo, Session
     from nsbox.version import VERSION as __version__
 
@@ -62,6 +62,7 @@ _WHERE = {
     "CommandFailed": "failed", "CommandTimedOut": "failed",
     "arun": "aio", "AsyncSession": "aio",
     "run": "api", "Pool": "launch.pool", "Result": "result", "Status": "result",
+    "OutputDecodeError": "result",
     "Bind": "policy.policy", "Dir": "policy.policy", "File": "policy.policy",
     "Limits": "policy.policy", "Network": "policy.policy", "Policy": "policy.policy",
     "Seccomp": "policy.policy", "Symlink": "policy.policy", "Tmpfs": "policy.policy",
@@ -78,6 +79,7 @@ __all__ += ["CopyLimits", "FileInfo", "Session"]
 __all__ += ["Pool"]
 __all__ += ["AsyncSession", "CommandFailed", "CommandNotExecutable", "CommandTimedOut",
             "FileTransferError", "SandboxFileNotFound", "SessionClosed", "arun"]
+__all__ += ["OutputDecodeError"]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from nsbox.errors import NsboxError
+
 # What the output fields hold: bytes, or str for a run with text=True (``Result.decoded``).
 Out = TypeVar("Out", bytes, str)
 
@@ -116,13 +118,18 @@ class Result(Generic[Out]):
     def decoded(self, encoding: str = "utf-8", errors: str = "replace") -> Result[str]:
         """A copy whose ``stdout`` and ``stderr`` are text (what ``text=True`` returns). The
         output is the sandbox's: by default a byte that is not ``encoding`` becomes U+FFFD
-        rather than an exception that would lose the Result."""
+        rather than an exception that would lose the Result; with ``errors="strict"`` such a
+        byte raises OutputDecodeError, which holds the Result (its output as bytes)."""
         if isinstance(self.stdout, str) and isinstance(self.stderr, str):
             return self  # type: ignore[return-value]
+        texts = {}
+        for name in ("stdout", "stderr"):
+            try:
+                texts[name] = _text(getattr(self, name), encoding, errors)
+            except UnicodeDecodeError as exc:  # errors="strict", and the sandbox wrote that
+                raise OutputDecodeError(self, name, exc) from None  # type: ignore[arg-type]
         replace: Any = dataclasses.replace  # a Result[bytes] becomes a Result[str]
-        return replace(  # type: ignore[no-any-return]
-            self, stdout=_text(self.stdout, encoding, errors),
-            stderr=_text(self.stderr, encoding, errors))
+        return replace(self, **texts)  # type: ignore[no-any-return]
 
     def check_returncode(self) -> None:
         """Raise ``nsbox.CommandFailed`` (a ``subprocess.CalledProcessError``) unless the
@@ -141,6 +148,25 @@ class Result(Generic[Out]):
             data["stdout"] = _text(self.stdout, "utf-8", "replace")
             data["stderr"] = _text(self.stderr, "utf-8", "replace")
         return data
+
+
+class OutputDecodeError(NsboxError, UnicodeDecodeError):
+    """The output of a run with ``text=True`` did not decode with its ``encoding`` and
+    ``errors`` (``errors="strict"``): ``result`` is the whole Result, its output as bytes, and
+    ``stream`` names the one that failed (``"stdout"`` or ``"stderr"``). Also a
+    UnicodeDecodeError (and a ValueError), with its ``encoding``, ``object``, ``start``, ``end``
+    and ``reason``."""
+
+    def __init__(self, result: Result[bytes], stream: str, error: UnicodeDecodeError) -> None:
+        UnicodeDecodeError.__init__(self, error.encoding, error.object, error.start, error.end,
+                                    error.reason)
+        self.result = result
+        self.stream = stream
+        self.hint = ("the Result, its output as bytes, is this error's .result; "
+                     'errors="replace" (the default) never raises')
+
+    def __str__(self) -> str:
+        return f"{self.stream}: {super().__str__()}"
 
 
 def _text(data: bytes | str, encoding: str, errors: str) -> str:

@@ -109,6 +109,16 @@ emit(**got)
     ({"text": True, "errors": "sloppy"}, "errors", "unknown errors"),
     ({"capture_output": "no"}, "capture_output", "expected True or False"),
     ({"capture_output": True, "passthrough": True}, "capture_output", "contradict"),
+    # A codec that is not a text encoding, a handler that cannot decode: refused at the door,
+    # not a LookupError or TypeError after the command ran.
+    ({"text": True, "encoding": "rot13"}, "encoding", "not a text encoding"),
+    ({"text": True, "encoding": "base64"}, "encoding", "not a text encoding"),
+    ({"text": True, "encoding": "hex"}, "encoding", "not a text encoding"),
+    ({"text": True, "errors": "namereplace"}, "errors", "cannot decode"),
+    ({"text": True, "errors": "xmlcharrefreplace"}, "errors", "cannot decode"),
+    # A lone surrogate is no byte: a PolicyError, not a UnicodeEncodeError.
+    ({"input": "\ud800"}, "input", "lone surrogate"),
+    ({"stdin": "a\udfff"}, "stdin", "lone surrogate"),
 ])
 def test_bad_subprocess_arguments_are_one_line_errors(kwargs: dict[str, object], key: str,
                                                        text: str) -> None:
@@ -118,6 +128,65 @@ def test_bad_subprocess_arguments_are_one_line_errors(kwargs: dict[str, object],
             call()
         assert caught.value.key == key and text in str(caught.value)
         assert "\n" not in caught.value.message
+
+
+@pytest.mark.parametrize(("argv", "kwargs", "key"), [
+    (["echo", "\ud800"], {}, "argv[1]"),
+    (["\ud800"], {}, "argv[0]"),
+    (["true"], {"env": {"A": "\ud800"}}, "env['A']"),
+    (["true"], {"env": {"\ud800": "x"}}, "env name"),
+    (["pwd"], {"cwd": "/\ud800"}, "cwd"),
+])
+def test_a_lone_surrogate_is_refused_at_the_door(argv: list[str], kwargs: dict[str, object],
+                                                 key: str) -> None:
+    """Before anything is built (not a SetupError of the sandbox's exec step)."""
+    calls = [lambda: nsbox.run(argv, **kwargs),  # type: ignore[arg-type]
+             lambda: nsbox.Pool(size=1).run(argv, **kwargs)]  # type: ignore[arg-type]
+    for call in calls:
+        with pytest.raises(nsbox.PolicyError) as caught:
+            call()
+        assert caught.value.key == key and "lone surrogate" in str(caught.value)
+    for where in ("workspace", "audit", "profile"):
+        with pytest.raises(nsbox.PolicyError) as caught:
+            nsbox.run(["true"], **{where: "/tmp/\ud800"})  # type: ignore[call-overload]
+        assert caught.value.key == where
+
+
+def test_surrogate_escapes_are_the_bytes_they_stand_for() -> None:
+    """"\\udcff" (os.fsdecode's way of writing the byte 0xff) is the byte, in input as in argv."""
+    assert nsbox.run(["cat"], input="a\udcffb").stdout == b"a\xffb"
+    assert nsbox.run(["cat"], stdin="\udc80").stdout == b"\x80"
+    assert nsbox.run(["printf", "%s", "\udcfe"]).stdout == b"\xfe"
+
+
+def test_output_that_does_not_decode_strictly_keeps_the_result() -> None:
+    """errors="strict" and output that is not UTF-8: an OutputDecodeError (also a
+    UnicodeDecodeError) that holds the whole Result, not a raw error that loses it."""
+    argv = ["sh", "-c", "printf 'ok\\377'; echo err >&2; exit 3"]
+    with nsbox.Pool(size=1) as pool, nsbox.Session() as session:
+        for run in (nsbox.run, pool.run, session.run):
+            with pytest.raises(nsbox.OutputDecodeError) as caught:
+                run(argv, text=True, errors="strict")  # type: ignore[operator]
+            error = caught.value
+            assert isinstance(error, UnicodeDecodeError) and isinstance(error, nsbox.NsboxError)
+            assert (error.stream, error.start, error.encoding) == ("stdout", 2, "utf-8")
+            assert (error.result.stdout, error.result.stderr) == (b"ok\xff", b"err\n")
+            assert (error.result.status, error.result.returncode) == (nsbox.Status.RE, 3)
+            assert ".result" in str(error)
+    with pytest.raises(nsbox.OutputDecodeError) as caught:
+        nsbox.run(["sh", "-c", "printf 'a\\377' >&2"], text=True, errors="strict")
+    assert caught.value.stream == "stderr" and caught.value.result.stdout == b""
+    assert nsbox.run(["printf", "\\377"], text=True).stdout == "\ufffd"  # the default
+
+
+@pytest.mark.parametrize("timeout", [-1, 0, float("nan"), float("inf"), "5", True, 10**9])
+def test_pool_wait_ready_checks_its_timeout(timeout: object) -> None:
+    with nsbox.Pool(size=1) as pool:
+        with pytest.raises(nsbox.PolicyError) as caught:
+            pool.wait_ready(timeout)  # type: ignore[arg-type]
+        assert caught.value.key == "timeout"
+        pool.wait_ready(30)
+        pool.wait_ready(None)
 
 
 def test_capture_output_false_sends_the_output_to_this_process(public_tree: Path) -> None:

@@ -429,6 +429,22 @@ def test_limits_of_one_job(executors: nsray.Executors):
     assert (default["status"], default["stdout"]) == ("OK", b"written\n")
 
 
+def test_a_bad_value_of_one_job_is_its_XX_result_and_the_map_goes_on(
+        executors: nsray.Executors):
+    """A limit value (or a stdin) the executor refuses is that job's XX result: the other
+    jobs of the map still come back, in order."""
+    jobs: list[dict[str, Any]] = [{"argv": ["echo", str(n)]} for n in range(4)]
+    jobs.insert(1, {"argv": ["true"], "limits": {"pids": 0}})
+    jobs.insert(3, {"argv": ["cat"], "stdin": "\ud800"})
+    results = list(executors.map(jobs))
+    assert [r["status"] for r in results] == ["OK", "XX", "OK", "XX", "OK", "OK"]
+    assert [r["stdout"] for r in results if r["status"] == "OK"] == [b"0\n", b"1\n", b"2\n",
+                                                                     b"3\n"]
+    assert (results[1]["error_type"], results[3]["error_type"]) == ("PolicyError",
+                                                                    "PolicyError")
+    assert "limits.pids" in results[1]["error"] and "stdin" in results[3]["error"]
+
+
 def test_ps_and_proc_self_in_every_kind_of_job(executors: nsray.Executors):
     require(os.path.exists("/usr/bin/ps"), "ps is not installed (Debian package procps)")
     # A plain job runs in the warm pool, one with limits by nsbox.run, one with files in a

@@ -285,6 +285,12 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
             out[name] = os.read(fd, 1 << 30).decode("utf-8", "replace")
         click.echo(visible.json_text(out))
         sys.exit(_cli_run.exit_code(result))
+    _report(result, quiet)
+    sys.exit(_cli_run.exit_code(result))
+
+
+def _report(result: Result, quiet: bool) -> None:
+    """What the user should know about a command of the session, on stderr."""
     if result.degraded and not quiet:
         click.echo(_cli_run.degraded_line(result), err=True)
     for line in _cli_run.disk_full_lines(result):
@@ -295,7 +301,6 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
         click.echo(f"nsbox: {result.status.value}: "
                    + ("wall-clock limit reached; raise it with --time" if result.status is Status.TO
                       else "output limit reached; raise it with --output-limit"), err=True)
-    sys.exit(_cli_run.exit_code(result))
 
 
 @session.command()

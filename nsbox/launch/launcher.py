@@ -28,6 +28,7 @@ from nsbox.host.output import (  # noqa: F401 (Stream, send_kill: sessions use t
     send_kill,
     supervise,
 )
+from nsbox.launch import stdin as stdinmod
 from nsbox.plan import landlock as landlockplan
 from nsbox.plan import plan as planmod
 from nsbox.policy import inputs, limits
@@ -129,24 +130,6 @@ def use_forked_helper() -> None:
     command line: a clone of a big process costs every launch more."""
     helper_client.fork = True
     helper_client.reap_at_exit()
-
-
-def _stdin_fd(stdin: bytes | int | None) -> tuple[int, bool]:
-    """A descriptor for the sandbox's stdin (checked at the door), and whether we opened it."""
-    if isinstance(stdin, int):
-        return stdin, False
-    if stdin is None:
-        return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), True
-    fd = os.memfd_create("nsbox-stdin", os.MFD_CLOEXEC)
-    try:
-        view = memoryview(stdin)
-        while view:
-            view = view[os.write(fd, view):]
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, True
 
 
 def choose_policy(policy: Policy | None, profile: str | None) -> Policy:
@@ -261,7 +244,8 @@ def launch_wire(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passt
     by_engine = None if submit else engine.submission(wire)  # nsbox/host/engine.py: which
     submit = submit or by_engine or helper_client.submit
     try:
-        out_r, err_r, ours = submit_with_streams(submit, wire, stdin)
+        out_r, err_r, ours = submit_with_streams(submit, wire, stdin,
+                                                 terminal="tty" in wire)
     except BaseException:
         net.close()
         raise
@@ -302,10 +286,14 @@ def launch_wire(wire: dict[str, Any], stdin: bytes | int | None, cap: int, passt
     return result
 
 
-def submit_with_streams(submit: Any, wire: dict[str, Any], stdin: bytes | int | None
-                        ) -> tuple[int, int, socket.socket]:
+def submit_with_streams(submit: Any, wire: dict[str, Any], stdin: bytes | int | None, *,
+                        terminal: bool = False) -> tuple[int, int, socket.socket]:
     """Open the run's pipes and launch socket and submit the request with the helper's ends
-    (closed here once sent). Returns our ends; on any failure nothing stays open."""
+    (closed here once sent). Returns our ends; on any failure nothing stays open.
+
+    With ``terminal`` (a run on a pty) ``stdin`` is nsbox's own unix socket, over which the
+    sandbox sends its pty's master back (nsbox/host/terminal.py Relay): it goes as it is, and
+    the command's stdin is the pty."""
     with contextlib.ExitStack() as ours, contextlib.ExitStack() as theirs:
         try:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -314,7 +302,10 @@ def submit_with_streams(submit: Any, wire: dict[str, Any], stdin: bytes | int | 
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             ours.callback(os.close, err_r)
             theirs.callback(os.close, err_w)
-            in_fd, close_in = _stdin_fd(stdin)
+            if terminal and isinstance(stdin, int):
+                in_fd, close_in = stdin, False
+            else:
+                in_fd, close_in = stdinmod.sandbox_stdin(stdin)  # a pump's pipe: closed below
             if close_in:
                 theirs.callback(os.close, in_fd)
             sock, their_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

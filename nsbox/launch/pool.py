@@ -82,7 +82,9 @@ class Pool:
 
     def wait_ready(self, timeout: float | None = 30.0) -> None:
         """Wait until all ``size`` sandboxes are prepared (e.g. before a latency-critical
-        command, or between measurements). Raises SetupError when they cannot be built."""
+        command, or between measurements; None waits as long as it takes). Raises SetupError
+        when they cannot be built, LaunchError when the time is up."""
+        timeout = checks.optional_seconds(timeout, "timeout")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with ours:
             try:

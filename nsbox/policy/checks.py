@@ -93,12 +93,20 @@ def flag(value: Any, key: str) -> bool:
 
 
 def text(value: Any, key: str, *, empty: bool = True, nul: bool = True) -> str:
-    """A str without NUL (the kernel cuts C strings there). ``nul=False`` checks the type
-    alone, for the fields whose content the rule book judges (nsbox/policy/rules.py)."""
+    """A str without NUL (the kernel cuts C strings there) that is bytes: no lone surrogate
+    but the escapes of os.fsdecode. ``nul=False`` leaves NUL out, for the fields whose content
+    the rule book judges (nsbox/policy/rules.py)."""
     if not isinstance(value, str):
         raise PolicyError(f"expected a string, got {type_name(value)} {quote(value)}", key=key)
     if nul and "\0" in value:
         raise PolicyError(f"{quote(value)} contains a NUL character", key=key)
+    try:  # as the kernel gets it: UTF-8, a "\udcff" of os.fsdecode as the byte 0xff
+        value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise PolicyError(f"{quote(value)} holds a lone surrogate at {exc.start}, which no "
+                          "byte stands for", key=key,
+                          hint="bytes that are not UTF-8 come as os.fsdecode makes them "
+                          "(\\udc80 to \\udcff)") from None
     if not empty and not value:
         raise PolicyError("must not be empty", key=key)
     return value

@@ -188,8 +188,9 @@ class Executor:
         """The one place where a job meets a sandbox."""
         options: dict[str, Any] = dict(stdin=job.stdin, timeout=job.timeout,
                                        output_limit=job.output_limit, env=dict(job.env) or None)
-        policy = self.policy.with_limits(**dict(job.limits)) if job.limits else self.policy
         try:
+            # Inside: a bad limit value (PolicyError) is this job's XX result, not the map's end.
+            policy = self.policy.with_limits(**dict(job.limits)) if job.limits else self.policy
             if job.files or job.collect:
                 return self._run_in_session(job, policy, options)
             if self._pool is not None and not job.limits:

@@ -355,8 +355,9 @@ class Session(SessionRun, ProjectReview):
                  cancel: launcher.Cancel | None = None) -> Result:
         self._check_open()
         started = time.monotonic()
-        out_r, err_r, ours = launcher.submit_with_streams(self._send_command, dict(request),
-                                                           stdin)
+        out_r, err_r, ours = launcher.submit_with_streams(
+            self._send_command, dict(request), stdin,
+            terminal="tty" in request.get("command", {}))
         head = auditmod.HEAD if self._audit else 0
         streams = [launcher.Stream(out_r, sinks[0], head_limit=head),
                    launcher.Stream(err_r, sinks[1], head_limit=head)]
