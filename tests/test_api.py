@@ -311,3 +311,13 @@ def test_help_shows_docstrings_that_point_at_docs_not_sources() -> None:
         for doc in docs:
             assert "nsbox/" not in doc.replace("docs/", ""), (obj, doc)
             assert "PEP 562" not in doc
+
+
+def test_a_relative_cwd_is_below_the_workspace():
+    """cwd="src" is /workspace/src, where the command starts (as write_file's relative paths
+    are), not /src."""
+    with nsbox.Session() as session:
+        session.write_file("src/x", b"")
+        done = session.run(["pwd"], cwd="src")
+        assert done.stdout == b"/workspace/src\n", done
+    assert nsbox.run(["pwd"], cwd=".").stdout == b"/workspace\n"

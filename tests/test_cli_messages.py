@@ -352,3 +352,12 @@ def test_session_cp_in_refuses_what_is_not_a_file_it_can_hold(tmp_path: Path, ki
     reason = ("larger than 1024 MiB, the most `session cp` copies in" if kind == "too large"
               else "not a regular file (a directory, FIFO, device or socket)")
     assert proc.stderr.startswith(f"nsbox: cannot copy {source}: {reason}"), proc.stderr
+
+
+def test_an_env_without_a_value_points_at_pass_env():
+    """`-e FOO` (docker's way to pass the caller's FOO) is no KEY=VAL here: the error says which
+    option passes a variable of the caller's."""
+    done = nsbox("run", "-e", "FOO", "--", "true")
+    assert done.returncode == 2, done.stderr
+    assert "'FOO': expected KEY=VAL (to pass the caller's FOO, as docker's -e FOO does: " \
+           "--pass-env FOO)" in done.stderr

@@ -124,7 +124,9 @@ def parse_env(items: tuple[str, ...]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not key or not sep:
-            raise OptionError(f"{item!r}: expected KEY=VAL", "--env")
+            raise OptionError(f"{item!r}: expected KEY=VAL" + (
+                f" (to pass the caller's {key}, as docker's -e {key} does: --pass-env {key})"
+                if key and not sep else ""), "--env")
         env_set[key] = value
     return env_set
 

@@ -71,7 +71,9 @@ def _parse_env(items: tuple[str, ...]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not key or not sep:
-            raise click.BadParameter(f"{item!r}: expected KEY=VAL", param_hint="--env")
+            raise click.BadParameter(f"{item!r}: expected KEY=VAL" + (
+                f" (to pass the caller's {key}: --pass-env {key}, an option of session start)"
+                if key and not sep else ""), param_hint="--env")
         env[key] = value
     return env
 

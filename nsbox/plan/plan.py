@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import posixpath
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -258,7 +259,9 @@ def command_part(policy: Policy, argv: list[str], *, env: dict[str, str] | None 
     return {
         "argv": list(argv),
         "env": _environment(policy, env),
-        "cwd": cwd or WORKSPACE,
+        # A relative cwd is under /workspace, where the command starts (as write_file's paths
+        # are): resolved at "/" it named a directory the user never meant.
+        "cwd": posixpath.join(WORKSPACE, cwd) if cwd else WORKSPACE,
         "wall_time": wall_time if wall_time is not None else policy.limits.wall_time,
     }
 

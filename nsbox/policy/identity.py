@@ -211,7 +211,9 @@ def writable_bind(source: str, target: str, ids: SandboxIds, detached: bool) -> 
             f"{ids.parent_uid}, and files it made there must not be root's",
             feature="identity",
             hint=f"chown {ids.parent_uid}:{ids.parent_gid} {source} (the sandbox's host ids; "
-                 "Policy.host_uid/host_gid), or bind a directory of an unprivileged user")
+                 "Policy.host_uid/host_gid), or bind a directory of an unprivileged user; to "
+                 "only read it, bind it read-only (--ro-bind), or see it copy-on-write at "
+                 "/workspace (--project; Policy.project)")
     return "plain"
 
 

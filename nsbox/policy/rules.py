@@ -52,7 +52,8 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
          can_allow=False),
     Rule("target-reserved", "a mount target at or below /proc, /dev, /tmp or /workspace",
          "nsbox mounts these after the policy's mounts, which would hide them",
-         "for /workspace use workspace.path; for /tmp limits.tmp_size", can_allow=False),
+         "for /workspace use workspace.path (--workspace DIR, or --project DIR for a "
+         "copy-on-write view); for /tmp limits.tmp_size", can_allow=False),
     Rule("nsbox-files", "a mount at /etc/passwd, /etc/group, /etc/hostname or /etc/hosts, "
          "or a bind or symlink at /etc (which holds them)",
          "nsbox writes these files from [identity]; through a bind it would write the host's",
