@@ -233,6 +233,8 @@ class SupervisorReply(TypedDict, total=False):
 
     error: ErrorWire  # the client raises errors.from_wire of it
     result: dict[str, Any]  # exec: Result.to_dict()
+    controlled: list[int]  # exec: of the client's stdout and stderr (1, 2), those passed a
+    # control, which may have set or asked the terminal something (host/terminal.py)
     ok: bool  # put, stop
     size: int  # get (the data is in the memfd)
     sha256: str

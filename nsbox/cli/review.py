@@ -16,7 +16,7 @@ import click
 
 from nsbox import visible
 from nsbox._sys.wire import SupervisorReply
-from nsbox.cli.run import fail_code
+from nsbox.cli.lines import fail_code
 from nsbox.errors import NsboxError
 from nsbox.host import autorun
 from nsbox.session.supervisor import request

@@ -24,8 +24,8 @@ import click
 from nsbox import errors, visible
 from nsbox._sys import paths
 from nsbox._sys.wire import FileEntry, SupervisorReply, SupervisorRequest, SupervisorStart
+from nsbox.cli import lines, review, shared
 from nsbox.cli import options as _options
-from nsbox.cli import review, shared
 from nsbox.cli import run as _cli_run
 from nsbox.errors import NsboxError
 from nsbox.result import Result, Status
@@ -278,6 +278,10 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
             click.echo(visible.json_text(_cli_run.failure_json(error)))
         shared.fail(error)
         return
+    if reply.get("controlled"):  # the command's output reached these raw (docs/cli.md)
+        from nsbox.host import terminal
+
+        terminal.settle_after_output(reply["controlled"])
     data = reply["result"]
     result = Result(**{**data, "status": Status(data["status"])})
     if as_json:
@@ -286,19 +290,19 @@ def exec_(wall_time: float | None, output_limit: int | None, env: tuple[str, ...
             os.lseek(fd, 0, os.SEEK_SET)
             out[name] = os.read(fd, 1 << 30).decode("utf-8", "replace")
         click.echo(visible.json_text(out))
-        sys.exit(_cli_run.exit_code(result))
+        sys.exit(lines.exit_code(result))
     _report(result, quiet)
-    sys.exit(_cli_run.exit_code(result))
+    sys.exit(lines.exit_code(result))
 
 
 def _report(result: Result, quiet: bool) -> None:
     """What the user should know about a command of the session, on stderr."""
     if result.degraded and not quiet:
-        click.echo(_cli_run.degraded_line(result), err=True)
-    for line in _cli_run.disk_full_lines(result):
+        click.echo(lines.degraded_line(result), err=True)
+    for line in lines.disk_full_lines(result):
         click.echo(line, err=True)
     if result.status is Status.SG and result.signal is not None:
-        click.echo(_cli_run.signal_line(result.signal), err=True)
+        click.echo(lines.signal_line(result.signal), err=True)
     elif result.status in (Status.TO, Status.OL):
         click.echo(f"nsbox: {result.status.value}: "
                    + ("wall-clock limit reached; raise it with --time" if result.status is Status.TO

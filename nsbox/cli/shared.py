@@ -13,7 +13,7 @@ import click
 
 from nsbox.cli import options as _options
 from nsbox.cli import run as _cli_run
-from nsbox.cli.run import fail_code
+from nsbox.cli.lines import fail_code
 from nsbox.errors import NsboxError
 from nsbox.policy import limittable
 from nsbox.policy.policy import Policy

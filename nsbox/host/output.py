@@ -16,12 +16,14 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from nsbox._sys import wire as _wire
 from nsbox.errors import LaunchError
 from nsbox.host.network import RunNetwork
+from nsbox.host.terminal import CONTROL_STARTS
 
 _READ_CHUNK = 65536
 
@@ -198,13 +200,26 @@ class TerminalHold:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: list[tuple[int, bytes]] | None = None  # None: not holding
+        # The descriptors that were passed a control (ESC, a C1 control, ENQ, ...): where a
+        # terminal may have been set or asked something (nsbox/host/terminal.py,
+        # settle_after_output, once the run has ended).
+        self._controlled: set[int] = set()
 
     def write(self, fd: int, chunk: bytes) -> None:
         with self._lock:  # taken while writing too: a hold begins after the write in progress
+            if fd not in self._controlled and any(b in chunk for b in CONTROL_STARTS):
+                self._controlled.add(fd)
             if self._held is not None:
                 self._held.append((fd, chunk))
             else:
                 _pass_on(fd, chunk)
+
+    def take_controlled(self, fds: Iterable[int]) -> list[int]:
+        """Which of ``fds`` were passed a control since the last call that named them."""
+        with self._lock:
+            found = [fd for fd in fds if fd in self._controlled]
+            self._controlled.difference_update(found)
+            return found
 
     def hold(self) -> None:
         with self._lock:

@@ -35,9 +35,12 @@ SIGSTOP leaves it raw until SIGCONT.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+import re
+import select
 import selectors
 import signal
 import socket
@@ -45,7 +48,7 @@ import termios
 import threading
 import time
 import tty
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import TracebackType
 from typing import Any
 
@@ -53,6 +56,7 @@ from nsbox._sys import wire as _wire
 from nsbox.sandbox.terminal import TAG
 
 TIOCGPTN = 0x80045430  # _IOR('T', 0x30, unsigned int): only a pty master answers it
+TIOCGSID = 0x5429  # asm-generic/ioctls.h (x86-64, arm64); not in the termios module
 DEFAULT_SIZE = (24, 80)  # a terminal that does not know its size (TIOCGWINSZ says 0 x 0)
 # Signals whose default action ends this process without unwinding it (signal(7)): while the
 # terminal is raw, a handler puts it back first and then lets the signal do what it would
@@ -77,9 +81,25 @@ TERMINAL_DEFAULTS = (
     b"\x1b[?25h" b"\x1b[?1l\x1b>"
     b"\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1005l\x1b[?1006l\x1b[?1015l"
     b"\x1b[?1004l\x1b[?2004l")
-# The bytes that begin a mode change: ESC, the C1 CSI, shift-out. Output without any of them
-# changed no mode, and the terminal is left as it is.
-_MODE_BYTES = (b"\x1b", b"\x9b", b"\x0e")
+# The bytes that begin what a terminal obeys beyond text: ESC, the C1 CSI, DCS and OSC (raw,
+# or the second byte of their UTF-8 form), shift-out, and ENQ (which a terminal answers with
+# its answerback string). Output without any of them changed no mode and asked nothing, and
+# the terminal is left as it is.
+CONTROL_STARTS = (b"\x1b", b"\x9b", b"\x90", b"\x9d", b"\x0e", b"\x05")
+# Written before anything of nsbox's own after such output: CAN ends any escape, control or
+# string sequence the sandbox left open (an OSC title would swallow what follows), ST for a
+# terminal that waits for one, S7C1T for answers in 7-bit form.
+_CLOSE_OPEN = b"\x18\x1b\\\x1b F"
+# After such output nsbox asks the terminal for its primary device attributes (DA1, ESC [ c),
+# which every terminal of the VT100 line answers, and in order with its answers to what it
+# was asked before (ctlseqs(ms), "XTerm Control Sequences"): once that answer has come and the
+# input has been quiet a moment, every answer to the sandbox's queries has come too, and all
+# of it is discarded. The sandbox may ask DA1 itself, so it is the last one that counts: the
+# quiet moment covers answers that follow one of the sandbox's own.
+_DA1 = b"\x1b[c"
+_DA1_ANSWER = re.compile(rb"(?:\x1b\[|\x9b)\?[0-9;]*c")
+_ANSWERS_WAIT = 1.0  # seconds, at most: a terminal that does not answer DA1 is not waited for
+_ANSWERS_QUIET = 0.05  # seconds of no input after the DA1 answer
 
 
 def is_terminal(fd: int) -> bool:
@@ -103,6 +123,77 @@ def window_size(fd: int) -> tuple[int, int]:
 
 def set_window_size(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, (rows | cols << 16).to_bytes(8, "little"))
+
+
+def settle_after_output(fds: Collection[int]) -> None:
+    """After a run whose output went through to ``fds`` with a control in it (nsbox/host/output.py,
+    TerminalHold): on each terminal among them the modes a program may leave set are put back,
+    and on the controlling terminal, while nsbox has it in the foreground, the terminal's
+    answers to the sandbox's queries are waited for and discarded (keys typed meanwhile with
+    them), so that none is left for the caller's shell to read as a typed line. The --tty
+    relay does the same for its terminal (``Relay``)."""
+    if os.environ.get("TERM") == "dumb":
+        return  # it obeys no control and answers no query
+    shown: dict[int, int] = {}  # one descriptor for each terminal: st_rdev -> fd
+    for fd in fds:
+        if is_terminal(fd):
+            shown.setdefault(os.fstat(fd).st_rdev, fd)
+    for fd in shown.values():
+        with contextlib.suppress(OSError):
+            _wire.write_all(fd, _CLOSE_OPEN + TERMINAL_DEFAULTS)
+    # An output terminal that is not the controlling one has another reader: not this one's.
+    if not any(_is_controlling(fd) for fd in shown.values()):
+        return
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        # In the background the shell has the terminal (and a read would stop nsbox, SIGTTIN).
+        if os.tcgetpgrp(fd) != os.getpgrp():
+            return
+        saved = termios.tcgetattr(fd)
+        quiet = [*saved[:6], list(saved[6])]
+        quiet[3] &= ~(termios.ICANON | termios.ECHO)  # answers readable at once, not shown
+        quiet[6][termios.VMIN], quiet[6][termios.VTIME] = 0, 0
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)
+        try:
+            discard_answers(fd, fd)
+        finally:
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
+    except (OSError, termios.error):
+        pass  # the terminal hung up: nothing on it is left for a shell
+    finally:
+        os.close(fd)
+
+
+def _is_controlling(fd: int) -> bool:
+    """Whether the terminal ``fd`` is this process's controlling terminal: TIOCGSID answers
+    only for that one (ioctl_tty(2))."""
+    try:
+        fcntl.ioctl(fd, TIOCGSID, b"\0" * 4)
+    except OSError:
+        return False
+    return True
+
+
+def discard_answers(fd_in: int, fd_out: int) -> None:
+    """Ask the terminal for DA1 on ``fd_out``, read ``fd_in`` (raw, or at least not canonical
+    and without echo) until its answer and a quiet moment, at most ``_ANSWERS_WAIT``, and
+    discard what reached the terminal's input (tcflush(3)). Raises OSError or termios.error
+    for a terminal that is gone."""
+    _wire.write_all(fd_out, _DA1)
+    deadline = time.monotonic() + _ANSWERS_WAIT
+    seen, answered = b"", False
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd_in], [], [], min(left, _ANSWERS_QUIET) if answered else left)[0]:
+            break
+        data = os.read(fd_in, _CHUNK)
+        if not data:
+            break  # hung up
+        seen = (seen + data)[-256:]
+        answered = answered or _DA1_ANSWER.search(seen) is not None
+    termios.tcflush(fd_in, termios.TCIFLUSH)
 
 
 def _is_pty_master(fd: int) -> bool:
@@ -171,7 +262,7 @@ class Relay:
     def _restore(self) -> None:
         self._raw = False  # first: a SIGCONT from here on sets no raw mode again (_on_stop)
         # TCSADRAIN: what was written reaches the terminal in the modes it was for.
-        self._put_back_modes(termios.TCSADRAIN)
+        self._put_back_modes(termios.TCSADRAIN, settle=not self._thread.is_alive())
         self._saved = None
         if self._previous_winch is not None:
             signal.signal(signal.SIGWINCH, self._previous_winch)
@@ -187,15 +278,21 @@ class Relay:
             _close(self.master)
             self.master = -1
 
-    def _put_back_modes(self, when: int) -> None:
+    def _put_back_modes(self, when: int, settle: bool = False) -> None:
+        """The caller's modes back; where the sandbox's output held a control, the terminal's
+        own modes too, and with ``settle`` (no thread reads the terminal but this one, and no
+        signal waits) its answers to the sandbox's queries are waited for and discarded
+        (``discard_answers``), so that a slow one is not left for the caller's shell either."""
         saved = self._saved  # once: the relay's thread, a signal handler and exit may race
         if saved is None:
             return
         if self._modes_changed:
             self._modes_changed = False
             try:
-                _wire.write_all(self.fd_out, TERMINAL_DEFAULTS)
-            except OSError:
+                _wire.write_all(self.fd_out, _CLOSE_OPEN + TERMINAL_DEFAULTS)
+                if settle:
+                    discard_answers(self.fd_in, self.fd_out)
+            except (OSError, termios.error):
                 pass  # the terminal is gone (hung up), or will not take more
         try:
             # What reached the terminal's input since the relay stopped reading is no
@@ -261,7 +358,7 @@ class Relay:
                     # that Ctrl-C reaches nsbox, which ends the run, and does not wait for
                     # the time limit in raw mode.
                     self._raw = False
-                    self._put_back_modes(termios.TCSADRAIN)
+                    self._put_back_modes(termios.TCSADRAIN, settle=True)
         except OSError:
             pass  # the caller's terminal is gone: the run goes on to its end without it
         finally:
@@ -352,7 +449,7 @@ class Relay:
                 if self.on_cap is not None:
                     self.on_cap()
         self.shown += len(data)
-        if not self._modes_changed and any(b in data for b in _MODE_BYTES):
+        if not self._modes_changed and any(b in data for b in CONTROL_STARTS):
             self._modes_changed = True
         _wire.write_all(self.fd_out, data)
 

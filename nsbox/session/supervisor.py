@@ -46,6 +46,7 @@ from nsbox import errors
 from nsbox._sys import wire as _wire
 from nsbox._sys.wire import SessionRecord, SupervisorReply, SupervisorRequest
 from nsbox.errors import NsboxError, PolicyError
+from nsbox.host import output
 from nsbox.session import review
 from nsbox.session.run import run_command
 from nsbox.session.session import Session
@@ -257,7 +258,9 @@ class Supervisor:
             watcher.join()
             os.close(done_r)
             os.close(done_w)
-        return {"result": result.to_dict()}
+            controlled = output.TERMINAL_HOLD.take_controlled((fds[1], fds[2]))
+        return {"result": result.to_dict(),
+                "controlled": [n for n, fd in ((1, fds[1]), (2, fds[2])) if fd in controlled]}
 
     def watch_client(self, conn: socket.socket, done: threading.Event, done_r: int) -> None:
         """A client that goes away (^C on `nsbox session exec`) cancels its command: the
