@@ -30,6 +30,7 @@ from ptytools import lines, nsbox_argv, obeyed, run_on_terminal
 from sessiontools import UserRunner, user_runner
 
 from nsbox import visible
+from nsbox.host import terminal as host_terminal
 
 CANARY_NAME = "nsbox-hook-ran"
 NAME_REASON = ("its name holds a control, format, blank-looking or non-UTF-8 character: not "
@@ -678,8 +679,13 @@ def test_run_collect_json_and_audit_show_nothing_to_obey(as_user: UserRunner, tm
         # The program's own output passes as it is; nsbox's lines are escaped.
         own = b"out\x7f\x1b]52;c;?\x07\xe2\x80\xae\r\n"
         assert own in shown
-        assert obeyed(shown.replace(own, b"")) == [], shown
-        text = lines(shown)
+        # Past the program's output, nsbox settles the terminal it reached (docs/cli.md, "What
+        # comes out on your terminal") before its own lines, which hold nothing to obey.
+        settle = host_terminal.CLOSE_OPEN + host_terminal.TERMINAL_DEFAULTS
+        assert shown.index(own) < shown.index(settle) < shown.index(b"nsbox: not collected")
+        rest = shown.replace(own, b"").replace(settle, b"").replace(host_terminal.DA1_QUERY, b"")
+        assert obeyed(rest) == [], shown
+        text = lines(shown.replace(settle, b"").replace(host_terminal.DA1_QUERY, b""))
         assert 'nsbox: not collected: "fifo\\x1b]0;x\\x07": a FIFO, not a regular file' in text
         assert 'nsbox: not collected: "ln\\x7f\\x1b[2J": a symlink (not followed)' in text
         # Names a terminal would obey are not written on the host (nsbox/session/files.py).

@@ -133,3 +133,15 @@ def report(result: Result, quiet: bool) -> None:
                            if result.status is Status.TO
                            else "output limit reached; raise it with --output-limit")),
              err=True)
+
+
+def settle_terminal() -> None:
+    """Once the command's output has ended and before nsbox's own lines: where that output took
+    a control on its way to this process's stdout or stderr, the terminal there is settled
+    (nsbox/host/terminal.py, settle_after_output; docs/cli.md). Once a run: later calls find
+    nothing."""
+    from nsbox.host import output, terminal
+
+    controlled = output.TERMINAL_HOLD.take_controlled((1, 2))
+    if controlled:
+        terminal.settle_after_output(controlled)

@@ -15,6 +15,7 @@ import click
 
 from nsbox import errors, visible
 from nsbox._sys.wire import FileEntry, write_all
+from nsbox.cli.lines import settle_terminal
 from nsbox.host import output
 from nsbox.policy.policy import Policy
 from nsbox.result import Result
@@ -101,6 +102,7 @@ def run_in_project(command: list[str], policy: Policy, *, stdin: int | None, cwd
         # A question still waiting when the sandbox is gone decides nothing now: what its
         # output left is shown rather than lost.
         output.TERMINAL_HOLD.release()
+    settle_terminal()
     for note in notes:
         click.echo(f"nsbox: project: {visible.name(note)}", err=True)
     if found:

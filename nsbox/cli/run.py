@@ -16,7 +16,7 @@ from typing import Any
 
 import nsbox
 from nsbox import visible
-from nsbox.cli.lines import echo, exit_code, fail_code, report
+from nsbox.cli.lines import echo, exit_code, fail_code, report, settle_terminal
 from nsbox.errors import NsboxError, PolicyError, SetupError
 from nsbox.host.network import from_options
 from nsbox.policy.policy import Policy
@@ -315,11 +315,7 @@ def _launch(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
     try:
         return _launch_piped(o, policy)
     finally:
-        from nsbox.host import output, terminal
-
-        controlled = output.TERMINAL_HOLD.take_controlled((1, 2))
-        if controlled:
-            terminal.settle_after_output(controlled)
+        settle_terminal()  # also when the run failed after some output
 
 
 def _launch_piped(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]:
@@ -341,6 +337,7 @@ def _launch_piped(o: dict[str, Any], policy: Policy) -> tuple[Result, list[Any]]
 
         result, collected, skipped = run_and_collect(
             command, policy, patterns=o["collect"], dest=o["collect_dir"], **common)
+        settle_terminal()
         for path, why in skipped:
             echo(f"nsbox: not collected: {visible.quoted(path)}: {visible.name(why)}", err=True)
         return result, collected

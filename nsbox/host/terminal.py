@@ -89,15 +89,15 @@ CONTROL_STARTS = (b"\x1b", b"\x9b", b"\x90", b"\x9d", b"\x0e", b"\x05")
 # Written before anything of nsbox's own after such output: CAN ends any escape, control or
 # string sequence the sandbox left open (an OSC title would swallow what follows), ST for a
 # terminal that waits for one, S7C1T for answers in 7-bit form.
-_CLOSE_OPEN = b"\x18\x1b\\\x1b F"
+CLOSE_OPEN = b"\x18\x1b\\\x1b F"
 # After such output nsbox asks the terminal for its primary device attributes (DA1, ESC [ c),
 # which every terminal of the VT100 line answers, and in order with its answers to what it
 # was asked before (ctlseqs(ms), "XTerm Control Sequences"): once that answer has come and the
 # input has been quiet a moment, every answer to the sandbox's queries has come too, and all
 # of it is discarded. The sandbox may ask DA1 itself, so it is the last one that counts: the
 # quiet moment covers answers that follow one of the sandbox's own.
-_DA1 = b"\x1b[c"
-_DA1_ANSWER = re.compile(rb"(?:\x1b\[|\x9b)\?[0-9;]*c")
+DA1_QUERY = b"\x1b[c"
+DA1_ANSWER_PATTERN = re.compile(rb"(?:\x1b\[|\x9b)\?[0-9;]*c")
 _ANSWERS_WAIT = 1.0  # seconds, at most: a terminal that does not answer DA1 is not waited for
 _ANSWERS_QUIET = 0.05  # seconds of no input after the DA1 answer
 
@@ -140,7 +140,7 @@ def settle_after_output(fds: Collection[int]) -> None:
             shown.setdefault(os.fstat(fd).st_rdev, fd)
     for fd in shown.values():
         with contextlib.suppress(OSError):
-            _wire.write_all(fd, _CLOSE_OPEN + TERMINAL_DEFAULTS)
+            _wire.write_all(fd, CLOSE_OPEN + TERMINAL_DEFAULTS)
     # An output terminal that is not the controlling one has another reader: not this one's.
     if not any(_is_controlling(fd) for fd in shown.values()):
         return
@@ -182,7 +182,7 @@ def discard_answers(fd_in: int, fd_out: int) -> None:
     and without echo) until its answer and a quiet moment, at most ``_ANSWERS_WAIT``, and
     discard what reached the terminal's input (tcflush(3)). Raises OSError or termios.error
     for a terminal that is gone."""
-    _wire.write_all(fd_out, _DA1)
+    _wire.write_all(fd_out, DA1_QUERY)
     deadline = time.monotonic() + _ANSWERS_WAIT
     seen, answered = b"", False
     while (left := deadline - time.monotonic()) > 0:
@@ -192,7 +192,7 @@ def discard_answers(fd_in: int, fd_out: int) -> None:
         if not data:
             break  # hung up
         seen = (seen + data)[-256:]
-        answered = answered or _DA1_ANSWER.search(seen) is not None
+        answered = answered or DA1_ANSWER_PATTERN.search(seen) is not None
     termios.tcflush(fd_in, termios.TCIFLUSH)
 
 
@@ -289,7 +289,7 @@ class Relay:
         if self._modes_changed:
             self._modes_changed = False
             try:
-                _wire.write_all(self.fd_out, _CLOSE_OPEN + TERMINAL_DEFAULTS)
+                _wire.write_all(self.fd_out, CLOSE_OPEN + TERMINAL_DEFAULTS)
                 if settle:
                     discard_answers(self.fd_in, self.fd_out)
             except (OSError, termios.error):
