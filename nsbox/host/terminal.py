@@ -159,6 +159,7 @@ def settle_after_output(fds: Collection[int]) -> None:
         termios.tcsetattr(fd, termios.TCSANOW, quiet)
         try:
             discard_answers(fd, fd)
+            termios.tcflush(fd, termios.TCIFLUSH)
         finally:
             termios.tcsetattr(fd, termios.TCSANOW, saved)
     except (OSError, termios.error):
@@ -178,10 +179,10 @@ def _is_controlling(fd: int) -> bool:
 
 
 def discard_answers(fd_in: int, fd_out: int) -> None:
-    """Ask the terminal for DA1 on ``fd_out``, read ``fd_in`` (raw, or at least not canonical
-    and without echo) until its answer and a quiet moment, at most ``_ANSWERS_WAIT``, and
-    discard what reached the terminal's input (tcflush(3)). Raises OSError or termios.error
-    for a terminal that is gone."""
+    """Ask the terminal for DA1 on ``fd_out`` and read ``fd_in`` (raw, or at least not canonical
+    and without echo), dropping what comes, until its answer and a quiet moment, at most
+    ``_ANSWERS_WAIT``. The caller then discards whatever else reached the input (tcflush(3)),
+    as it does anyway. Raises OSError for a terminal that is gone."""
     _wire.write_all(fd_out, DA1_QUERY)
     deadline = time.monotonic() + _ANSWERS_WAIT
     seen, answered = b"", False
@@ -193,7 +194,6 @@ def discard_answers(fd_in: int, fd_out: int) -> None:
             break  # hung up
         seen = (seen + data)[-256:]
         answered = answered or DA1_ANSWER_PATTERN.search(seen) is not None
-    termios.tcflush(fd_in, termios.TCIFLUSH)
 
 
 def _is_pty_master(fd: int) -> bool:
@@ -291,8 +291,8 @@ class Relay:
             try:
                 _wire.write_all(self.fd_out, CLOSE_OPEN + TERMINAL_DEFAULTS)
                 if settle:
-                    discard_answers(self.fd_in, self.fd_out)
-            except (OSError, termios.error):
+                    discard_answers(self.fd_in, self.fd_out)  # the tcflush below ends it
+            except OSError:
                 pass  # the terminal is gone (hung up), or will not take more
         try:
             # What reached the terminal's input since the relay stopped reading is no
