@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON, require
+from ptytools import DA1_ANSWER, DA1_QUERY, AnsweringPty
 from sessiontools import UserRunner, sleepers, user_runner, wait_until
 from test_tty import PROMPT, SHELL, Terminal, cli
 
@@ -72,48 +73,12 @@ def _stop(user: UserRunner, session_id: str) -> None:
                    capture_output=True, cwd="/", timeout=60, env=_env(user))
 
 
-class CallerPty:
-    """A pty of the test's own as the caller's terminal of an in-process Relay; what the
-    relay writes to it is read (and dropped) all along, as a terminal emulator does."""
-
-    def __init__(self) -> None:
-        self.master, self.slave = pty.openpty()
-        self.before = termios.tcgetattr(self.slave)
-        self.seen = bytearray()  # every byte the relay wrote to the terminal, in order
-        self._stop = threading.Event()
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self) -> None:
-        asked = 0
-        while not self._stop.is_set():
-            if select.select([self.master], [], [], 0.1)[0]:
-                try:
-                    self.seen += os.read(self.master, 65536)
-                except OSError:
-                    return
-                # As a terminal does: DA1 (ESC [ c), which nsbox asks once a run's output held
-                # a control, is answered (nsbox/host/terminal.py, discard_answers).
-                while self.seen.count(b"\x1b[c") > asked:
-                    asked += 1
-                    os.write(self.master, b"\x1b[?62;22c")
-
-    def wait_seen(self, tail: bytes) -> None:
-        """Until what the terminal got ends with ``tail`` (the reader runs behind the relay)."""
-        assert wait_until(lambda: bytes(self.seen).endswith(tail)), bytes(self.seen[-200:])
-
-    def close(self) -> None:
-        self._stop.set()
-        self._reader.join()
-        os.close(self.master)
-        os.close(self.slave)
-
-
 @pytest.fixture
-def caller_pty() -> Iterator[CallerPty]:
-    made = CallerPty()
-    yield made
-    made.close()
+def caller_pty() -> Iterator[AnsweringPty]:
+    """A pty of the test's own as the caller's terminal of an in-process Relay, read all along
+    and answering DA1 (which the relay asks once the sandbox's output held a control)."""
+    with AnsweringPty({DA1_QUERY: DA1_ANSWER}) as made:
+        yield made
 
 
 # --- what the relay receives ------------------------------------------------------------------
@@ -188,7 +153,7 @@ def test_a_terminal_the_caller_holds_on_other_descriptors_is_not_passed_in(publi
             os.close(fd)
 
 
-def test_the_relay_keeps_only_one_pty_master_sent_with_the_tag(caller_pty: CallerPty):
+def test_the_relay_keeps_only_one_pty_master_sent_with_the_tag(caller_pty: AnsweringPty):
     # The socket the master arrives on is the only door in; whatever else comes by it is
     # closed and the relay shows nothing (the run goes on without a terminal).
     fifo_dir = Path(os.environ.get("TMPDIR", "/tmp"))
@@ -229,7 +194,7 @@ def test_the_relay_keeps_only_one_pty_master_sent_with_the_tag(caller_pty: Calle
         fifo.unlink()
 
 
-def test_the_master_is_not_inherited_by_what_the_host_starts(caller_pty: CallerPty):
+def test_the_master_is_not_inherited_by_what_the_host_starts(caller_pty: AnsweringPty):
     with Relay(fd_in=caller_pty.slave, fd_out=caller_pty.slave) as relay:
         seen: list[int] = []
 
@@ -265,7 +230,7 @@ def test_a_run_that_sends_no_master_or_fails_after_gives_the_terminal_back(
 # --- what the sandbox does with its pty ------------------------------------------------------
 
 
-def test_a_terminal_answer_after_the_run_is_not_typed_into_the_shell(caller_pty: CallerPty):
+def test_a_terminal_answer_after_the_run_is_not_typed_into_the_shell(caller_pty: AnsweringPty):
     # The sandbox's last output asks the terminal a question (ESC [ 21 t: report the title,
     # which it set to a command line). The answer comes after the run: it must not wait in
     # the terminal's input for the caller's shell to read as typed.
@@ -294,7 +259,8 @@ _LEFT_SET = [(b"\x1b[?1049h", b"\x1b[?1049l"), (b"\x1b[2;3r", b"\x1b[r"),
 
 
 @pytest.mark.parametrize("how", ["exits", "killed at its limit"])
-def test_modes_a_sandbox_leaves_set_on_the_terminal_are_set_back(caller_pty: CallerPty, how: str):
+def test_modes_a_sandbox_leaves_set_on_the_terminal_are_set_back(caller_pty: AnsweringPty,
+                                                                  how: str):
     # A program that hides what the caller's shell shows next: the alternate screen, a scroll
     # region of one line, a hidden cursor, invisible text (SGR 8), the line-drawing set, mouse
     # and paste reports that would type into the shell; then it ends, or is killed.
@@ -306,7 +272,7 @@ def test_modes_a_sandbox_leaves_set_on_the_terminal_are_set_back(caller_pty: Cal
         result = run_cancellable(["sh", "-c", script], stdin=relay.sandbox_end, tty=relay.size,
                                  timeout=None if how == "exits" else 2)
     assert result.status == ("OK" if how == "exits" else "TO")
-    caller_pty.wait_seen(host_terminal.TERMINAL_DEFAULTS + b"\x1b[c")
+    caller_pty.wait_seen(host_terminal.TERMINAL_DEFAULTS + DA1_QUERY)
     seen = bytes(caller_pty.seen)
     for on, off in _LEFT_SET:
         assert on in seen, on
@@ -314,7 +280,7 @@ def test_modes_a_sandbox_leaves_set_on_the_terminal_are_set_back(caller_pty: Cal
     assert termios.tcgetattr(caller_pty.slave) == caller_pty.before
 
 
-def test_output_without_an_escape_leaves_the_terminal_as_it_is(caller_pty: CallerPty):
+def test_output_without_an_escape_leaves_the_terminal_as_it_is(caller_pty: AnsweringPty):
     with Relay(fd_in=caller_pty.slave, fd_out=caller_pty.slave) as relay:
         result = run_cancellable(["echo", "plain"], stdin=relay.sandbox_end, tty=relay.size)
     assert result.exit_code == 0
@@ -322,7 +288,7 @@ def test_output_without_an_escape_leaves_the_terminal_as_it_is(caller_pty: Calle
     assert b"\x1b" not in caller_pty.seen
 
 
-def test_typed_input_a_sandbox_does_not_read_is_not_held_without_bound(caller_pty: CallerPty):
+def test_typed_input_a_sandbox_does_not_read_is_not_held_without_bound(caller_pty: AnsweringPty):
     # The sandbox never reads its pty while the caller's side sends 8 MiB (a paste, or a
     # terminal answering a flood of queries): the relay holds at most its buffer, the rest
     # waits in the caller's terminal.
@@ -351,7 +317,7 @@ def test_typed_input_a_sandbox_does_not_read_is_not_held_without_bound(caller_pt
     assert sent[0] > largest[0]  # more was typed than the relay held
 
 
-def test_the_relay_ends_with_a_run_that_floods_to_its_limit(caller_pty: CallerPty):
+def test_the_relay_ends_with_a_run_that_floods_to_its_limit(caller_pty: AnsweringPty):
     # A writer that never stops, in the background: the run's end (its time limit) ends
     # the relay too; no thread goes on writing to the caller's terminal.
     with Relay(fd_in=caller_pty.slave, fd_out=caller_pty.slave) as relay:
