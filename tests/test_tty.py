@@ -209,10 +209,12 @@ def test_a_command_that_ends_at_once(terminals: list[Terminal], as_user: UserRun
 
 
 def test_a_session_command_on_its_own_terminal(terminals: list[Terminal], as_user: UserRunner):
+    # One environment for start and stop: HOME picks the directory of the session's socket
+    # (nsbox/session/supervisor.py, runtime_dir), and a stop that looks elsewhere finds none.
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(as_user.tree), "HOME": "/tmp"}
     started = subprocess.run(
         [*as_user.prefix(), PYTHON, "-m", "nsbox", "session", "start"], capture_output=True,
-        cwd="/", timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(as_user.tree),
-                                   "HOME": "/tmp"})
+        cwd="/", timeout=120, env=env)
     assert started.returncode == 0, started.stderr
     session_id = started.stdout.decode().split()[-1]
     try:
@@ -233,9 +235,9 @@ def test_a_session_command_on_its_own_terminal(terminals: list[Terminal], as_use
         assert b"stdin-is-not-a-terminal" in term.shown
         assert term.modes() == term.before
     finally:
-        subprocess.run([*as_user.prefix(), PYTHON, "-m", "nsbox", "session", "stop",
-                        session_id], capture_output=True, cwd="/", timeout=60,
-                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(as_user.tree)})
+        stopped = subprocess.run([*as_user.prefix(), PYTHON, "-m", "nsbox", "session", "stop",
+                                  session_id], capture_output=True, cwd="/", timeout=60, env=env)
+    assert stopped.returncode == 0, stopped.stderr
 
 
 def test_without_tty_the_callers_terminal_is_not_handed_in(terminals: list[Terminal],
